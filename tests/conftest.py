@@ -1,0 +1,31 @@
+"""Shared fixtures: the official-layout compatibility folder and its recorded references."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+COMPAT_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "reference" / "compat"
+
+
+@pytest.fixture(scope="session")
+def compat_dir() -> Path:
+    """`../shared/reference/compat`: skipped when absent on a developer machine, a failure in CI."""
+    if not (COMPAT_DIR / "llm.pt").exists():
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"compatibility fixture missing at {COMPAT_DIR}: broken CI set-up")
+        pytest.skip(f"compatibility fixture missing at {COMPAT_DIR}")
+    return COMPAT_DIR
+
+
+def load_reference(compat_dir: Path, name: str) -> dict[str, torch.Tensor]:
+    """One recorded reference dict, e.g. `ref_llm`."""
+    return torch.load(compat_dir / "reference" / f"{name}.pt", weights_only=True)
+
+
+@pytest.fixture(autouse=True)
+def _two_threads() -> None:
+    torch.set_num_threads(2)

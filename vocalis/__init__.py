@@ -1,0 +1,1 @@
+"""Vocalis: fast, full-stack CosyVoice 2-compatible speech generation."""

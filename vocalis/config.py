@@ -1,0 +1,263 @@
+"""Architecture and runtime configuration: frozen dataclasses, presets, named constants.
+
+Defaults equal the released CosyVoice2-0.5B model. Derived values are computed by properties or
+returned by functions; nothing here is mutated after construction.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+# Audio rates shared by every stage.
+SAMPLE_RATE = 24000  # HiFT output rate
+TOKEN_RATE = 25  # speech tokens per second
+MEL_RATE = 50  # mel frames per second
+TOKEN_MEL_RATIO = 2  # mel frames per speech token
+SAMPLES_PER_MEL_FRAME = SAMPLE_RATE // MEL_RATE  # 480
+PROMPT_SAMPLE_RATE_16K = 16000  # speech tokenizer and speaker encoder input rate
+MAX_PROMPT_SECONDS = 30.0  # speech tokenizer limit
+ENDOFPROMPT_TOKEN = "<|endofprompt|>"
+
+
+@dataclass(frozen=True, slots=True)
+class QwenConfig:
+    """Qwen2 decoder body (Qwen2.5-0.5B shapes by default)."""
+
+    vocab_size: int = 151936
+    hidden_size: int = 896
+    intermediate_size: int = 4864
+    num_hidden_layers: int = 24
+    num_attention_heads: int = 14
+    num_key_value_heads: int = 2
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 1e6
+    max_position_embeddings: int = 32768
+    tie_word_embeddings: bool = True
+
+    def __post_init__(self) -> None:
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError("hidden_size must be divisible by num_attention_heads")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError("num_attention_heads must be divisible by num_key_value_heads")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+
+@dataclass(frozen=True, slots=True)
+class SpeechLMConfig:
+    """CosyVoice 2 text-speech LM (`Qwen2LM`): Qwen2 body + speech embedding + speech head."""
+
+    qwen: QwenConfig = field(default_factory=QwenConfig)
+    speech_token_size: int = 6561
+    mix_ratio: tuple[int, int] = (5, 15)  # text:speech interleaving for bi-streaming
+    min_token_text_ratio: float = 2.0
+    max_token_text_ratio: float = 20.0
+    lsm_weight: float = 0.0
+
+    @property
+    def eos_token(self) -> int:
+        return self.speech_token_size
+
+    @property
+    def fill_token(self) -> int:
+        return self.speech_token_size + 2
+
+    @property
+    def stop_token_ids(self) -> tuple[int, int, int]:
+        n = self.speech_token_size
+        return (n, n + 1, n + 2)
+
+    @property
+    def num_speech_rows(self) -> int:
+        return self.speech_token_size + 3
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingConfig:
+    """Repetition-aware sampling (RAS) defaults of the released model."""
+
+    top_p: float = 0.8
+    top_k: int = 25
+    win_size: int = 10
+    tau_r: float = 0.1
+    temperature: float = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class FlowEncoderConfig:
+    """`UpsampleConformerEncoder`: pre-lookahead conv, rel-pos conformer layers, x2 upsample, more layers."""
+
+    input_size: int = 512
+    output_size: int = 512
+    attention_heads: int = 8
+    linear_units: int = 2048
+    num_blocks: int = 6
+    num_up_blocks: int = 4
+    pre_lookahead_len: int = 3
+    up_stride: int = 2
+    static_chunk_size: int = 25
+    dropout_rate: float = 0.1
+    positional_dropout_rate: float = 0.1
+    attention_dropout_rate: float = 0.1
+
+
+@dataclass(frozen=True, slots=True)
+class EstimatorConfig:
+    """`CausalConditionalDecoder`: causal 1-D U-Net with transformer blocks."""
+
+    in_channels: int = 320
+    out_channels: int = 80
+    channels: tuple[int, ...] = (256,)
+    dropout: float = 0.0
+    attention_head_dim: int = 64
+    n_blocks: int = 4
+    num_mid_blocks: int = 12
+    num_heads: int = 8
+    act_fn: str = "gelu"
+    static_chunk_size: int = 50
+
+
+@dataclass(frozen=True, slots=True)
+class CFMConfig:
+    """Conditional flow matching: Euler solver, cosine schedule, classifier-free guidance."""
+
+    n_timesteps: int = 10
+    sigma_min: float = 1e-6
+    training_cfg_rate: float = 0.2
+    inference_cfg_rate: float = 0.7
+    noise_frames: int = 15000  # fixed start noise, 5 minutes of mel
+    noise_seed: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class FlowConfig:
+    """`CausalMaskedDiffWithXvec`: speech tokens -> 80-bin mel at 50 Hz."""
+
+    vocab_size: int = 6561
+    input_size: int = 512
+    output_size: int = 80
+    spk_embed_dim: int = 192
+    token_mel_ratio: int = TOKEN_MEL_RATIO
+    pre_lookahead_len: int = 3
+    encoder: FlowEncoderConfig = field(default_factory=FlowEncoderConfig)
+    estimator: EstimatorConfig = field(default_factory=EstimatorConfig)
+    cfm: CFMConfig = field(default_factory=CFMConfig)
+
+
+@dataclass(frozen=True, slots=True)
+class HiFTConfig:
+    """`HiFTGenerator`: NSF source + iSTFT HiFi-GAN vocoder."""
+
+    in_channels: int = 80
+    base_channels: int = 512
+    nb_harmonics: int = 8
+    sampling_rate: int = SAMPLE_RATE
+    nsf_alpha: float = 0.1
+    nsf_sigma: float = 0.003
+    nsf_voiced_threshold: float = 10.0
+    upsample_rates: tuple[int, ...] = (8, 5, 3)
+    upsample_kernel_sizes: tuple[int, ...] = (16, 11, 7)
+    istft_n_fft: int = 16
+    istft_hop_len: int = 4
+    resblock_kernel_sizes: tuple[int, ...] = (3, 7, 11)
+    resblock_dilation_sizes: tuple[tuple[int, ...], ...] = ((1, 3, 5), (1, 3, 5), (1, 3, 5))
+    source_resblock_kernel_sizes: tuple[int, ...] = (7, 7, 11)
+    source_resblock_dilation_sizes: tuple[tuple[int, ...], ...] = ((1, 3, 5), (1, 3, 5), (1, 3, 5))
+    lrelu_slope: float = 0.1
+    audio_limit: float = 0.99
+    f0_num_class: int = 1
+    f0_cond_channels: int = 512
+
+    @property
+    def hop_samples(self) -> int:
+        """Output samples per input mel frame."""
+        n = self.istft_hop_len
+        for r in self.upsample_rates:
+            n *= r
+        return n
+
+
+@dataclass(frozen=True, slots=True)
+class StreamConfig:
+    """Streaming token2wav schedule and caches (per request; never written back)."""
+
+    token_hop_len: int = 25
+    token_max_hop_len: int = 100
+    stream_scale_factor: int = 2
+    pre_lookahead_len: int = 3
+    mel_cache_len: int = 8
+    source_cache_len: int = 8 * SAMPLES_PER_MEL_FRAME
+
+
+@dataclass(frozen=True, slots=True)
+class ModelConfig:
+    """Whole-model architecture; saved as JSON beside the weights."""
+
+    llm: SpeechLMConfig = field(default_factory=SpeechLMConfig)
+    flow: FlowConfig = field(default_factory=FlowConfig)
+    hift: HiFTConfig = field(default_factory=HiFTConfig)
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    sample_rate: int = SAMPLE_RATE
+    spk_embed_dim: int = 192
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ModelConfig:
+        return _from_dict(cls, data)
+
+
+def _from_dict(cls: type, data: dict[str, Any]) -> Any:
+    """Rebuild a (nested) frozen dataclass from plain data; unknown keys are an error."""
+    names = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = set(data) - set(names)
+    if unknown:
+        raise ValueError(f"unknown {cls.__name__} fields: {sorted(unknown)}")
+    kwargs: dict[str, Any] = {}
+    for name, value in data.items():
+        default = names[name].default_factory if names[name].default_factory is not dataclasses.MISSING else None
+        proto = default() if default is not None else names[name].default
+        if dataclasses.is_dataclass(proto) and isinstance(value, dict):
+            kwargs[name] = _from_dict(type(proto), value)
+        elif isinstance(value, list):
+            kwargs[name] = tuple(tuple(v) if isinstance(v, list) else v for v in value)
+        else:
+            kwargs[name] = value
+    return cls(**kwargs)
+
+
+def tiny_config() -> ModelConfig:
+    """A few-MB model with the same structure: tests and the random-weight fallback."""
+    return ModelConfig(
+        llm=SpeechLMConfig(
+            qwen=QwenConfig(
+                vocab_size=4096,  # the bundled small BPE (see vocalis/frontend/tokenizer.py)
+                hidden_size=64,
+                intermediate_size=128,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                max_position_embeddings=4096,
+            ),
+            speech_token_size=6561,
+        ),
+        flow=FlowConfig(
+            input_size=64,
+            encoder=FlowEncoderConfig(
+                input_size=64, output_size=64, attention_heads=2, linear_units=128, num_blocks=1, num_up_blocks=1
+            ),
+            estimator=EstimatorConfig(channels=(32,), attention_head_dim=8, n_blocks=1, num_mid_blocks=1, num_heads=2),
+        ),
+        hift=HiFTConfig(base_channels=16, f0_cond_channels=16),
+    )
+
+
+PRESETS: dict[str, ModelConfig] = {
+    "cosyvoice2-0.5b": ModelConfig(),
+    "tiny": tiny_config(),
+}
