@@ -97,10 +97,11 @@ class Token2Wav:
     @torch.inference_mode()
     def _vocode(self, state: StreamState, mel: torch.Tensor, finalize: bool, speed: float = 1.0) -> torch.Tensor:
         """New mel frames (1, 80, T) -> the audio to emit (1, N), updating the caches on `state`."""
+        if speed != 1.0:
+            # stretched before the cached frames are put in front, so HiFT sees one continuous stretched mel
+            mel = F.interpolate(mel, size=max(1, int(mel.shape[2] / speed)), mode="linear")
         if state.cache_mel is not None:
             mel = torch.cat([state.cache_mel.to(mel.device), mel], dim=2)
-        elif speed != 1.0 and finalize:
-            mel = F.interpolate(mel, size=int(mel.shape[2] / speed), mode="linear")
         source = state.cache_source.to(mel.device) if state.cache_source is not None else None
         speech, new_source = self.hift.inference(mel, cache_source=source, generator=state.generator)
         speech = speech.float().cpu()
@@ -123,7 +124,7 @@ class Token2Wav:
         return out
 
     # ---- public steps -------------------------------------------------------------------------------
-    def stream_step(self, state: StreamState, tokens: torch.Tensor) -> torch.Tensor:
+    def stream_step(self, state: StreamState, tokens: torch.Tensor, speed: float = 1.0) -> torch.Tensor:
         """Emit the next chunk. tokens: (1, N) all tokens so far, N >= offset + hop + lookahead -> (1, samples)."""
         hop = self.this_hop(state)
         end = state.token_offset + hop + self.stream.pre_lookahead_len
@@ -131,7 +132,7 @@ class Token2Wav:
             raise ValueError(f"stream_step needs {end} tokens, got {tokens.shape[1]}")
         mel = self._flow(tokens[:, :end], state.prompt, streaming=True, finalize=False)
         mel = mel[:, :, state.token_offset * self.flow.config.token_mel_ratio :]
-        audio = self._vocode(state, mel, finalize=False)
+        audio = self._vocode(state, mel, finalize=False, speed=speed)
         state.hops.append(hop)
         state.token_offset += hop
         state.chunks_done += 1
@@ -148,8 +149,7 @@ class Token2Wav:
         mel = self._flow(tokens, state.prompt, streaming=False, finalize=True)
         mel = mel[:, :, state.token_offset * self.flow.config.token_mel_ratio :]
         state.finished = True
-        # speed change only applies to a whole utterance: a streamed one has its seams fixed already
-        return self._vocode(state, mel, finalize=True, speed=speed if state.chunks_done == 0 else 1.0)
+        return self._vocode(state, mel, finalize=True, speed=speed)
 
     def offline(
         self, tokens: torch.Tensor, prompt: FlowPrompt, speed: float = 1.0, generator: torch.Generator | None = None

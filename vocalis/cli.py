@@ -1,0 +1,142 @@
+"""`vocalis` command line: speak, convert, info."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from vocalis.errors import VocalisError
+
+log = logging.getLogger("vocalis")
+
+
+def _speak(args: argparse.Namespace) -> int:
+    from vocalis.audio_file import write_audio
+    from vocalis.tts import TTS
+
+    text = sys.stdin.read() if args.text == "-" else args.text
+    if args.source_wav is None and text is None:
+        raise VocalisError("nothing to say: give TEXT (or '-' to read stdin), or --source-wav for voice conversion")
+    if args.prompt_text and not args.prompt_wav:
+        raise VocalisError("--prompt-text needs --prompt-wav")
+    start = time.perf_counter()
+    tts = TTS.load(args.model, device=args.device)
+    if tts.model.kind == "random":
+        log.warning(
+            "no trained model is installed: using the tiny preset with RANDOM weights, so the output is noise, not "
+            "speech. Pass --model DIR with a CosyVoice2-0.5B or Vocalis model directory for real speech."
+        )
+    log.info("loaded %s in %.1f s", tts.model.describe(), time.perf_counter() - start)
+    start = time.perf_counter()
+    if args.source_wav is not None:
+        chunks = tts.convert_voice(args.source_wav, voice=args.voice, prompt_wav=args.prompt_wav, speed=args.speed,
+                                   seed=args.seed, stream=args.stream)
+    else:
+        kwargs = dict(voice=args.voice, prompt_wav=args.prompt_wav, prompt_text=args.prompt_text,
+                      instruct=args.instruct, speed=args.speed, seed=args.seed, language=args.language,
+                      text_frontend=not args.no_text_frontend)
+        chunks = tts.stream(text, **kwargs) if args.stream else iter([_whole(tts, text, kwargs)])
+    parts: list[np.ndarray] = []
+    first = None
+    for chunk in chunks:
+        if first is None:
+            first = time.perf_counter() - start
+            if args.stream:
+                log.info("first chunk after %.2f s", first)
+        parts.append(chunk.samples)
+    audio = np.concatenate(parts)
+    elapsed = time.perf_counter() - start
+    out = write_audio(args.output, audio, tts.sample_rate)
+    seconds = len(audio) / tts.sample_rate
+    log.info("wrote %s: %.2f s of audio in %.2f s (RTF %.2f)", out, seconds, elapsed, elapsed / max(seconds, 1e-9))
+    return 0
+
+
+def _whole(tts: object, text: str, kwargs: dict) -> object:
+    from vocalis.inference.request import AudioChunk
+
+    samples = tts.synthesize(text, **kwargs)  # type: ignore[attr-defined]
+    return AudioChunk(samples, tts.sample_rate, 0, True)  # type: ignore[attr-defined]
+
+
+def _convert(args: argparse.Namespace) -> int:
+    from vocalis.model_dir import convert_official
+
+    model = convert_official(Path(args.official_dir), Path(args.out_dir))
+    log.info("converted %s -> %s (%d voices)", args.official_dir, args.out_dir, len(model.voices))
+    return 0
+
+
+def _info(args: argparse.Namespace) -> int:
+    from vocalis.model_dir import load_model
+
+    model = load_model(args.model)
+    counts = {name: sum(p.numel() for p in m.parameters()) for name, m in
+              (("llm", model.llm), ("flow", model.flow), ("hift", model.hift))}
+    print(f"model: {model.describe()}")
+    for name, n in counts.items():
+        print(f"  {name}: {n / 1e6:.2f} M parameters")
+    q = model.config.llm.qwen
+    print(f"  llm body: {q.num_hidden_layers} layers, hidden {q.hidden_size}, text vocab {q.vocab_size}, "
+          f"speech tokens {model.config.llm.speech_token_size}")
+    print(f"  text tokenizer: {len(model.tokenizer)} ids")
+    print(f"  speech tokenizer: {'yes' if model.speech_tokenizer else 'no'}; "
+          f"speaker encoder: {'yes' if model.speaker_encoder else 'no'}")
+    print(f"  voices: {', '.join(sorted(model.voices)) or 'none'}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="vocalis", description="Fast CosyVoice 2-compatible speech generation.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    sp = sub.add_parser("speak", help="text -> speech file")
+    sp.add_argument("text", nargs="?", help="text to say ('-' reads standard input)")
+    sp.add_argument("-o", "--output", required=True, help="output file (.wav, .flac, .ogg)")
+    sp.add_argument("--model", help="model directory (default: the built-in model)")
+    sp.add_argument("--voice", help="a named voice of the model")
+    sp.add_argument("--prompt-wav", help="recording of the voice to clone")
+    sp.add_argument("--prompt-text", help="transcript of --prompt-wav (zero-shot); omit for cross-lingual")
+    sp.add_argument("--instruct", help="instruction, e.g. 'speak slowly and warmly'")
+    sp.add_argument("--source-wav", help="voice conversion: re-voice this recording (TEXT not needed)")
+    sp.add_argument("--stream", action="store_true", help="synthesise chunk by chunk (reports first-chunk latency)")
+    sp.add_argument("--speed", type=float, default=1.0, help="0.25-4.0")
+    sp.add_argument("--seed", type=int, help="random seed for reproducible output")
+    sp.add_argument("--language", default="auto", help="text normalisation language: auto, en, zh, ja")
+    sp.add_argument("--no-text-frontend", action="store_true", help="skip text normalisation and sentence split")
+    sp.add_argument("--device", default="cpu", help="cpu or cuda")
+    sp.set_defaults(func=_speak)
+
+    cv = sub.add_parser("convert", help="official CosyVoice2 directory -> Vocalis directory (safetensors + json)")
+    cv.add_argument("official_dir")
+    cv.add_argument("out_dir")
+    cv.set_defaults(func=_convert)
+
+    inf = sub.add_parser("info", help="describe a model directory")
+    inf.add_argument("model", nargs="?", help="model directory (default: the built-in model)")
+    inf.set_defaults(func=_info)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, stream=sys.stderr,
+                        format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return args.func(args)
+    except VocalisError as exc:
+        print(f"vocalis: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("vocalis: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
