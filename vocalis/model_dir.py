@@ -54,7 +54,7 @@ class LoadedModel:
     llm: Qwen2LM
     flow: CausalMaskedDiffWithXvec
     hift: HiFTGenerator
-    tokenizer: TextTokenizer
+    tokenizer: TextTokenizer | None  # None: a directory without tokenizer files (token-level use only)
     speech_tokenizer: SpeechTokenizer | None = None
     speaker_encoder: SpeakerEncoder | None = None
     voices: dict[str, Voice] = field(default_factory=dict)
@@ -97,7 +97,7 @@ def load_official(directory: Path) -> LoadedModel:
     _eval(llm, flow, hift)
     tokenizer = TextTokenizer.from_dir(qwen_dir) if (qwen_dir / "vocab.json").is_file() else None
     if tokenizer is None:
-        raise ModelLoadError(f"{qwen_dir} has no tokenizer files (vocab.json, merges.txt)")
+        log.warning("%s has no tokenizer files (vocab.json, merges.txt): text input is unavailable", qwen_dir)
     speech_tokenizer, speaker_encoder = _frontend_models(directory)
     voices: dict[str, Voice] = {}
     spk2info = directory / "spk2info.pt"
@@ -122,12 +122,11 @@ def load_vocalis(directory: Path) -> LoadedModel:
         load_strict(module, read_safetensors(directory / f"{name}.safetensors"), f"{name}.safetensors")
     _eval(llm, flow, hift)
     tok_dir = directory / "tokenizer"
-    if not tok_dir.is_dir():
-        raise ModelLoadError(f"missing tokenizer folder: {tok_dir}")
     speech_tokenizer, speaker_encoder = _frontend_models(directory)
     voices = {v.name: v for v in (Voice.load(p) for p in sorted((directory / "voices").glob("*.safetensors")))}
     return LoadedModel(
-        config, llm, flow, hift, TextTokenizer.from_dir(tok_dir), speech_tokenizer, speaker_encoder, voices,
+        config, llm, flow, hift, TextTokenizer.from_dir(tok_dir) if (tok_dir / "vocab.json").is_file() else None,
+        speech_tokenizer, speaker_encoder, voices,
         meta.get("kind", "vocalis"), directory,
     )
 

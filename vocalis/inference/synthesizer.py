@@ -20,6 +20,7 @@ from vocalis.config import ENDOFPROMPT_TOKEN, MAX_PROMPT_SECONDS, PROMPT_SAMPLE_
 from vocalis.errors import InputError
 from vocalis.frontend import audio as audio_fe
 from vocalis.frontend import text as text_fe
+from vocalis.frontend.tokenizer import TextTokenizer
 from vocalis.inference.request import AudioChunk, Mode, SynthesisRequest
 from vocalis.inference.token2wav import FlowPrompt, Token2Wav
 from vocalis.model_dir import LoadedModel
@@ -38,6 +39,12 @@ class Synthesizer:
         self.token2wav = Token2Wav(model.flow, model.hift, stream)
         self.max_text_chars = max_text_chars
         self.sample_rate = model.config.sample_rate
+
+    @property
+    def tokenizer(self) -> TextTokenizer:
+        if self.model.tokenizer is None:
+            raise InputError(f"the {self.model.describe()} has no text tokenizer files, so it cannot read text")
+        return self.model.tokenizer
 
     @property
     def device(self) -> torch.device:
@@ -70,7 +77,7 @@ class Synthesizer:
         text_ids: tuple[int, ...] = ()
         if prompt_text.strip():
             norm = self._normalize(prompt_text, language, split=False)
-            text_ids = tuple(self.model.tokenizer.encode(norm[0] if norm else prompt_text))
+            text_ids = tuple(self.tokenizer.encode(norm[0] if norm else prompt_text))
         return Voice(name, prompt_text, text_ids, tuple(speech_ids), torch.as_tensor(mel).float(), embedding)
 
     # ---- text ----------------------------------------------------------------------------------------
@@ -78,7 +85,7 @@ class Synthesizer:
         if len(text) > self.max_text_chars:
             raise InputError(f"text is {len(text)} characters; the limit is {self.max_text_chars}")
         return text_fe.normalize(text, language=language, split=split,
-                                 token_len=lambda s: len(self.model.tokenizer.encode(s)))
+                                 token_len=lambda s: len(self.tokenizer.encode(s)))
 
     def _segments(self, request: SynthesisRequest) -> list[list[int]]:
         """Text -> token ids per sentence; no sentence dropped, none repeated."""
@@ -87,7 +94,7 @@ class Synthesizer:
             pieces = self._normalize(request.text, request.language)
         else:
             pieces = [request.text]
-        ids = [self.model.tokenizer.encode(p) for p in pieces]
+        ids = [self.tokenizer.encode(p) for p in pieces]
         ids = [x for x in ids if x]
         if not ids:
             raise InputError("text has nothing to say after normalisation (only punctuation or symbols?)")
@@ -102,7 +109,7 @@ class Synthesizer:
             instruct = request.instruct.strip()
             if not instruct.endswith(ENDOFPROMPT_TOKEN):
                 instruct += ENDOFPROMPT_TOKEN
-            return self.model.tokenizer.encode(instruct), []
+            return self.tokenizer.encode(instruct), []
         return [], []
 
     def _flow_prompt(self, request: SynthesisRequest) -> FlowPrompt:
@@ -130,7 +137,7 @@ class Synthesizer:
         prompt_text_ids, prompt_speech_ids = self._llm_prompt(request)
         sampling = self.model.config.sampling
         if request.bistream:
-            pieces = (self.model.tokenizer.encode(p) for p in request.text if p)
+            pieces = (self.tokenizer.encode(p) for p in request.text if p)
             yield self.model.llm.generate_bistream(pieces, prompt_text_ids, prompt_speech_ids, sampling=sampling,
                                                    generator=gen)
             return
