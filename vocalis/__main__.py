@@ -1,0 +1,5 @@
+import sys
+
+from vocalis.cli import main
+
+sys.exit(main())
