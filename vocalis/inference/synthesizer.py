@@ -124,10 +124,15 @@ class Synthesizer:
         )
 
     # ---- synthesis -----------------------------------------------------------------------------------
-    def _generator(self, seed: int | None) -> torch.Generator:
-        gen = torch.Generator(device=self.device)
-        gen.manual_seed(seed if seed is not None else random.SystemRandom().randrange(2**63))
-        return gen
+    def _generators(self, seed: int | None) -> tuple[torch.Generator, torch.Generator]:
+        """Separate streams for LLM sampling and the vocoder's source noise, so streaming and non-streaming
+        draw the same speech tokens for the same seed."""
+        base = seed if seed is not None else random.SystemRandom().randrange(2**62)
+        llm_gen = torch.Generator(device=self.device)
+        llm_gen.manual_seed(base)
+        voc_gen = torch.Generator(device=self.device)
+        voc_gen.manual_seed(base + 1)
+        return llm_gen, voc_gen
 
     def _speech_token_streams(self, request: SynthesisRequest, gen: torch.Generator) -> Iterator[Iterator[int]]:
         """One iterator of speech tokens per segment."""
@@ -147,11 +152,11 @@ class Synthesizer:
 
     def run(self, request: SynthesisRequest, stream: bool = False) -> Iterator[AudioChunk]:
         """Audio for `request`: one chunk per segment, or several per segment when streaming."""
-        gen = self._generator(request.seed)
+        llm_gen, voc_gen = self._generators(request.seed)
         prompt = self._flow_prompt(request)
         pending: AudioChunk | None = None
-        for segment, tokens in enumerate(self._speech_token_streams(request, gen)):
-            for wav in self._token_audio(tokens, prompt, request.speed, stream, gen):
+        for segment, tokens in enumerate(self._speech_token_streams(request, llm_gen)):
+            for wav in self._token_audio(tokens, prompt, request.speed, stream, voc_gen):
                 if pending is not None:
                     yield pending
                 pending = AudioChunk(wav.reshape(-1).numpy().astype(np.float32), self.sample_rate, segment, False)
