@@ -1,0 +1,119 @@
+"""Speech LM parity with the official `Qwen2LM` on the compat fixture (ref_llm).
+
+Covers strict loading of `llm.pt`, the prefill layout, cached step log-probs, uncached full-forward
+log-probs and the 16 greedy tokens of the reference decoding (stop ids masked, exactly 16 steps), with and
+without a prompt.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import load_reference
+
+from vocalis.config import QwenConfig, SpeechLMConfig
+from vocalis.errors import ModelLoadError
+from vocalis.models.speech_lm import Qwen2LM, prepare_official_state_dict
+from vocalis.sampling import greedy_sampling, make_greedy_sampler
+
+ATOL = 1e-4
+STEPS = 16
+
+
+def _config(compat_dir: Path) -> SpeechLMConfig:
+    hf = json.loads((compat_dir / "CosyVoice-BlankEN" / "config.json").read_text())
+    hp = json.loads((compat_dir / "reference" / "tiny_config.json").read_text())["hyperparameters"]["llm"]
+    qwen = QwenConfig(
+        vocab_size=hf["vocab_size"],
+        hidden_size=hf["hidden_size"],
+        intermediate_size=hf["intermediate_size"],
+        num_hidden_layers=hf["num_hidden_layers"],
+        num_attention_heads=hf["num_attention_heads"],
+        num_key_value_heads=hf["num_key_value_heads"],
+        rms_norm_eps=hf["rms_norm_eps"],
+        rope_theta=hf["rope_theta"],
+        max_position_embeddings=hf["max_position_embeddings"],
+        tie_word_embeddings=hf["tie_word_embeddings"],
+    )
+    return SpeechLMConfig(qwen=qwen, speech_token_size=hp["speech_token_size"], mix_ratio=tuple(hp["mix_ratio"]))
+
+
+@pytest.fixture(scope="module")
+def official_sd(compat_dir: Path) -> dict[str, torch.Tensor]:
+    return torch.load(compat_dir / "llm.pt", map_location="cpu", weights_only=True)
+
+
+@pytest.fixture(scope="module")
+def model(compat_dir: Path, official_sd: dict[str, torch.Tensor]) -> Qwen2LM:
+    m = Qwen2LM(_config(compat_dir))
+    m.load_state_dict(prepare_official_state_dict(official_sd), strict=True)
+    return m.eval()
+
+
+@pytest.fixture(scope="module")
+def ref(compat_dir: Path) -> dict[str, torch.Tensor]:
+    return load_reference(compat_dir, "ref_llm")
+
+
+def test_state_dict_keys_and_shapes(compat_dir: Path, official_sd: dict[str, torch.Tensor]) -> None:
+    ours = Qwen2LM(_config(compat_dir)).state_dict()
+    prepared = prepare_official_state_dict(official_sd)
+    assert "llm.model.lm_head.weight" in official_sd and "llm.model.lm_head.weight" not in prepared
+    assert set(prepared) == set(ours)
+    assert {k: tuple(v.shape) for k, v in prepared.items()} == {k: tuple(v.shape) for k, v in ours.items()}
+
+
+def test_prepare_rejects_untied_head(official_sd: dict[str, torch.Tensor]) -> None:
+    bad = dict(official_sd)
+    bad["llm.model.lm_head.weight"] = bad["llm.model.lm_head.weight"] + 1.0
+    with pytest.raises(ModelLoadError, match="lm_head"):
+        prepare_official_state_dict(bad)
+    absent = {k: v for k, v in official_sd.items() if k != "llm.model.lm_head.weight"}
+    assert set(prepare_official_state_dict(absent)) == set(absent)
+
+
+def _inputs(ref: dict[str, torch.Tensor], run: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    if run == "prompt":
+        return ref["text"], ref["prompt_text"], ref["prompt_speech_token"]
+    empty = torch.zeros(1, 0, dtype=torch.int32)
+    return ref["noprompt_text"], empty, empty
+
+
+@pytest.mark.parametrize("run", ["prompt", "noprompt"])
+def test_reference_decoding(model: Qwen2LM, ref: dict[str, torch.Tensor], run: str) -> None:
+    key = "" if run == "prompt" else "noprompt_"
+    text, prompt_text, prompt_speech = _inputs(ref, run)
+    stops = model.config.stop_token_ids
+    with torch.inference_mode():
+        lm_input = model.prefill_embeddings(text, prompt_text, prompt_speech)
+        input_diff = (lm_input - ref[f"{key}lm_input"]).abs().max().item()
+
+        # Cached path: the reference's loop (greedy after masking every stop id), recording raw log-probs.
+        rows, tokens, cache, x = [], [], None, lm_input
+        for _ in range(STEPS):
+            logp, cache = model.step(x, cache)
+            rows.append(logp[0])
+            tokens.append(greedy_sampling(logp[0], stops))
+            x = model.speech_embedding.weight[tokens[-1]].reshape(1, 1, -1)
+        step_diff = (torch.stack(rows) - ref[f"{key}step_logp"]).abs().max().item()
+
+        # Uncached path: one causal pass over the prefill and the fed-back tokens.
+        ref_tokens = ref[f"{key}tokens"]
+        full = torch.cat((lm_input, model.embed_speech(ref_tokens[:-1])), dim=1)
+        logp_full = model(full).log_softmax(dim=-1)[0, lm_input.shape[1] - 1 :]
+        nocache_diff = (logp_full - ref[f"{key}nocache_logp"]).abs().max().item()
+
+    generated = list(
+        model.generate(
+            text, prompt_text, prompt_speech, min_len=STEPS, max_len=STEPS, sample_fn=make_greedy_sampler(stops)
+        )
+    )
+    print(f"[{run}] max abs diff lm_input {input_diff:.3g} step_logp {step_diff:.3g} nocache_logp {nocache_diff:.3g}")
+    assert input_diff <= ATOL, input_diff
+    assert step_diff <= ATOL, step_diff
+    assert nocache_diff <= ATOL, nocache_diff
+    assert tokens == ref_tokens.tolist()
+    assert generated == ref_tokens.tolist()
