@@ -1,0 +1,389 @@
+"""Text normalisation and sentence splitting for synthesis (CosyVoice 2 frontend rules on top of wetext).
+
+Pipeline per request: validate -> pick the language (explicit, or detected once for the whole text) ->
+wetext TN around protected control tags -> the language's post-processing rules -> split into pieces of
+about 60-80 units (characters for zh/ja, BPE tokens for en) -> drop punctuation-only pieces.
+
+Control tags (`[laughter]`, `<strong>`, `</strong>`, `<|endofprompt|>`, ...) are cut out before TN and put
+back verbatim, so the FSTs never see (or mangle) them.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import re
+import unicodedata
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+from vocalis.errors import InputError
+
+logger = logging.getLogger(__name__)
+
+Language = Literal["zh", "en", "ja"]
+LANGUAGES: tuple[str, ...] = ("zh", "en", "ja", "auto")
+DEFAULT_MAX_CHARS = 20000
+
+# split_paragraph thresholds of the official frontend (units: zh/ja characters, en BPE tokens).
+TOKEN_MAX_N = 80
+TOKEN_MIN_N = 60
+MERGE_LEN = 20
+
+# Sentence-final punctuation per language. The zh set is the official one; ja drops `、` (a comma in
+# Japanese) and `.`; en is the official English set.
+_SENTENCE_END: dict[str, str] = {
+    "zh": "。？！；：、.?!;",
+    "ja": "。？！；：?!;",
+    "en": ".?!;:",
+}
+_COMMAS = "，,"
+_END_MARK: dict[str, str] = {"zh": "。", "ja": "。", "en": "."}
+# Closing quotes/brackets that belong to the sentence whose punctuation they follow.
+_CLOSERS = "\"”’'」』）)》】"
+
+# `<|...|>` specials, `<tag>`/`</tag>` markup and `[event]` markers; kept verbatim through TN.
+_TAG_RE = re.compile(r"<\|[^<>|\s]+\|>|</?[A-Za-z_]+>|\[[A-Za-z_-]+\]")
+# wetext returns `"` and backslash escaped with a backslash (en always, zh/ja when the FST runs), so these are
+# kept out of TN like the tags.
+_PROTECTED_RE = re.compile(_TAG_RE.pattern + r'|["\\]')
+_PIPE_TAG_RE = re.compile(r"<\|[^<>|\s]+\|>")
+_WHITESPACE_RE = re.compile(r"\s+")
+_DIGITS_RE = re.compile(r"\d+")
+_TRAILING_COMMAS_RE = re.compile(r"[，,、]+$")
+
+
+@dataclass(frozen=True, slots=True)
+class NormalizedText:
+    """Result of `normalize_text`: the language used, the full normalised text and its synthesis pieces."""
+
+    language: Language
+    text: str
+    pieces: tuple[str, ...]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Validation and language choice
+
+
+def check_text_length(text: str, max_chars: int = DEFAULT_MAX_CHARS) -> None:
+    """Reject absurdly long input before any expensive processing."""
+    if len(text) > max_chars:
+        raise InputError(
+            f"text is {len(text)} characters long; the limit is {max_chars}. Split it into smaller requests."
+        )
+
+
+def is_only_punctuation(text: str) -> bool:
+    """True when `text` holds nothing but punctuation, symbols and whitespace (empty counts too)."""
+    return all(ch.isspace() or unicodedata.category(ch)[0] in "PS" for ch in text)
+
+
+def _is_kana(ch: str) -> bool:
+    # U+30FB (katakana middle dot) also appears in Chinese names, so it is not taken as a Japanese cue.
+    return (
+        "\u3040" <= ch <= "\u309f"
+        or ("\u30a0" <= ch <= "\u30ff" and ch != "\u30fb")
+        or "\u31f0" <= ch <= "\u31ff"
+        or "\uff66" <= ch <= "\uff9f"
+    )
+
+
+def _is_hanzi(ch: str) -> bool:
+    return "\u4e00" <= ch <= "\u9fff"
+
+
+def detect_language(text: str) -> Language:
+    """Kana anywhere -> ja (Japanese mixes kanji and kana); else any CJK ideograph -> zh; else en."""
+    has_hanzi = False
+    for ch in _TAG_RE.sub(" ", text):
+        if _is_kana(ch):
+            return "ja"
+        has_hanzi = has_hanzi or _is_hanzi(ch)
+    return "zh" if has_hanzi else "en"
+
+
+def resolve_language(language: str, text: str) -> Language:
+    """Validate an explicit language or detect it for `language="auto"`."""
+    if language == "auto":
+        return detect_language(text)
+    if language in ("zh", "en", "ja"):
+        return language  # type: ignore[return-value]
+    raise InputError(f"unknown language {language!r}; expected one of {', '.join(LANGUAGES)}")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Number spelling (English): our own inflect-style cardinal reader, used after wetext for any digit run
+# the FST left behind.
+
+_ONES = (
+    "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen "
+    "sixteen seventeen eighteen nineteen"
+).split()
+_TENS = "_ _ twenty thirty forty fifty sixty seventy eighty ninety".split()
+_SCALES = (
+    "",
+    "thousand",
+    "million",
+    "billion",
+    "trillion",
+    "quadrillion",
+    "quintillion",
+    "sextillion",
+    "septillion",
+    "octillion",
+    "nonillion",
+    "decillion",
+)
+
+
+def _below_thousand(n: int) -> str:
+    hundreds, rest = divmod(n, 100)
+    words = []
+    if hundreds:
+        words.append(f"{_ONES[hundreds]} hundred")
+    if rest:
+        if hundreds:
+            words.append("and")
+        if rest < 20:
+            words.append(_ONES[rest])
+        else:
+            tens, ones = divmod(rest, 10)
+            words.append(_TENS[tens] + (f"-{_ONES[ones]}" if ones else ""))
+    return " ".join(words)
+
+
+def number_to_words(digits: str) -> str:
+    """Spell a run of decimal digits: "123" -> "one hundred and twenty-three".
+
+    Runs with a leading zero ("007") or longer than the scale table are read digit by digit.
+    """
+    if not digits or not digits.isdecimal():
+        raise ValueError(f"not a digit run: {digits!r}")
+    value = int(digits)
+    if (len(digits) > 1 and int(digits[0]) == 0) or len(digits) > 3 * len(_SCALES):
+        return " ".join(_ONES[int(d)] for d in digits)
+    if value == 0:
+        return _ONES[0]
+    groups = []
+    scale = 0
+    while value:
+        value, group = divmod(value, 1000)
+        if group:
+            groups.append(_below_thousand(group) + (f" {_SCALES[scale]}" if scale else ""))
+        scale += 1
+    return " ".join(reversed(groups))
+
+
+def spell_out_numbers(text: str) -> str:
+    """Replace every run of digits in `text` by its English words."""
+    return _DIGITS_RE.sub(lambda m: number_to_words(m.group()), text)
+
+
+# ---------------------------------------------------------------------------------------------------
+# wetext TN with protected tags
+
+
+@functools.cache
+def _wetext_normalizer(language: Language):  # -> wetext.Normalizer
+    from wetext import Normalizer  # imported lazily: loading the FST package is not import-time work
+
+    # remove_erhua=False as in the official zh frontend.
+    return Normalizer(lang=language, operator="tn", remove_erhua=False)
+
+
+def _tn_segment(segment: str, language: Language) -> str:
+    """TN of tag-free text, keeping its leading/trailing whitespace (wetext strips it)."""
+    core = segment.strip()
+    if not core:
+        return segment
+    lead = segment[: len(segment) - len(segment.lstrip())]
+    trail = segment[len(segment.rstrip()) :]
+    if language == "en":
+        # wetext's English grammar fails on runs of whitespace; one space carries the same meaning.
+        core = _WHITESPACE_RE.sub(" ", core)
+        lead, trail = (" " if lead else ""), (" " if trail else "")
+    try:
+        out = _wetext_normalizer(language).normalize(core)
+    except Exception as exc:  # the FST runtime raises bare AssertionError/RuntimeError on odd input
+        raise InputError(f"text normalisation ({language}) failed on {core[:60]!r}: {exc!r}") from exc
+    return lead + out + trail
+
+
+def _tn_around_tags(text: str, language: Language) -> str:
+    parts = []
+    pos = 0
+    for match in _PROTECTED_RE.finditer(text):
+        parts.append(_tn_segment(text[pos : match.start()], language))
+        parts.append(match.group())
+        pos = match.end()
+    parts.append(_tn_segment(text[pos:], language))
+    return "".join(parts)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Post-processing rules (official, section 2.3)
+
+
+def replace_blank(text: str) -> str:
+    """Keep a space only between two non-space ASCII characters (drops spaces around CJK text)."""
+    out = []
+    for i, ch in enumerate(text):
+        if ch == " ":
+            prev = text[i - 1] if i > 0 else " "
+            nxt = text[i + 1] if i + 1 < len(text) else " "
+            if not (prev.isascii() and prev != " " and nxt.isascii() and nxt != " "):
+                continue
+        out.append(ch)
+    return "".join(out)
+
+
+def _zh_rules(text: str) -> str:
+    text = text.replace("\n", "")
+    text = replace_blank(text)
+    text = text.replace("²", "平方").replace("³", "立方")
+    text = text.replace(".", "。")
+    text = text.replace(" - ", "，")
+    for ch in "（）【】`":
+        text = text.replace(ch, "")
+    text = text.replace("——", " ")
+    return _TRAILING_COMMAS_RE.sub("。", text)
+
+
+def _ja_rules(text: str) -> str:
+    # No official Japanese path exists; reuse the zh layout rules that are not Chinese-specific.
+    text = replace_blank(text.replace("\n", ""))
+    return _TRAILING_COMMAS_RE.sub("。", text)
+
+
+def apply_text_normalization(text: str, language: Language) -> str:
+    """wetext TN (tags protected) followed by the language's post-processing rules; no splitting."""
+    text = _tn_around_tags(text.strip(), language)
+    if language == "zh":
+        return _zh_rules(text)
+    if language == "ja":
+        return _ja_rules(text)
+    return spell_out_numbers(text)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Splitting
+
+
+def _cut_sentences(text: str, ends: str) -> list[str]:
+    """Cut after each run of sentence-final punctuation, attaching following closing quotes/brackets.
+
+    Unlike the official loop, a run like `?!` or `...` stays whole instead of losing its later marks.
+    """
+    sentences = []
+    start = 0
+    i = 0
+    while i < len(text):
+        if text[i] in ends:
+            j = i + 1
+            while j < len(text) and (text[j] in ends or text[j] in _CLOSERS):
+                j += 1
+            sentences.append(text[start:j])
+            start = i = j
+        else:
+            i += 1
+    if start < len(text):
+        sentences.append(text[start:])
+    return sentences
+
+
+def split_paragraph(
+    text: str,
+    language: Language,
+    token_len: Callable[[str], int] | None = None,
+    *,
+    token_max_n: int = TOKEN_MAX_N,
+    token_min_n: int = TOKEN_MIN_N,
+    merge_len: int = MERGE_LEN,
+    comma_split: bool = False,
+) -> list[str]:
+    """Split normalised text into synthesis pieces.
+
+    Sentences are merged greedily: the buffer is flushed when adding the next sentence would exceed
+    `token_max_n` and the buffer already exceeds `token_min_n`; a final leftover shorter than `merge_len`
+    joins the previous piece. Length is counted in characters for zh/ja and with `token_len` (BPE tokens)
+    for en. An end mark is appended when the text does not end in sentence punctuation. Pieces are
+    whitespace-stripped; every character of the input lands in exactly one piece.
+    """
+    if language == "en":
+        if token_len is None:
+            raise ValueError("English splitting counts BPE tokens: pass token_len (e.g. TextTokenizer.count)")
+        length: Callable[[str], int] = token_len
+    else:
+        length = len
+    ends = _SENTENCE_END[language] + (_COMMAS if comma_split else "")
+    text = text.strip()
+    if not text:
+        return []
+    if text.rstrip(_CLOSERS)[-1:] not in tuple(ends):
+        text += _END_MARK[language]
+
+    pieces: list[str] = []
+    current = ""
+    for sentence in _cut_sentences(text, ends):
+        if current and length(current + sentence) > token_max_n and length(current) > token_min_n:
+            pieces.append(current)
+            current = ""
+        current += sentence
+    if current:
+        if pieces and length(current) < merge_len:
+            pieces[-1] += current
+        else:
+            pieces.append(current)
+    return [p.strip() for p in pieces if p.strip()]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Entry point
+
+
+def normalize_text(
+    text: str,
+    language: str = "auto",
+    *,
+    token_len: Callable[[str], int] | None = None,
+    split: bool = True,
+    text_frontend: bool = True,
+    max_chars: int = DEFAULT_MAX_CHARS,
+) -> NormalizedText:
+    """Normalise `text` and split it into synthesis pieces.
+
+    `language` is "zh", "en", "ja" or "auto" (detected once for the whole text: kana -> ja, CJK
+    ideographs -> zh, else en); the language used is returned. `token_len` counts BPE tokens and is
+    required to split English. `split=False` returns the whole normalised text as the only piece (how the
+    official frontend treats prompt text). `text_frontend=False` skips normalisation and splitting, as the
+    official flag does. Text containing a `<|...|>` special (e.g. an instruction ending in
+    `<|endofprompt|>`) is normalised around the tag but never split, like the official frontend.
+
+    Raises InputError for empty, punctuation-only or over-long text and for an unknown language.
+    """
+    if not isinstance(text, str):
+        raise InputError(f"text must be a string, got {type(text).__name__}")
+    check_text_length(text, max_chars)
+    stripped = text.strip()
+    if not stripped:
+        raise InputError("text is empty: nothing to synthesise")
+    if is_only_punctuation(stripped):
+        raise InputError(f"text {stripped[:40]!r} holds only punctuation or symbols: nothing to synthesise")
+    lang = resolve_language(language, stripped)
+    logger.debug("text language: %s (requested %s)", lang, language)
+
+    if not text_frontend:
+        return NormalizedText(lang, stripped, (stripped,))
+    normalized = apply_text_normalization(stripped, lang)
+    if is_only_punctuation(normalized):
+        raise InputError(f"text {stripped[:40]!r} normalises to nothing speakable ({normalized!r})")
+    if not split or _PIPE_TAG_RE.search(normalized):
+        pieces = [normalized]
+    else:
+        pieces = split_paragraph(normalized, lang, token_len)
+    pieces = [p for p in pieces if not is_only_punctuation(p)]
+    if not pieces:
+        raise InputError(f"text {stripped[:40]!r} has no speakable sentence after normalisation")
+    return NormalizedText(lang, normalized, tuple(pieces))
