@@ -117,3 +117,15 @@ def test_reference_decoding(model: Qwen2LM, ref: dict[str, torch.Tensor], run: s
     assert nocache_diff <= ATOL, nocache_diff
     assert tokens == ref_tokens.tolist()
     assert generated == ref_tokens.tolist()
+
+
+def test_meta_build_and_assign_load(compat_dir: Path, official_sd: dict[str, torch.Tensor], model: Qwen2LM,
+                                    ref: dict[str, torch.Tensor]) -> None:
+    """Built on the meta device and loaded with assign=True, the model needs no other state (no buffers)."""
+    with torch.device("meta"):
+        meta = Qwen2LM(_config(compat_dir))
+    meta.load_state_dict(prepare_official_state_dict(official_sd), strict=True, assign=True)
+    assert not list(meta.buffers())
+    with torch.inference_mode():
+        x = meta.prefill_embeddings(ref["text"], ref["prompt_text"], ref["prompt_speech_token"])
+        assert torch.equal(meta.step(x, None)[0], model.step(x, None)[0])
