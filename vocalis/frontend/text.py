@@ -387,3 +387,19 @@ def normalize_text(
     if not pieces:
         raise InputError(f"text {stripped[:40]!r} has no speakable sentence after normalisation")
     return NormalizedText(lang, normalized, tuple(pieces))
+
+
+def normalize(
+    text: str,
+    language: str = "auto",
+    *,
+    token_len: Callable[[str], int] | None = None,
+    split: bool = True,
+    text_frontend: bool = True,
+    max_chars: int = DEFAULT_MAX_CHARS,
+) -> list[str]:
+    """`normalize_text(...).pieces` as a list: the synthesis pieces only."""
+    result = normalize_text(
+        text, language, token_len=token_len, split=split, text_frontend=text_frontend, max_chars=max_chars
+    )
+    return list(result.pieces)

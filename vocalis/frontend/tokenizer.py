@@ -24,7 +24,8 @@ logger = logging.getLogger(__name__)
 
 # Qwen2's pre-tokenizer split pattern (digits are split one by one).
 QWEN2_PRETOKENIZE_REGEX = (
-    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"""
+    r"""| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
 )
 # Specials native to the Qwen2 vocabulary, at ids base, base+1, base+2.
 QWEN_SPECIAL_TOKENS: tuple[str, ...] = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
@@ -113,7 +114,8 @@ class TextTokenizer:
         tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in COSYVOICE_SPECIAL_TOKENS])
         # The LLM's embedding rows are indexed by these ids: a layout drift must fail at load, not at synthesis.
         expected = {t: base_vocab_size + i for i, t in enumerate(QWEN_SPECIAL_TOKENS)}
-        expected.update({t: base_vocab_size + len(QWEN_SPECIAL_TOKENS) + i for i, t in enumerate(COSYVOICE_SPECIAL_TOKENS[2:])})
+        first_new = base_vocab_size + len(QWEN_SPECIAL_TOKENS)
+        expected.update({t: first_new + i for i, t in enumerate(COSYVOICE_SPECIAL_TOKENS[2:])})
         wrong = {t: tokenizer.token_to_id(t) for t, i in expected.items() if tokenizer.token_to_id(t) != i}
         if wrong:
             raise ModelLoadError(

@@ -1,0 +1,84 @@
+"""Speech tokenizer: 16 kHz audio -> 25 Hz discrete speech ids (S3Tokenizer v2, codebook 6561).
+
+`SpeechTokenizer` states the contract; `OnnxSpeechTokenizer` runs the released `speech_tokenizer_v2.onnx`.
+A torch port can implement the same contract later.
+"""
+
+from __future__ import annotations
+
+import abc
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from vocalis.config import MAX_PROMPT_SECONDS, PROMPT_SAMPLE_RATE_16K
+from vocalis.errors import AudioError, ModelLoadError
+from vocalis.frontend.audio import whisper_log_mel
+
+logger = logging.getLogger(__name__)
+
+
+def open_onnx_session(
+    path: str | Path, *, intra_op_num_threads: int = 1, providers: Sequence[str] | None = None
+):  # -> onnxruntime.InferenceSession
+    """ORT session with full graph optimisation; `providers=None` means CUDA when available, else CPU."""
+    import onnxruntime as ort
+
+    path = Path(path)
+    if not path.is_file():
+        raise ModelLoadError(f"ONNX model not found: {path}")
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.intra_op_num_threads = intra_op_num_threads
+    available = ort.get_available_providers()
+    if providers is None:
+        providers = [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if p in available]
+    try:
+        return ort.InferenceSession(str(path), sess_options=options, providers=list(providers))
+    except Exception as exc:  # ORT raises its own exception types for bad files
+        raise ModelLoadError(f"cannot load ONNX model {path}: {exc}") from exc
+
+
+class SpeechTokenizer(abc.ABC):
+    """Contract: mono float32 16 kHz audio (N,), at most 30 s -> list of 25 Hz speech ids in [0, 6560]."""
+
+    sample_rate: int = PROMPT_SAMPLE_RATE_16K
+    max_seconds: float = MAX_PROMPT_SECONDS
+
+    def tokenize(self, wav16k: np.ndarray | torch.Tensor) -> list[int]:
+        """Speech ids of `wav16k` (N,); AudioError beyond the 30 s limit of the released tokenizer."""
+        seconds = len(wav16k) / self.sample_rate
+        if seconds > self.max_seconds:
+            raise AudioError(
+                f"audio of {seconds:.1f} s is too long for the speech tokenizer (limit {self.max_seconds:g} s)"
+            )
+        return self._tokenize(wav16k)
+
+    def __call__(self, wav16k: np.ndarray | torch.Tensor) -> list[int]:
+        return self.tokenize(wav16k)
+
+    @abc.abstractmethod
+    def _tokenize(self, wav16k: np.ndarray | torch.Tensor) -> list[int]:
+        """Speech ids of audio already checked against the length limit."""
+
+
+class OnnxSpeechTokenizer(SpeechTokenizer):
+    """`speech_tokenizer_v2.onnx`: inputs by position (feats (1, 128, T) float32, lengths (1,) int32)."""
+
+    def __init__(
+        self, path: str | Path, *, intra_op_num_threads: int = 1, providers: Sequence[str] | None = None
+    ) -> None:
+        self.session = open_onnx_session(path, intra_op_num_threads=intra_op_num_threads, providers=providers)
+        inputs = self.session.get_inputs()
+        if len(inputs) != 2:
+            raise ModelLoadError(f"{path}: expected 2 inputs (feats, lengths), found {len(inputs)}")
+        self.input_names = (inputs[0].name, inputs[1].name)
+
+    def _tokenize(self, wav16k: np.ndarray | torch.Tensor) -> list[int]:
+        feats = whisper_log_mel(wav16k).unsqueeze(0).cpu().numpy()  # (1, 128, T)
+        lengths = np.array([feats.shape[2]], dtype=np.int32)  # (1,)
+        ids = self.session.run(None, {self.input_names[0]: feats, self.input_names[1]: lengths})[0]
+        return np.asarray(ids).reshape(-1).astype(np.int64).tolist()
