@@ -111,17 +111,17 @@ class TextTokenizer:
     def __init__(self, tokenizer: Tokenizer, base_vocab_size: int) -> None:
         self.tokenizer = tokenizer
         self.base_vocab_size = base_vocab_size
+        # Same rule as the official `add_special_tokens`: tokens already present keep their ids, new ones are
+        # appended in list order. With Qwen2's 3 native specials this gives <|endofprompt|> = base + 3.
         tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in COSYVOICE_SPECIAL_TOKENS])
-        # The LLM's embedding rows are indexed by these ids: a layout drift must fail at load, not at synthesis.
-        expected = {t: base_vocab_size + i for i, t in enumerate(QWEN_SPECIAL_TOKENS)}
-        first_new = base_vocab_size + len(QWEN_SPECIAL_TOKENS)
-        expected.update({t: first_new + i for i, t in enumerate(COSYVOICE_SPECIAL_TOKENS[2:])})
-        wrong = {t: tokenizer.token_to_id(t) for t, i in expected.items() if tokenizer.token_to_id(t) != i}
-        if wrong:
-            raise ModelLoadError(
-                f"special token ids {wrong} differ from the CosyVoice 2 layout (base vocabulary {base_vocab_size}, "
-                f"then {', '.join(QWEN_SPECIAL_TOKENS)}, then the CosyVoice specials)"
-            )
+        expected = {t: tokenizer.token_to_id(t) for t in (*QWEN_SPECIAL_TOKENS, *COSYVOICE_SPECIAL_TOKENS)}
+        missing = [t for t, i in expected.items() if i is None]
+        if missing:
+            raise ModelLoadError(f"tokenizer lacks special tokens {missing}")
+        canonical = base_vocab_size + len(QWEN_SPECIAL_TOKENS)
+        if expected[ENDOFPROMPT_TOKEN] != canonical:
+            logger.warning("non-standard special-token layout: %s = %d (CosyVoice 2 uses base vocabulary + 3 = %d)",
+                           ENDOFPROMPT_TOKEN, expected[ENDOFPROMPT_TOKEN], canonical)
         self.endofprompt_id: int = expected[ENDOFPROMPT_TOKEN]
         self.endoftext_id: int = expected["<|endoftext|>"]
 
