@@ -24,7 +24,7 @@ class _TinySpeechTokenizer(nn.Module):
 
     def forward(self, feats: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         h = self.conv(feats).transpose(1, 2)  # (1, T/4, 16)
-        return self.proj(h).argmax(-1)[:, : lengths[0] // 4]
+        return self.proj(h).argmax(-1)[:, : (lengths[0] // 4).long()]  # int64 end: ORT rejects mixed Slice types
 
 
 class _TinySpeaker(nn.Module):
