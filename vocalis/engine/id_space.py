@@ -1,0 +1,69 @@
+"""One integer id space for everything the speech LM reads, so the engine speaks plain ints.
+
+`Qwen2LM` reads three embedding tables; the engine numbers their rows consecutively:
+
+    [0, S)            speech ids (speech_embedding rows: S = speech_token_size + 3, incl. eos/stop/fill)
+    S, S + 1          sos, task id (llm_embedding rows)
+    [S + 2, S + 2 + V) text ids (Qwen's embed_tokens rows, V = text vocabulary)
+
+A text id and a speech id with the same table row never share an engine id, so block hashes over engine
+ids keep text and speech apart by construction (the "namespace" of a token is its range).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from vocalis.config import SpeechLMConfig
+
+
+@dataclass(frozen=True, slots=True)
+class IdSpace:
+    num_speech: int  # S
+    num_text: int  # V
+
+    @classmethod
+    def for_config(cls, config: SpeechLMConfig) -> IdSpace:
+        return cls(config.num_speech_rows, config.qwen.vocab_size)
+
+    @property
+    def sos(self) -> int:
+        return self.num_speech
+
+    @property
+    def task(self) -> int:
+        return self.num_speech + 1
+
+    @property
+    def text_offset(self) -> int:
+        return self.num_speech + 2
+
+    @property
+    def size(self) -> int:
+        return self.text_offset + self.num_text
+
+    def text(self, ids: Sequence[int]) -> list[int]:
+        off = self.text_offset
+        return [off + int(i) for i in ids]
+
+    def speech(self, ids: Sequence[int]) -> list[int]:
+        return [int(i) for i in ids]
+
+    def prompt(self, text_ids: Sequence[int], prompt_text_ids: Sequence[int] = (),
+               prompt_speech_ids: Sequence[int] = ()) -> list[int]:
+        """Unistream prefill layout, as `Qwen2LM.prefill_embeddings`:
+        [sos] + prompt_text + text + [task] + prompt_speech.
+
+        Only [sos] + prompt_text is the same for every text spoken with one voice, so that is the prefix the
+        block manager can share between requests (in whole blocks).
+        """
+        return [self.sos, *self.text(prompt_text_ids), *self.text(text_ids), self.task, *self.speech(prompt_speech_ids)]
+
+    def split(self, ids: Sequence[int]) -> tuple[list[int], list[int], list[int]]:
+        """Indices into `ids` of its speech, special (llm_embedding) and text ids."""
+        speech, special, text = [], [], []
+        s, off = self.num_speech, self.text_offset
+        for i, t in enumerate(ids):
+            (speech if t < s else special if t < off else text).append(i)
+        return speech, special, text

@@ -1,0 +1,138 @@
+"""The LLM engine: add_request / step / abort over the scheduler, block manager, model runner and sampler.
+
+One `step()` schedules a batch (decodes and prefill chunks of many requests), runs one forward pass, samples
+one speech id for each request that reached its last position, and records the result. Single-threaded: the
+owner (e.g. `AsyncEngine`'s loop thread) calls every method.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Iterable, Sequence
+
+import torch
+
+from vocalis.config import SamplingConfig
+from vocalis.engine.block_manager import BlockManager
+from vocalis.engine.config import EngineConfig
+from vocalis.engine.id_space import IdSpace
+from vocalis.engine.model_runner import ModelRunner, kv_bytes_per_block
+from vocalis.engine.request import Request, RequestStatus, SamplingParams, TokenSink
+from vocalis.engine.sampler import Sampler
+from vocalis.engine.scheduler import Scheduler
+from vocalis.errors import InputError
+from vocalis.models.speech_lm import Qwen2LM
+
+log = logging.getLogger(__name__)
+
+
+class LLMEngine:
+    def __init__(self, llm: Qwen2LM, config: EngineConfig | None = None) -> None:
+        self.config = cfg = config or EngineConfig()
+        self.llm = llm
+        self.ids = IdSpace.for_config(llm.config)
+        num_blocks = cfg.num_kv_blocks or self._blocks_for_budget()
+        self.runner = ModelRunner(llm, num_blocks, cfg.block_size)
+        self.block_manager = BlockManager(num_blocks, cfg.block_size, cfg.enable_prefix_caching)
+        self.scheduler = Scheduler(self.block_manager, cfg.max_num_seqs, cfg.max_num_batched_tokens,
+                                   llm.config.stop_token_ids)
+        self.sampler = Sampler(llm.config.eos_token, llm.config.stop_token_ids)
+        self.max_model_len = min(cfg.max_model_len, llm.config.qwen.max_position_embeddings,
+                                 num_blocks * cfg.block_size)
+        self._requests: dict[str, Request] = {}
+
+    def _blocks_for_budget(self) -> int:
+        cfg = self.config
+        per_block = kv_bytes_per_block(self.llm, cfg.block_size)
+        by_budget = cfg.kv_cache_bytes // per_block
+        # no point holding more than every sequence at full length
+        by_use = cfg.max_num_seqs * -(-cfg.max_model_len // cfg.block_size)
+        num = int(min(by_budget, by_use))
+        if num < 1:
+            raise ValueError(f"kv_cache_bytes={cfg.kv_cache_bytes} holds no {per_block}-byte KV block")
+        return num
+
+    # ---- requests -----------------------------------------------------------------------------------
+    def sampling_params(self, num_text_tokens: int, sampling: SamplingConfig | None = None,
+                        seed: int | None = None, **overrides: object) -> SamplingParams:
+        """The released model's RAS settings and length bounds for a text of that many tokens."""
+        s = sampling or SamplingConfig()
+        min_len, max_len = self.llm.length_bounds(num_text_tokens)
+        params = SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, win_size=s.win_size,
+                                tau_r=s.tau_r, min_len=min_len, max_len=max_len, seed=seed)
+        return dataclasses.replace(params, **overrides) if overrides else params  # type: ignore[arg-type]
+
+    def make_request(self, text_ids: Sequence[int], prompt_text_ids: Sequence[int] = (),
+                     prompt_speech_ids: Sequence[int] = (), params: SamplingParams | None = None, *,
+                     request_id: str | None = None, sink: TokenSink | None = None,
+                     generator: torch.Generator | None = None) -> Request:
+        """A unistream request: [sos] + prompt text + text + [task] + prompt speech; default params from
+        `sampling_params(len(text_ids))`."""
+        prompt = self.ids.prompt(text_ids, prompt_text_ids, prompt_speech_ids)
+        params = params or self.sampling_params(len(text_ids))
+        return Request(prompt, params, request_id, sink, generator)
+
+    def add_request(self, request: Request) -> None:
+        if request.request_id in self._requests:
+            raise ValueError(f"request id {request.request_id!r} is already running")
+        room = self.max_model_len - request.num_tokens
+        if room < 1:
+            raise InputError(f"the prompt has {request.num_tokens} positions; the engine holds at most "
+                             f"{self.max_model_len} per request (text too long?)")
+        if request.params.max_len > room:
+            log.warning("request %s: max_len %d clamped to %d (max_model_len %d)", request.request_id,
+                        request.params.max_len, room, self.max_model_len)
+            request.params = dataclasses.replace(request.params, max_len=room,
+                                                 min_len=min(request.params.min_len, room))
+        if request.params.max_len == 0:
+            request.status = RequestStatus.FINISHED_LENGTH
+            if request.sink is not None:
+                request.sink(request, None, True)
+            return
+        self._requests[request.request_id] = request
+        self.scheduler.add(request)
+
+    def abort(self, request_id: str) -> bool:
+        """Stop a request now and free its KV blocks; False if it is not running here."""
+        req = self.scheduler.abort(request_id)
+        self._requests.pop(request_id, None)
+        if req is None:
+            return False
+        if req.sink is not None:
+            req.sink(req, None, True)
+        return True
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self._requests)
+
+    # ---- stepping ----------------------------------------------------------------------------------
+    def step(self) -> list[tuple[Request, int | None]]:
+        """One batched forward pass. Returns (request, new speech id or None if it stopped) per sampled
+        request; each request's sink hears the same, with finished=True on its last call."""
+        out = self.scheduler.schedule()
+        if out.empty:
+            return []
+        sampled = out.sampled
+        logp = self.runner.execute(out.scheduled)  # (R, V)
+        new_ids = self.sampler(logp, sampled) if sampled else []
+        events = self.scheduler.update(out, new_ids)
+        for req, tok in events:
+            if req.finished:
+                self._requests.pop(req.request_id, None)
+            if req.sink is not None:
+                req.sink(req, tok, req.finished)
+        return events
+
+    def generate(self, requests: Iterable[Request]) -> dict[str, list[int]]:
+        """Run requests to completion (a convenience for tests and benchmarks) -> speech ids by request id."""
+        reqs = list(requests)
+        for r in reqs:
+            self.add_request(r)
+        while self.has_unfinished():
+            self.step()
+        return {r.request_id: r.output_ids for r in reqs}

@@ -1,0 +1,211 @@
+"""Tensors, no policy: the paged KV cache and one forward pass over a scheduled batch of the speech LM.
+
+The K/V of every layer live in two preallocated tensors (L, slots, Hkv, Dh), slot = block * block_size +
+offset; a step writes only its new positions (index_copy_) and never copies the cache. Attention is plain
+torch so it runs anywhere: rows with one query (decodes, one-position prefill chunks) are batched, each
+gathering its live context by block table (B, Lmax) with padded slots masked; multi-position prefill chunks
+attend, one request at a time, to their cached prefix plus themselves with a causal mask. Grouped-query
+attention reshapes queries into their key/value groups instead of repeating keys.
+
+The weights are `Qwen2LM`'s own modules, called as modules (so a precision backend may swap a Linear for a
+quantised one); Qwen's 151,936-way lm_head is never computed, only `llm_decoder` on rows that sample.
+
+Legend: N scheduled positions, B single-query rows, L layers, Lmax longest context, n/c a prefill chunk's
+new positions / context, H query heads, Hkv key/value heads, G = H / Hkv, Dh head width, D hidden, V speech ids.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from vocalis.engine.id_space import IdSpace
+from vocalis.engine.request import Request
+from vocalis.models.qwen2 import rotary_cos_sin
+from vocalis.models.speech_lm import Qwen2LM
+
+log = logging.getLogger(__name__)
+
+
+def kv_bytes_per_block(llm: Qwen2LM, block_size: int) -> int:
+    q = llm.config.qwen
+    itemsize = llm.speech_embedding.weight.element_size()
+    return 2 * q.num_hidden_layers * block_size * q.num_key_value_heads * q.head_dim * itemsize
+
+
+@dataclass(slots=True)
+class _Prefill:
+    """One multi-position chunk: token rows [start, start + n) of the batch; its context slots (c,)."""
+
+    start: int
+    n: int
+    computed: int
+    slots: torch.Tensor
+
+
+@dataclass(slots=True)
+class StepInputs:
+    ids: torch.Tensor  # (N,) engine ids
+    positions: torch.Tensor  # (N,)
+    write_slots: torch.Tensor  # (N,) where each position's K/V goes
+    num_single: int  # the first B rows are single-query rows
+    gather_slots: torch.Tensor | None  # (B, Lmax) context slots of single-query rows (padding repeats slot 0)
+    valid: torch.Tensor | None  # (B, Lmax) real context positions
+    prefills: list[_Prefill]
+    sample_rows: torch.Tensor  # (R,) rows whose output is sampled, in scheduled order
+    all_speech: bool
+
+
+class ModelRunner:
+    def __init__(self, llm: Qwen2LM, num_blocks: int, block_size: int) -> None:
+        q = llm.config.qwen
+        self.llm = llm
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        self.ids = IdSpace.for_config(llm.config)
+        self.device = llm.speech_embedding.weight.device
+        self.dtype = llm.speech_embedding.weight.dtype
+        self.num_heads, self.num_kv_heads, self.head_dim = q.num_attention_heads, q.num_key_value_heads, q.head_dim
+        self.rope_theta = q.rope_theta
+        shape = (q.num_hidden_layers, num_blocks * block_size, q.num_key_value_heads, q.head_dim)
+        # [empty] never-written slots are only ever read as masked padding, which repeats a written slot
+        self.k_cache = torch.empty(shape, dtype=self.dtype, device=self.device)
+        self.v_cache = torch.empty(shape, dtype=self.dtype, device=self.device)
+        self._offsets = torch.arange(block_size, device=self.device)
+        log.info("KV cache: %d blocks x %d positions (%.1f MiB)", num_blocks, block_size,
+                 2 * self.k_cache.numel() * self.k_cache.element_size() / 2**20)
+
+    # ---- inputs --------------------------------------------------------------------------------------
+    def _slots(self, block_table: Sequence[int], start: int, end: int) -> list[int]:
+        bs = self.block_size
+        return [block_table[p // bs] * bs + p % bs for p in range(start, end)]
+
+    def prepare(self, scheduled: Sequence[tuple[Request, int]]) -> StepInputs:
+        """Flatten a scheduled batch: single-query rows first, then prefill chunks."""
+        single = [(r, n) for r, n in scheduled if n == 1]
+        multi = [(r, n) for r, n in scheduled if n > 1]
+        ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        row_of: dict[int, int] = {}
+        for r, _ in single:
+            p = r.num_computed_tokens
+            row_of[id(r)] = len(ids)
+            ids.append(r.token_ids[p])
+            positions.append(p)
+            slots.extend(self._slots(r.block_table, p, p + 1))
+        gather = valid = None
+        dev = self.device
+        if single:
+            ctx = torch.tensor([r.num_computed_tokens + 1 for r, _ in single], device=dev)  # (B,)
+            max_blocks = max(len(r.block_table) for r, _ in single)
+            table = torch.tensor([r.block_table + [r.block_table[0]] * (max_blocks - len(r.block_table))
+                                  for r, _ in single], device=dev)  # (B, max_blocks)
+            all_slots = (table[:, :, None] * self.block_size + self._offsets).reshape(len(single), -1)
+            lmax = int(max(r.num_computed_tokens + 1 for r, _ in single))
+            all_slots = all_slots[:, :lmax]  # (B, Lmax)
+            valid = torch.arange(lmax, device=dev)[None, :] < ctx[:, None]  # (B, Lmax)
+            gather = torch.where(valid, all_slots, all_slots[:, :1])
+        prefills: list[_Prefill] = []
+        for r, n in multi:
+            c0 = r.num_computed_tokens
+            start = len(ids)
+            ids.extend(r.token_ids[c0:c0 + n])
+            positions.extend(range(c0, c0 + n))
+            slots.extend(self._slots(r.block_table, c0, c0 + n))
+            row_of[id(r)] = start + n - 1
+            ctx_slots = torch.tensor(self._slots(r.block_table, 0, c0 + n), device=dev)
+            prefills.append(_Prefill(start, n, c0, ctx_slots))
+        sample_rows = [row_of[id(r)] for r, n in scheduled if r.num_computed_tokens + n == r.num_tokens]
+        return StepInputs(
+            ids=torch.tensor(ids, device=dev),
+            positions=torch.tensor(positions, device=dev),
+            write_slots=torch.tensor(slots, device=dev),
+            num_single=len(single),
+            gather_slots=gather,
+            valid=valid,
+            prefills=prefills,
+            sample_rows=torch.tensor(sample_rows, dtype=torch.long, device=dev),
+            all_speech=max(ids) < self.ids.num_speech,
+        )
+
+    # ---- forward -------------------------------------------------------------------------------------
+    def embed(self, ids: torch.Tensor, all_speech: bool) -> torch.Tensor:
+        """Engine ids (N,) -> (N, D) from the table each id belongs to."""
+        lm = self.llm
+        if all_speech:
+            return lm.speech_embedding(ids)
+        out = torch.empty(ids.shape[0], lm.speech_embedding.embedding_dim, dtype=self.dtype, device=self.device)
+        s, off = self.ids.num_speech, self.ids.text_offset
+        speech, text = ids < s, ids >= off
+        special = ~(speech | text)
+        out[speech] = lm.speech_embedding(ids[speech])
+        out[special] = lm.llm_embedding(ids[special] - s).to(self.dtype)
+        out[text] = lm.qwen.embed_tokens(ids[text] - off).to(self.dtype)
+        return out
+
+    @torch.inference_mode()
+    def execute(self, scheduled: Sequence[tuple[Request, int]]) -> torch.Tensor:
+        """Compute the scheduled positions, write their K/V, return log-probs (R, V) of the sampled rows."""
+        return self.forward(self.prepare(scheduled))
+
+    @torch.inference_mode()
+    def forward(self, inp: StepInputs) -> torch.Tensor:
+        qwen = self.llm.qwen
+        x = self.embed(inp.ids, inp.all_speech)  # (N, D)
+        cos, sin = rotary_cos_sin(inp.positions, self.head_dim, self.rope_theta, x.dtype)  # (N, Dh)
+        cos, sin = cos[:, None, :], sin[:, None, :]  # (N, 1, Dh)
+        n_tok = x.shape[0]
+        for layer_idx, layer in enumerate(qwen.layers):
+            attn = layer.self_attn
+            h = layer.input_layernorm(x)
+            q = _rope(attn.q_proj(h).view(n_tok, self.num_heads, self.head_dim), cos, sin)  # (N, H, Dh)
+            k = _rope(attn.k_proj(h).view(n_tok, self.num_kv_heads, self.head_dim), cos, sin)  # (N, Hkv, Dh)
+            v = attn.v_proj(h).view(n_tok, self.num_kv_heads, self.head_dim)
+            k_cache, v_cache = self.k_cache[layer_idx], self.v_cache[layer_idx]  # (slots, Hkv, Dh)
+            k_cache.index_copy_(0, inp.write_slots, k.to(self.dtype))
+            v_cache.index_copy_(0, inp.write_slots, v.to(self.dtype))
+            o = self._attention(q, k_cache, v_cache, inp)  # (N, H*Dh)
+            x = x + attn.o_proj(o)
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        hidden = qwen.norm(x.index_select(0, inp.sample_rows))  # (R, D)
+        return self.llm.llm_decoder(hidden).float().log_softmax(dim=-1)  # (R, V)
+
+    def _attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                   inp: StepInputs) -> torch.Tensor:
+        n_tok = q.shape[0]
+        hkv, g, dh = self.num_kv_heads, self.num_heads // self.num_kv_heads, self.head_dim
+        scale = dh**-0.5
+        out = torch.empty(n_tok, self.num_heads * dh, dtype=q.dtype, device=q.device)
+        b = inp.num_single
+        if b:
+            assert inp.gather_slots is not None and inp.valid is not None
+            k = k_cache[inp.gather_slots].permute(0, 2, 3, 1)  # (B, Hkv, Dh, Lmax)
+            v = v_cache[inp.gather_slots].transpose(1, 2)  # (B, Hkv, Lmax, Dh)
+            qs = q[:b].view(b, hkv, g, dh)  # (B, Hkv, G, Dh)
+            scores = torch.matmul(qs, k.to(q.dtype)) * scale  # (B, Hkv, G, Lmax)
+            scores = scores.masked_fill(~inp.valid[:, None, None, :], float("-inf"))
+            o = torch.matmul(scores.softmax(dim=-1), v.to(q.dtype))  # (B, Hkv, G, Dh)
+            out[:b] = o.reshape(b, -1)
+        for pf in inp.prefills:
+            n, c = pf.n, pf.slots.shape[0]
+            k = k_cache[pf.slots].permute(1, 2, 0)  # (Hkv, Dh, c)
+            v = v_cache[pf.slots].transpose(0, 1)  # (Hkv, c, Dh)
+            qs = q[pf.start:pf.start + n].view(n, hkv, g, dh).permute(1, 2, 0, 3)  # (Hkv, G, n, Dh)
+            scores = torch.matmul(qs, k[:, None].to(q.dtype)) * scale  # (Hkv, G, n, c)
+            # query i sits at position computed + i and sees every key up to it
+            query_pos = pf.computed + torch.arange(n, device=q.device)
+            causal = torch.arange(c, device=q.device)[None, :] <= query_pos[:, None]  # (n, c)
+            scores = scores.masked_fill(~causal, float("-inf"))
+            o = torch.matmul(scores.softmax(dim=-1), v[:, None].to(q.dtype))  # (Hkv, G, n, Dh)
+            out[pf.start:pf.start + n] = o.permute(2, 0, 1, 3).reshape(n, -1)
+        return out
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: (N, heads, Dh); cos/sin: (N, 1, Dh); half-split rotary as qwen2._apply_rotary."""
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin

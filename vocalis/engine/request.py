@@ -1,0 +1,127 @@
+"""An LLM engine request: data only (ids, progress, blocks, sampling parameters, RNG, output sink).
+
+Everything a request changes lives here, so the shared engine parts stay stateless per request. The
+scheduler and block manager move it between states; the model runner reads its ids and block table; the
+sampler reads its parameters and generator.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from enum import Enum
+
+import torch
+
+_ids = itertools.count()
+
+
+class RequestStatus(Enum):
+    WAITING = "waiting"  # not scheduled yet, or preempted (its KV dropped; recomputed when rescheduled)
+    RUNNING = "running"
+    FINISHED_STOPPED = "stopped"  # sampled a stop id (never appended)
+    FINISHED_LENGTH = "length"  # reached max_len
+    FINISHED_ABORTED = "aborted"
+
+    @property
+    def finished(self) -> bool:
+        return self in (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_ABORTED)
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """Per-request sampling. Defaults are the released model's RAS settings.
+
+    greedy: arg-max instead of RAS (temperature and the RAS knobs are then unused).
+    min_len / max_len: speech ids to produce at least / at most; eos is masked while fewer than min_len were
+        produced (stop_all_masked: every stop id is, which with min_len = max_len forces an exact count).
+    seed: seeds this request's own torch.Generator (None: a random seed); the draws use nothing else.
+    """
+
+    temperature: float = 1.0
+    top_p: float = 0.8
+    top_k: int = 25
+    win_size: int = 10
+    tau_r: float = 0.1
+    greedy: bool = False
+    min_len: int = 0
+    max_len: int = 2000
+    seed: int | None = None
+    stop_all_masked: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.greedy and self.temperature <= 0:
+            raise ValueError(f"temperature must be > 0, got {self.temperature}")
+        if self.top_k < 1 or not 0 < self.top_p <= 1:
+            raise ValueError(f"need top_k >= 1 and 0 < top_p <= 1, got {self.top_k}, {self.top_p}")
+        if self.min_len < 0 or self.max_len < 0:
+            raise ValueError(f"min_len and max_len must be >= 0, got {self.min_len}, {self.max_len}")
+
+
+# Called by the engine for each new speech id (token None: finished without one), and once with finished=True.
+TokenSink = Callable[["Request", int | None, bool], None]
+
+
+class Request:
+    """One sequence the LLM extends. `token_ids` = prompt (engine ids, see `IdSpace`) + generated speech ids.
+
+    num_computed_tokens counts positions whose K/V sit in the cache; the last generated id is fed (and so
+    computed) on the next step. block_table lists the KV blocks covering positions 0.. in order.
+    """
+
+    __slots__ = ("request_id", "token_ids", "num_prompt_tokens", "params", "status", "num_computed_tokens",
+                 "num_cached_tokens", "block_table", "block_hashes", "generator", "sink", "arrival_time",
+                 "num_preemptions", "prefix_checked")
+
+    def __init__(self, prompt_ids: Sequence[int], params: SamplingParams | None = None,
+                 request_id: str | None = None, sink: TokenSink | None = None,
+                 generator: torch.Generator | None = None) -> None:
+        if not prompt_ids:
+            raise ValueError("a request needs at least one prompt id")
+        self.request_id = request_id if request_id is not None else f"req-{next(_ids)}"
+        self.token_ids: list[int] = list(prompt_ids)
+        self.num_prompt_tokens = len(self.token_ids)
+        self.params = params or SamplingParams()
+        self.status = RequestStatus.WAITING
+        self.num_computed_tokens = 0
+        self.num_cached_tokens = 0  # positions taken from the prefix cache at (last) admission
+        self.block_table: list[int] = []
+        self.block_hashes: list[int] = []  # chained hashes of this request's full blocks, in order
+        self.generator = generator
+        self.sink = sink
+        self.arrival_time = time.monotonic()
+        self.num_preemptions = 0
+        self.prefix_checked = False
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def output_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens:]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def finished(self) -> bool:
+        return self.status.finished
+
+    def make_generator(self, device: torch.device) -> torch.Generator:
+        """The request's RNG (created from params.seed on first use)."""
+        if self.generator is None:
+            gen = torch.Generator(device=device)
+            if self.params.seed is None:
+                gen.seed()
+            else:
+                gen.manual_seed(self.params.seed)
+            self.generator = gen
+        return self.generator
+
+    def __repr__(self) -> str:
+        return (f"Request({self.request_id}, {self.status.value}, prompt={self.num_prompt_tokens}, "
+                f"out={self.num_output_tokens}, computed={self.num_computed_tokens}, blocks={len(self.block_table)})")

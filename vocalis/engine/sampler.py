@@ -1,0 +1,86 @@
+"""Batched next-id choice with per-row parameters: min-length masking, temperature, RAS (nucleus + repetition
+window) and greedy rows in one batch.
+
+The tensor work (masking, temperature, softmax, the stable sort, top-k/top-p cut) runs on the whole batch;
+only the random draw is per row, because torch has no batched multinomial with one generator per row. Each
+row draws from its own request's `torch.Generator` and nothing else, with the same calls and values as
+`vocalis.sampling.ras_sampling`, so a request's ids do not depend on what else is in the batch and a seeded
+request reproduces the reference sampler's ids for the same scores.
+
+Legend: B rows, V speech ids, K the largest top_k in the batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from vocalis.engine.request import Request
+
+
+class Sampler:
+    def __init__(self, eos_id: int, stop_ids: Sequence[int]) -> None:
+        self.eos_id = eos_id
+        self.stop_ids = list(stop_ids)
+
+    @torch.inference_mode()
+    def __call__(self, logp: torch.Tensor, requests: Sequence[Request]) -> list[int]:
+        """logp: (B, V) log-probabilities (row i for requests[i]) -> one id per row. logp is not modified."""
+        scores = logp.float()
+        mask_rows = [i for i, r in enumerate(requests) if r.num_output_tokens < r.params.min_len]
+        if mask_rows:
+            scores = scores.clone()
+            for i in mask_rows:  # [min_len] the released model masks eos only; stop_all_masked forces a count
+                ids = self.stop_ids if requests[i].params.stop_all_masked else [self.eos_id]
+                scores[i, ids] = float("-inf")
+        out = [0] * len(requests)
+        greedy = [i for i, r in enumerate(requests) if r.params.greedy]
+        if greedy:
+            top = scores[greedy].argmax(dim=-1).tolist()  # first index wins ties, like greedy_sampling
+            for i, t in zip(greedy, top):
+                out[i] = t
+        ras = [i for i, r in enumerate(requests) if not r.params.greedy]
+        if ras:
+            rows = scores if len(ras) == len(requests) else scores[ras]
+            for i, t in zip(ras, self._ras([requests[i] for i in ras], rows)):
+                out[i] = t
+        return out
+
+    def _ras(self, requests: Sequence[Request], scores: torch.Tensor) -> list[int]:
+        device = scores.device
+        temps = [r.params.temperature for r in requests]
+        if len(set(temps)) == 1:
+            scores = scores if temps[0] == 1.0 else scores / temps[0]
+        else:  # [parity] divide by the Python float per row, exactly as apply_temperature does
+            scores = torch.stack([row if t == 1.0 else row / t for row, t in zip(scores, temps)])  # (B, V)
+        probs, ids = scores.softmax(dim=-1).sort(dim=-1, descending=True, stable=True)  # (B, V)
+        k = max(r.params.top_k for r in requests)
+        head = probs[:, :k]  # (B, K)
+        # mass before each item (exclusive prefix sum) against top_p, and at most top_k items: a kept prefix
+        before = torch.cat((head.new_zeros(head.shape[0], 1), head[:, :-1].cumsum(dim=-1)), dim=-1)  # (B, K)
+        top_p = torch.tensor([r.params.top_p for r in requests], device=device, dtype=head.dtype)[:, None]
+        top_k = torch.tensor([r.params.top_k for r in requests], device=device)[:, None]
+        keep = (before < top_p) & (torch.arange(k, device=device)[None, :] < top_k)  # (B, K)
+        num_kept = keep.sum(dim=-1).tolist()
+        out: list[int] = []
+        for row, req in enumerate(requests):
+            gen = req.make_generator(device)
+            draw = _draw(head[row, :num_kept[row]], gen)
+            top = int(ids[row, draw])
+            p = req.params
+            decoded = req.output_ids[-p.win_size:] if p.win_size > 0 else []
+            if sum(1 for t in decoded if t == top) >= p.win_size * p.tau_r:
+                # [ras] a repeat-heavy id is excluded and the id redrawn from the full distribution
+                row_scores = scores[row].clone()
+                row_scores[top] = float("-inf")
+                top = _draw(row_scores.softmax(dim=0), gen)
+            out.append(top)
+        return out
+
+
+def _draw(probs: torch.Tensor, generator: torch.Generator) -> int:
+    """One draw from unnormalised probabilities (N,), consuming only `generator` (as sampling._multinomial_one)."""
+    if probs.device != generator.device:
+        probs = probs.to(generator.device)
+    return int(probs.multinomial(1, replacement=True, generator=generator).item())
