@@ -20,8 +20,13 @@ PROMPT_PROB = 0.5
 MAX_PROMPT_FRACTION = 0.3
 
 
+def _device(generator: torch.Generator | None) -> torch.device | None:
+    # Draws happen on the generator's device, so a CUDA generator works as well as a CPU one.
+    return generator.device if generator is not None else None
+
+
 def _uniform(generator: torch.Generator | None) -> float:
-    return float(torch.rand((), generator=generator))
+    return float(torch.rand((), generator=generator, device=_device(generator)))
 
 
 def random_prompt_condition(
@@ -33,7 +38,8 @@ def random_prompt_condition(
     for i, length in enumerate(feat_lens.tolist()):
         if _uniform(generator) < PROMPT_PROB:
             continue
-        n = int(torch.randint(0, int(MAX_PROMPT_FRACTION * length) + 1, (), generator=generator))
+        n = int(torch.randint(0, int(MAX_PROMPT_FRACTION * length) + 1, (), generator=generator,
+                              device=_device(generator)))
         cond[i, :n] = feat[i, :n]
     return cond
 
