@@ -67,7 +67,10 @@ class Synthesizer:
                 f"the {self.model.describe()} has no speaker encoder, so it cannot clone a voice; "
                 "use a model directory with campplus.onnx"
             )
+        start = prompt_wav.tell() if hasattr(prompt_wav, "seek") else None  # a file object is read twice
         wav16k = audio_fe.load_wav(prompt_wav, PROMPT_SAMPLE_RATE_16K, max_seconds=MAX_PROMPT_SECONDS)
+        if start is not None:
+            prompt_wav.seek(start)  # type: ignore[union-attr]
         speech_ids = self.speech_tokens(wav16k)
         embedding = torch.as_tensor(self.model.speaker_encoder.embed(wav16k)).float().reshape(-1)
         wav24k = audio_fe.load_wav(prompt_wav, self.sample_rate, max_seconds=MAX_PROMPT_SECONDS)
