@@ -227,7 +227,7 @@ def test_bistream_prompt_layout_matches_training_blocks() -> None:
     assert train_target[1 + 5 + 15 + 5 + 15 - 1].item() == FILL  # the forced fill sits where training puts it
 
 
-def test_bistream_sampled_fill_restarts_schedule_and_bad_special_raises() -> None:
+def test_bistream_sampled_fill_restarts_schedule_and_unused_special_is_masked() -> None:
     model = _spy(seed=5)
 
     def fill_at_third(scores: torch.Tensor, decoded: Sequence[int]) -> int:
@@ -240,11 +240,14 @@ def test_bistream_sampled_fill_restarts_schedule_and_bad_special_raises() -> Non
     assert lengths[:4] == [6, 1, 1, 1] and lengths[4] == 5 and lengths[5:20] == [1] * 15
     assert len(speech) == 18 and FILL not in speech
 
-    def unused_id(scores: torch.Tensor, decoded: Sequence[int]) -> int:
-        return UNUSED
-
-    with pytest.raises(RuntimeError, match="special id"):
-        list(model.generate_bistream(([t] for t in range(30, 40)), sample_fn=unused_id))
+    # the unused special id is masked in both phases, however strongly the head prefers it
+    _bias_head(model, eos=-30.0)
+    with torch.no_grad():
+        model.llm_decoder.bias[UNUSED] = 50.0
+    greedy = make_greedy_sampler()
+    with torch.inference_mode():
+        speech = list(model.generate_bistream(([t] for t in range(30, 40)), max_len=20, sample_fn=greedy))
+    assert speech and UNUSED not in speech
 
 
 def test_bistream_stops_on_eos_after_text_ends() -> None:

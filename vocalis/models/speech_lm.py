@@ -226,15 +226,16 @@ class Qwen2LM(nn.Module):
                 if len(out) == next_fill_index:
                     top = fill  # [forced] the block already holds n_speech speech ids
                 else:
+                    # eos must wait for the end of the text, and the unused special id is never valid; masking
+                    # them (where the official code raises on the latter) keeps a user's stream alive
                     logp[0, eos] = float("-inf")
+                    logp[0, c.speech_token_size + 1] = float("-inf")
                     top = choose(logp[0], out)
                 if top == fill:
                     next_fill_index = len(out) + n_speech + 1
                 out.append(top)
                 if top == fill:
                     break
-                if top >= c.speech_token_size:
-                    raise RuntimeError(f"speech LM produced special id {top} while text was still streaming")
                 yield top
                 lm_input = self.speech_embedding.weight[top].reshape(1, 1, -1)
 
@@ -246,12 +247,11 @@ class Qwen2LM(nn.Module):
         num_yielded = sum(1 for t in out if t < c.speech_token_size)
         while num_yielded < limit:
             logp, cache = self.step(lm_input, cache)
+            logp[0, c.speech_token_size + 1 :] = float("-inf")  # only speech or eos may follow the task id
             top = choose(logp[0], out)
             out.append(top)
             if top == eos:
                 return
-            if top >= c.speech_token_size:
-                raise RuntimeError(f"speech LM produced special id {top} where only speech or eos may follow")
             yield top
             num_yielded += 1
             lm_input = self.speech_embedding.weight[top].reshape(1, 1, -1)
