@@ -1,0 +1,55 @@
+"""LLM task: next-speech-token cross-entropy on the speech part (`speech_lm_train.lm_training_forward`), with
+optional label smoothing and 5:15 text-speech interleaving for text-streaming input."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import torch
+from torch import nn
+
+from vocalis.models.speech_lm import Qwen2LM
+from vocalis.models.speech_lm_train import lm_training_forward
+from vocalis.train.config import TrainConfig
+from vocalis.train.data import Batch
+from vocalis.train.task import StepContext, Task, Wrap, build_part
+
+
+class LMObjective(nn.Module):
+    """Wraps the LM so DDP sees one forward: batch -> (loss, accuracy)."""
+
+    def __init__(self, llm: Qwen2LM, bistream_prob: float) -> None:
+        super().__init__()
+        self.llm = llm
+        self.bistream_prob = bistream_prob
+
+    def forward(self, batch: Batch, rng: random.Random) -> tuple[torch.Tensor, torch.Tensor]:
+        out = lm_training_forward(self.llm, batch.text_token, batch.text_token_len, batch.speech_token,
+                                  batch.speech_token_len, rng=rng, bistream_prob=self.bistream_prob)
+        return out.loss, out.acc
+
+
+class LLMTask(Task):
+    name = "llm"
+
+    def __init__(self, config: TrainConfig) -> None:
+        llm, self.model_config = build_part(config, "llm")
+        assert isinstance(llm, Qwen2LM)
+        if config.llm.label_smoothing is not None:
+            llm.config = dataclasses.replace(llm.config, lsm_weight=config.llm.label_smoothing)
+        self.modules = {"llm": llm}
+        self.objective: nn.Module = LMObjective(llm, config.llm.bistream_prob)
+
+    def wrap(self, wrap: Wrap) -> None:
+        self.objective = wrap(self.objective)
+
+    def checkpointed_layers(self):
+        return self.modules["llm"].qwen.layers
+
+    def micro_step(self, batch: Batch, ctx: StepContext) -> dict[str, float]:
+        with ctx.autocast():
+            loss, acc = self.objective(batch, ctx.py_rng)
+        ctx.backward(loss, "main")
+        ctx.update("main")
+        return {"loss": float(loss.detach()), "acc": float(acc.detach())}
