@@ -121,6 +121,10 @@ def build_parser() -> argparse.ArgumentParser:
     inf = sub.add_parser("info", help="describe a model directory")
     inf.add_argument("model", nargs="?", help="model directory (default: the built-in model)")
     inf.set_defaults(func=_info)
+
+    from vocalis.train.cli import add_training_commands  # parsers only; training code loads when a command runs
+
+    add_training_commands(sub)
     return parser
 
 

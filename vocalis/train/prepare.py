@@ -45,6 +45,7 @@ class PrepareConfig:
     model_dir: str
     utts_per_shard: int = 1000
     num_workers: int = 1  # 1 = in this process
+    speech_tokenizer: str | None = None  # our own tokenizer (speech_tokenizer.safetensors) instead of the ONNX one
     features: FeatureConfig = dataclasses.field(default_factory=FeatureConfig)
 
 
@@ -86,13 +87,18 @@ _featurizer: Featurizer | None = None
 _counter: Any = None
 
 
-def _init_worker(model_dir: str, features: FeatureConfig, counter: Any) -> None:
+def _init_worker(model_dir: str, features: FeatureConfig, speech_tokenizer: str | None, counter: Any) -> None:
     global _featurizer, _counter
     import torch
 
     torch.set_num_threads(1)  # one process per core; intra-op threads would oversubscribe
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
-    _featurizer = Featurizer(model_dir, features)
+    tokenizer = None
+    if speech_tokenizer is not None and features.speech_tokens:
+        from vocalis.models.speech_tokenizer import TorchSpeechTokenizer
+
+        tokenizer = TorchSpeechTokenizer.load(speech_tokenizer)
+    _featurizer = Featurizer(model_dir, features, tokenizer)
     _counter = counter
 
 
@@ -145,7 +151,7 @@ def _run_shard(args: tuple[int, list[Utterance], Path]) -> dict[str, Any]:
 def _digest(utts: list[Utterance], config: PrepareConfig) -> str:
     h = hashlib.sha256()
     h.update(json.dumps(dataclasses.asdict(config.features), sort_keys=True).encode())
-    h.update(str(config.utts_per_shard).encode())
+    h.update(f"{config.utts_per_shard} {config.speech_tokenizer}".encode())
     for u in utts:
         h.update(json.dumps(dataclasses.astuple(u)).encode())
     return h.hexdigest()
@@ -211,7 +217,7 @@ def prepare(config: PrepareConfig) -> dict[str, Any]:
     start = time.monotonic()
     if todo:
         if config.num_workers == 1:
-            _init_worker(config.model_dir, config.features, None)
+            _init_worker(config.model_dir, config.features, config.speech_tokenizer, None)
             for i, (index, group) in enumerate(todo):
                 _process_shard(index, group, shard_dir)
                 progress.update(done_utts + sum(len(g) for _, g in todo[: i + 1]))
@@ -219,7 +225,8 @@ def prepare(config: PrepareConfig) -> dict[str, Any]:
             ctx = mp.get_context("spawn")
             counter = ctx.Value("l", 0)
             workers = min(config.num_workers, len(todo))
-            with ctx.Pool(workers, _init_worker, (config.model_dir, config.features, counter)) as pool:
+            init_args = (config.model_dir, config.features, config.speech_tokenizer, counter)
+            with ctx.Pool(workers, _init_worker, init_args) as pool:
                 pending = pool.map_async(_run_shard, [(i, g, shard_dir) for i, g in todo], chunksize=1)
                 while not pending.ready():
                     pending.wait(0.5)

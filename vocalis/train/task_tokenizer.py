@@ -89,7 +89,7 @@ class TokenizerTask(Task):
             yield from getattr(stack, "layers", ())
 
     def extra_state(self) -> dict[str, Any]:
-        return {"symbols": self.symbols.to_dict()}
+        return {"symbols": self.symbols.to_dict(), "tokenizer_config": self.modules["tokenizer"].config.to_dict()}
 
     def load_extra_state(self, state: dict[str, Any]) -> None:
         saved = state.get("symbols")

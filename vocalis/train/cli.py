@@ -1,0 +1,110 @@
+"""Argument parsers of `vocalis prepare | train | average | export`. Importing this module is cheap: the
+training code loads only when a command runs."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from pathlib import Path
+
+log = logging.getLogger("vocalis")
+
+TASKS = ("llm", "flow", "hift", "tokenizer")
+
+
+def _prepare(args: argparse.Namespace) -> int:
+    from vocalis.train.features import FeatureConfig
+    from vocalis.train.prepare import PrepareConfig, format_summary, prepare
+
+    features = FeatureConfig(min_seconds=args.min_seconds, max_seconds=args.max_seconds,
+                             speech_tokens=not args.no_speech_tokens, speaker_embeddings=not args.no_speaker_embeddings,
+                             keep_audio=not args.no_audio)
+    summary = prepare(PrepareConfig(args.manifest, args.out, args.model, args.utts_per_shard, args.workers,
+                                    args.speech_tokenizer, features))
+    print(format_summary(summary))
+    return 0
+
+
+def _train(args: argparse.Namespace) -> int:
+    from vocalis.train.config import load_config
+    from vocalis.train.run import train
+
+    overrides = []
+    if args.data:
+        overrides.append("data.train=" + json.dumps(args.data))
+    for flag, key in (("out", "trainer.out_dir"), ("init_from", "model.init_from"), ("resume", "trainer.resume"),
+                      ("max_steps", "trainer.max_steps"), ("precision", "trainer.precision"),
+                      ("engine", "trainer.engine"), ("device", "trainer.device")):
+        value = getattr(args, flag)
+        if value is not None:
+            overrides.append(f"{key}={json.dumps(value)}")
+    config = load_config(args.config, overrides + list(args.set), task=args.task)
+    summary = train(config)
+    if summary.get("step") is not None:
+        log.info("finished at step %d; last checkpoint %s", summary["step"], summary.get("last_checkpoint"))
+    return 0
+
+
+def _average(args: argparse.Namespace) -> int:
+    from vocalis.errors import InputError
+    from vocalis.train.export import average, last_checkpoints
+
+    paths = [Path(p) for p in args.checkpoints]
+    if args.run:
+        paths += last_checkpoints(Path(args.run), args.last)
+    if not paths:
+        raise InputError("give checkpoints to average, or --run DIR [--last N]")
+    average(paths, Path(args.output))
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    from vocalis.train.export import export
+
+    export([Path(p) for p in args.checkpoints], Path(args.out), args.base)
+    return 0
+
+
+def add_training_commands(sub: argparse._SubParsersAction) -> None:
+    pp = sub.add_parser("prepare", help="manifest -> sharded Parquet training features (resumable)")
+    pp.add_argument("manifest", help="jsonl (wav, text, speaker, language) or a Kaldi dir (wav.scp, text, utt2spk)")
+    pp.add_argument("out", help="output folder (shards/, data.list, summary.json)")
+    pp.add_argument("--model", required=True, help="model directory: its text tokenizer and ONNX frontend models")
+    pp.add_argument("--utts-per-shard", type=int, default=1000)
+    pp.add_argument("--workers", type=int, default=1, help="parallel processes")
+    pp.add_argument("--min-seconds", type=float, default=0.5)
+    pp.add_argument("--max-seconds", type=float, default=30.0)
+    pp.add_argument("--speech-tokenizer", help="our own speech tokenizer (dir or .safetensors) instead of the ONNX")
+    pp.add_argument("--no-speech-tokens", action="store_true", help="skip speech tokens (to train a tokenizer first)")
+    pp.add_argument("--no-speaker-embeddings", action="store_true", help="zero x-vectors (no campplus.onnx)")
+    pp.add_argument("--no-audio", action="store_true", help="do not store the 24 kHz waveform (no vocoder training)")
+    pp.set_defaults(func=_prepare)
+
+    tp = sub.add_parser("train", help="train llm, flow, hift or tokenizer (torchrun for several processes)")
+    tp.add_argument("task", choices=TASKS)
+    tp.add_argument("--config", help="toml, json or yaml with [trainer], [data], [optim], [scheduler], [model] ...")
+    tp.add_argument("--data", nargs="+", help="prepared folders, data.list files or .parquet shards")
+    tp.add_argument("--out", help="run folder (checkpoints, logs)")
+    tp.add_argument("--init-from", help="model directory to fine-tune (official CosyVoice2 or Vocalis)")
+    tp.add_argument("--resume", help="'auto' (newest checkpoint of --out) or a checkpoint path")
+    tp.add_argument("--max-steps", type=int)
+    tp.add_argument("--precision", choices=("fp32", "bf16", "fp16"))
+    tp.add_argument("--engine", choices=("ddp", "deepspeed"))
+    tp.add_argument("--device", choices=("auto", "cpu", "cuda"))
+    tp.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="override a config value, e.g. --set optim.lr=2e-4 (repeatable)")
+    tp.set_defaults(func=_train)
+
+    ap = sub.add_parser("average", help="average the weights of several checkpoints")
+    ap.add_argument("checkpoints", nargs="*")
+    ap.add_argument("-o", "--output", required=True, help="averaged checkpoint (.pt)")
+    ap.add_argument("--run", help="a run folder: average its newest checkpoints")
+    ap.add_argument("--last", type=int, default=5, help="with --run: how many")
+    ap.set_defaults(func=_average)
+
+    ep = sub.add_parser("export", help="training checkpoints -> a Vocalis model directory")
+    ep.add_argument("checkpoints", nargs="+", help="checkpoints (one per trained part: llm, flow, hift, tokenizer)")
+    ep.add_argument("--out", required=True, help="new model directory")
+    ep.add_argument("--base", help="model directory for the untrained parts (default: the run's init_from)")
+    ep.set_defaults(func=_export)
