@@ -1,4 +1,4 @@
-"""`vocalis` command line: speak, convert, info."""
+"""`vocalis` command line: speak, convert, info, infer, eval."""
 
 from __future__ import annotations
 
@@ -91,6 +91,26 @@ def _info(args: argparse.Namespace) -> int:
     return 0
 
 
+def _infer(args: argparse.Namespace) -> int:
+    from vocalis.batch_infer import InferOptions, describe_summary, run_batch
+
+    options = InferOptions(Path(args.manifest), Path(args.out), args.model, args.stream, args.device, args.seed,
+                           progress=not args.no_progress)
+    summary = run_batch(options)
+    for line in describe_summary(summary) if summary is not None else ():
+        log.info("%s", line)
+    return 0
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from vocalis.eval.runner import EvalOptions, evaluate
+
+    evaluate(EvalOptions(Path(args.manifest), Path(args.audio), Path(args.out) if args.out else None, args.asr,
+                         args.model, args.language, similarity=not args.no_similarity, baseline=args.baseline,
+                         plots=not args.no_plots))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vocalis", description="Fast CosyVoice 2-compatible speech generation.")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -121,6 +141,30 @@ def build_parser() -> argparse.ArgumentParser:
     inf = sub.add_parser("info", help="describe a model directory")
     inf.add_argument("model", nargs="?", help="model directory (default: the built-in model)")
     inf.set_defaults(func=_info)
+
+    bi = sub.add_parser("infer", help="synthesise a manifest (jsonl or seed-tts-eval list); runs under torchrun")
+    bi.add_argument("--manifest", required=True, help="jsonl (id, text, prompt_wav, prompt_text, voice) or id|pt|pw|t")
+    bi.add_argument("--out", required=True, help="output folder: <id>.wav per item and summary.json")
+    bi.add_argument("--model", help="model directory (default: the built-in model)")
+    bi.add_argument("--stream", action="store_true", help="synthesise chunk by chunk (records first-chunk latency)")
+    bi.add_argument("--seed", type=int, default=0, help="base seed; an item's seed is this + crc32(id)")
+    bi.add_argument("--device", default="auto", help="auto (cuda:LOCAL_RANK if available), cpu or cuda")
+    bi.add_argument("--no-progress", action="store_true", help="no progress bar")
+    bi.set_defaults(func=_infer)
+
+    ev = sub.add_parser("eval", help="WER/CER, speaker similarity, durations and RTF of a folder of outputs")
+    ev.add_argument("--manifest", required=True, help="the manifest the audio was made from")
+    ev.add_argument("--audio", required=True, help="folder with <id>.wav (and summary.json from `vocalis infer`)")
+    ev.add_argument("--asr", default="pocketsphinx",
+                    help="pocketsphinx (English, offline), none, or module:factory for your own transcriber")
+    ev.add_argument("--out", help="report folder (default: <audio>/eval)")
+    ev.add_argument("--model", help="model directory: its campplus.onnx adds CAM++ speaker similarity")
+    ev.add_argument("--language", default="auto", help="text language for normalisation: auto, en, zh, ...")
+    ev.add_argument("--no-similarity", action="store_true", help="skip speaker similarity")
+    ev.add_argument("--baseline", action="store_true",
+                    help="also score each item's ground-truth recording (reference_wav / 5th field) as a baseline")
+    ev.add_argument("--no-plots", action="store_true", help="no PNG plots")
+    ev.set_defaults(func=_eval)
 
     from vocalis.train.cli import add_training_commands  # parsers only; training code loads when a command runs
 
