@@ -372,6 +372,7 @@ def describe_summary(summary: dict[str, Any]) -> Iterator[str]:
     yield (f"{summary['done']} done, {summary['skipped']} skipped (finished earlier), {summary['failed']} failed "
            f"of {summary['total']}; {summary['audio_seconds']:.1f} s of audio"
            + (f", RTF {rtf:.3f} per process, {summary['throughput_rtf']:.3f} all ranks" if rtf is not None else ""))
+    yield f"summary: {Path(summary['out_dir']) / SUMMARY_NAME}"
     for failure in summary["failures"][:20]:
         yield f"failed {failure['id']} (line {failure['line']}): {failure['reason']}"
     if len(summary["failures"]) > 20:
