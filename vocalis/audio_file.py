@@ -14,14 +14,23 @@ from vocalis.errors import InputError
 _SUBTYPES = {".wav": "PCM_16", ".flac": "PCM_16", ".ogg": "VORBIS"}
 
 
-def write_audio(path: str | Path, samples: np.ndarray, sample_rate: int) -> Path:
-    """(N,) float32 -> file; the format follows the extension (.wav, .flac, .ogg)."""
+def check_output_path(path: str | Path) -> str:
+    """Validate before any work is done; returns the soundfile subtype for the extension."""
     out = Path(path)
     subtype = _SUBTYPES.get(out.suffix.lower())
     if subtype is None:
         raise InputError(f"unsupported output extension {out.suffix!r}; use one of {', '.join(_SUBTYPES)}")
-    if not out.parent.exists():
+    if not out.parent.is_dir():
         raise InputError(f"output folder does not exist: {out.parent}")
+    if out.is_dir():
+        raise InputError(f"output path is a folder: {out}")
+    return subtype
+
+
+def write_audio(path: str | Path, samples: np.ndarray, sample_rate: int) -> Path:
+    """(N,) float32 -> file; the format follows the extension (.wav, .flac, .ogg)."""
+    out = Path(path)
+    subtype = check_output_path(out)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
     os.close(fd)
     try:

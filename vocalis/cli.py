@@ -16,9 +16,10 @@ log = logging.getLogger("vocalis")
 
 
 def _speak(args: argparse.Namespace) -> int:
-    from vocalis.audio_file import write_audio
+    from vocalis.audio_file import check_output_path, write_audio
     from vocalis.tts import TTS
 
+    check_output_path(args.output)
     text = sys.stdin.read() if args.text == "-" else args.text
     if args.source_wav is None and text is None:
         raise VocalisError("nothing to say: give TEXT (or '-' to read stdin), or --source-wav for voice conversion")
