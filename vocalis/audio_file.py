@@ -33,6 +33,9 @@ def write_audio(path: str | Path, samples: np.ndarray, sample_rate: int) -> Path
     subtype = check_output_path(out)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
     os.close(fd)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp_name, 0o666 & ~umask)  # mkstemp makes 0600; the result should look like any written file
     try:
         sf.write(tmp_name, np.clip(samples, -1.0, 1.0), sample_rate, subtype=subtype, format=out.suffix[1:].upper())
         os.replace(tmp_name, out)
