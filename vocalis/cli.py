@@ -170,6 +170,9 @@ def build_parser() -> argparse.ArgumentParser:
     from vocalis.train.cli import add_training_commands  # parsers only; training code loads when a command runs
 
     add_training_commands(sub)
+    from vocalis.serve.cli import add_serve_commands  # parsers only; the server loads when `serve` runs
+
+    add_serve_commands(sub)
     return parser
 
 

@@ -1,0 +1,107 @@
+"""Helpers for the server tests: a short-spoken tiny model and a real uvicorn server on 127.0.0.1.
+
+The tiny model's random LLM rarely samples eos, so every utterance would run to the length limit (12 s of
+noise, tens of seconds of CPU). `make_quick_tiny_model_dir` raises the eos bias of the speech head, so
+utterances end at the minimum length (2 speech tokens per text token): the whole pipeline still runs, fast.
+"""
+
+from __future__ import annotations
+
+import io
+import socket
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+from safetensors.torch import load_file, save_file
+from tiny_assets import make_tiny_model_dir
+
+
+def make_quick_tiny_model_dir(directory: Path, eos_boost: float = 30.0) -> Path:
+    """`make_tiny_model_dir` with the speech head's eos logit raised by `eos_boost`."""
+    from vocalis.config import PRESETS
+
+    make_tiny_model_dir(directory)
+    eos = PRESETS["tiny"].llm.eos_token
+    weights = load_file(str(directory / "llm.safetensors"))
+    weights["llm_decoder.bias"][eos] += eos_boost
+    save_file(weights, str(directory / "llm.safetensors"))
+    return directory
+
+
+_QUICK: dict[str, object] = {}
+
+
+def quick_tts(tmp_path_factory: pytest.TempPathFactory):
+    """One quick tiny model directory and `TTS` per test session, shared by the server test modules."""
+    if "tts" not in _QUICK:
+        from vocalis.tts import TTS
+
+        _QUICK["dir"] = make_quick_tiny_model_dir(tmp_path_factory.mktemp("model") / "tiny")
+        _QUICK["tts"] = TTS.load(_QUICK["dir"])
+    return _QUICK["tts"]
+
+
+def serve(tts: object, backend_opts: dict | None = None, **config: object) -> ServerThread:
+    """A `ServerThread` around a fresh app and backend over `tts` (use it as a context manager)."""
+    from vocalis.serve.app import create_app
+    from vocalis.serve.backend import ThreadedBackend
+    from vocalis.serve.config import ServeConfig
+
+    backend = ThreadedBackend(tts, **(backend_opts or {}))
+    app = create_app(backend, ServeConfig(**config))  # type: ignore[arg-type]
+    return ServerThread(app, backend)
+
+
+class ServerThread:
+    """uvicorn serving `app` on 127.0.0.1 at a free port, in a background thread."""
+
+    def __init__(self, app: object, backend: object = None) -> None:
+        import uvicorn
+
+        self.app = app
+        self.backend = backend
+
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5, ws_ping_interval=None)
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+
+    def __enter__(self) -> ServerThread:  # noqa: PYI034
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError("uvicorn did not start")
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(15)
+        self.sock.close()
+
+
+def decode_audio(fmt: str, data: bytes, sample_rate: int = 24000, frames: int | None = None) -> np.ndarray:
+    """Response bytes -> (N,) float32.
+
+    A streamed FLAC's STREAMINFO says "length unknown" (valid FLAC, but libsndfile's reader cannot handle it), so
+    its sample count must be given as `frames` (e.g. from the same request made with `stream: false`).
+    """
+    if fmt == "pcm":
+        return np.frombuffer(data, dtype="<i2").astype(np.float32) / 32767.0
+    if fmt == "flac" and int.from_bytes(data[21:26], "big") & 0xFFFFFFFFF == 0:
+        assert frames is not None, "a streamed FLAC needs its sample count"
+        b = bytearray(data)
+        b[21:26] = ((int.from_bytes(b[21:26], "big") & ~0xFFFFFFFFF) | frames).to_bytes(5, "big")
+        data = bytes(b)
+    with sf.SoundFile(io.BytesIO(data)) as f:
+        assert f.samplerate == sample_rate, f.samplerate
+        return f.read(dtype="float32")

@@ -1,0 +1,231 @@
+"""`create_app(backend, config)`: the FastAPI app (OpenAI-compatible speech, voices, health, metrics, web page).
+
+Routes: POST /v1/audio/speech, GET|POST /v1/audio/voices, GET|DELETE /v1/audio/voices/{name}, GET /v1/models,
+CosyVoice-style /inference_* (cosyvoice_routes.py), WebSocket /v1/audio/speech/ws (websocket.py), GET /health,
+GET /metrics, and the web page at / (static/). The backend is any object with ThreadedBackend's surface.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, JSONResponse, Response
+from fastapi.staticfiles import StaticFiles
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from vocalis.errors import AudioError, InputError, VocalisError
+from vocalis.serve.audio_encoding import check_format, supported_formats
+from vocalis.serve.backend import Aborted, JobTimeout, Overloaded, SpeechJob
+from vocalis.serve.config import ServeConfig
+from vocalis.serve.context import ServerContext, ctx_of
+from vocalis.serve.guards import ApiKey, BodyLimitMiddleware, RequestMetricsMiddleware
+from vocalis.serve.metrics import ServeMetrics
+from vocalis.serve.schemas import PayloadTooLarge, SpeechRequest, error_body, validation_message
+from vocalis.serve.streaming import audio_response, sse_response, start_job, whole_response
+from vocalis.serve.uploads import UnsupportedMedia, read_body
+from vocalis.serve.voices import VoiceConflict, VoiceNotFound, VoiceStore
+
+log = logging.getLogger(__name__)
+STATIC_DIR = Path(__file__).resolve().parent / "static"
+
+
+# ---- errors ------------------------------------------------------------------------------------------
+def error_status(exc: BaseException) -> tuple[int, dict[str, str]]:
+    """HTTP status (and headers) for an exception."""
+    if isinstance(exc, PayloadTooLarge):
+        return 413, {}
+    if isinstance(exc, UnsupportedMedia):
+        return 415, {}
+    if isinstance(exc, VoiceConflict):
+        return 409, {}
+    if isinstance(exc, (InputError, AudioError)):
+        return 400, {}
+    if isinstance(exc, Overloaded):
+        return 503, {}
+    if isinstance(exc, JobTimeout):
+        return 504, {}
+    if isinstance(exc, Aborted):
+        return 499, {}
+    return 500, {}
+
+
+def _json_error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    kind = "invalid_request_error" if status < 500 else ("server_busy" if status == 503 else "server_error")
+    return JSONResponse(error_body(message, kind, code=str(status)), status_code=status, headers=headers)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(VocalisError)
+    async def _vocalis(request: Request, exc: VocalisError) -> JSONResponse:
+        status, headers = error_status(exc)
+        ctx: ServerContext = request.app.state.ctx
+        if status == 503:
+            headers = {"Retry-After": str(ctx.config.retry_after_s)}
+        route = getattr(request.scope.get("route"), "path", "unmatched")
+        ctx.metrics.errors.labels(route, type(exc).__name__).inc()
+        if status >= 500 and status != 503:
+            log.error("%s %s: %s", request.method, request.url.path, exc)
+        return _json_error(status, str(exc), headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return _json_error(400, validation_message(exc))
+
+    @app.exception_handler(StarletteHTTPException)  # also FastAPI's subclass; covers router 404/405
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return _json_error(exc.status_code, str(exc.detail), dict(exc.headers or {}))
+
+    @app.exception_handler(Exception)
+    async def _bug(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error in %s %s", request.method, request.url.path)
+        return _json_error(500, f"internal error ({type(exc).__name__}); see the server log")
+
+
+# ---- routes ------------------------------------------------------------------------------------------
+def api_router(api_key: ApiKey) -> APIRouter:
+    router = APIRouter(dependencies=[Depends(api_key)])
+
+    @router.post("/v1/audio/speech", summary="OpenAI-compatible text to speech (JSON or multipart)",
+                 openapi_extra={"requestBody": {"content": {"application/json": {
+                     "schema": SpeechRequest.model_json_schema()}}}})
+    async def speech(request: Request) -> Response:
+        t0 = time.perf_counter()
+        ctx = ctx_of(request)
+        fields, audio = await read_body(request, ctx.config, ("ref_audio",))
+        try:
+            req = SpeechRequest.model_validate(fields)
+        except ValidationError as exc:
+            raise InputError(validation_message(exc)) from None
+        if len(req.input) > ctx.config.max_input_chars:
+            raise InputError(f"input is {len(req.input)} characters; the limit is {ctx.config.max_input_chars}")
+        fmt = check_format(req.response_format)
+        prompt = audio.get("ref_audio")
+        if prompt is not None and not ctx.backend.can_clone:
+            raise InputError(f"the {ctx.backend.describe} cannot clone voices (no speech tokenizer/speaker encoder)")
+        if req.ref_text and prompt is None:
+            raise InputError("ref_text needs ref_audio")
+        # ref_audio takes precedence over voice: OpenAI clients always send a voice.
+        voice = ctx.voices.resolve(req.voice_name) if prompt is None else None
+        job = SpeechJob(text=req.input, voice=voice, prompt_wav=prompt, prompt_text=req.ref_text or "",
+                        instruct=req.instructions or "", speed=req.speed, seed=req.seed, language=req.language,
+                        stream=req.stream or req.stream_format == "sse")
+        stream = await start_job(ctx.backend, job, request, ctx.metrics, "/v1/audio/speech", t0)
+        if req.stream_format == "sse":
+            return sse_response(stream, fmt, len(req.input))
+        if not req.stream:
+            return await whole_response(stream, fmt)
+        return audio_response(stream, fmt)
+
+    @router.get("/v1/audio/voices", summary="List voices (built-in, saved) and the OpenAI-name mapping")
+    async def list_voices(request: Request) -> dict[str, Any]:
+        store = ctx_of(request).voices
+        from vocalis.serve.voices import OPENAI_VOICES
+
+        aliases = {name: store.alias_target(name) for name in (*store.aliases, *OPENAI_VOICES)}
+        return {"object": "list", "data": [e.info() for e in store.entries()],
+                "aliases": {k: v for k, v in aliases.items() if v is not None}}
+
+    @router.post("/v1/audio/voices", status_code=201, summary="Save a voice from a clip (+ its transcript)")
+    async def create_voice(request: Request) -> JSONResponse:
+        ctx = ctx_of(request)
+        fields, audio = await read_body(request, ctx.config, ("audio", "file"))
+        clip = audio.get("audio", audio.get("file"))
+        name = str(fields.pop("name", "") or "")
+        text = str(fields.pop("text", fields.pop("prompt_text", "")) or "")
+        language = str(fields.pop("language", "auto") or "auto")
+        if fields:
+            raise InputError(f"unknown field(s): {', '.join(sorted(fields))}; use name, audio, text, language")
+        if not name:
+            raise InputError("name is required")
+        if clip is None:
+            raise InputError("audio is required: the voice's reference clip (file or base64)")
+        if not ctx.backend.can_clone:
+            raise InputError(f"the {ctx.backend.describe} cannot make voices (no speech tokenizer/speaker encoder)")
+        ctx.voices.reserve(name)
+        try:
+            voice = await ctx.backend.make_voice(name, clip, text, language)
+        except BaseException:
+            ctx.voices.release(name)
+            raise
+        entry = ctx.voices.add(voice)
+        return JSONResponse(entry.info(), status_code=201)
+
+    @router.get("/v1/audio/voices/{name}")
+    async def get_voice(name: str, request: Request) -> dict[str, Any]:
+        try:
+            return ctx_of(request).voices.entry(name).info()
+        except VoiceNotFound as exc:
+            raise HTTPException(404, str(exc)) from None
+
+    @router.delete("/v1/audio/voices/{name}")
+    async def delete_voice(name: str, request: Request) -> dict[str, Any]:
+        try:
+            ctx_of(request).voices.delete(name)
+        except VoiceNotFound as exc:
+            raise HTTPException(404, str(exc)) from None
+        return {"object": "voice.deleted", "id": name, "deleted": True}
+
+    @router.get("/v1/models")
+    async def models(request: Request) -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": "vocalis", "object": "model", "owned_by": "vocalis",
+                                            "description": ctx_of(request).backend.describe}]}
+
+    @router.get("/metrics", include_in_schema=False)
+    async def metrics(request: Request) -> Response:
+        m = ctx_of(request).metrics
+        return Response(m.render(), media_type=m.content_type)
+
+    return router
+
+
+def create_app(backend: Any, config: ServeConfig | None = None) -> FastAPI:
+    """The server around `backend` (e.g. `ThreadedBackend(TTS.load(...))`); the lifespan starts/stops it."""
+    from vocalis.serve.cosyvoice_routes import cosyvoice_router
+    from vocalis.serve.websocket import websocket_router
+
+    config = config or ServeConfig()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        backend.start()
+        log.info("serving %s; formats: %s", backend.describe, ", ".join(supported_formats()))
+        try:
+            yield
+        finally:
+            backend.close()
+
+    app = FastAPI(title="Vocalis", version="0.1.0", lifespan=lifespan,
+                  description="CosyVoice 2-compatible speech generation with an OpenAI-compatible API.")
+    metrics = ServeMetrics(lambda: backend.queue_depth, lambda: backend.active,
+                           getattr(backend, "kv_usage", None))
+    api_key = ApiKey(config.api_key)
+    app.state.ctx = ServerContext(backend, config, VoiceStore(backend.builtin_voices, config.voices_dir,
+                                                              config.voice_aliases), metrics, api_key)
+    install_error_handlers(app)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes)
+    app.add_middleware(RequestMetricsMiddleware, metrics=metrics)
+
+    @app.get("/health", summary="Liveness and load (no API key needed)")
+    async def health() -> dict[str, Any]:
+        return {"status": "ok", "model": backend.describe, "sample_rate": backend.sample_rate,
+                "queue_depth": backend.queue_depth, "running": backend.active, "formats": list(supported_formats())}
+
+    app.include_router(api_router(api_key))
+    app.include_router(cosyvoice_router(api_key))
+    app.include_router(websocket_router())
+    if config.web_page:
+        app.mount("/web", StaticFiles(directory=STATIC_DIR), name="web")
+
+        @app.get("/", include_in_schema=False)
+        async def page() -> FileResponse:
+            return FileResponse(STATIC_DIR / "index.html")
+
+    return app

@@ -1,0 +1,104 @@
+"""`vocalis serve` and `vocalis export-triton`: argument parsing and start-up (kept out of vocalis/cli.py)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from pathlib import Path
+
+from vocalis.errors import InputError
+
+log = logging.getLogger("vocalis")
+
+
+def add_serve_commands(sub: argparse._SubParsersAction) -> None:
+    sv = sub.add_parser("serve", help="HTTP server: OpenAI-compatible /v1/audio/speech, voices, web page")
+    sv.add_argument("--model", help="model directory (default: the built-in model)")
+    sv.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1: this machine only)")
+    sv.add_argument("--port", type=int, default=8000)
+    sv.add_argument("--api-key", default=os.environ.get("VOCALIS_API_KEY"),
+                    help="require 'Authorization: Bearer KEY' (default: $VOCALIS_API_KEY; none = open)")
+    sv.add_argument("--voices-dir", help="folder of saved voices (default: $XDG_DATA_HOME/vocalis/voices)")
+    sv.add_argument("--voice-alias", action="append", default=[], metavar="NAME=VOICE",
+                    help="map a requested voice name onto a voice, e.g. alloy=my_voice (repeatable)")
+    sv.add_argument("--max-queue", type=int, default=64, help="queued requests before answering 503")
+    sv.add_argument("--max-input-chars", type=int, default=4096)
+    sv.add_argument("--max-upload-mb", type=float, default=10.0)
+    sv.add_argument("--queue-timeout", type=float, default=120.0, help="seconds a request may wait to start")
+    sv.add_argument("--request-timeout", type=float, default=300.0, help="seconds a synthesis may run")
+    sv.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    sv.add_argument("--device", default="cpu", help="cpu or cuda")
+    sv.add_argument("--no-web-page", action="store_true", help="do not serve the web page at /")
+    sv.add_argument("--ray", action="store_true", help="run as a Ray Serve deployment (needs ray[serve])")
+    sv.add_argument("--replicas", type=int, default=1, help="Ray Serve replicas (with --ray)")
+    sv.set_defaults(func=serve_command)
+
+    tr = sub.add_parser("export-triton", help="write a Triton model repository (Python backend, decoupled)")
+    tr.add_argument("out_dir", help="model repository folder to create")
+    tr.add_argument("--model", help="model directory the Triton model loads (default: the built-in model)")
+    tr.add_argument("--name", default="vocalis", help="Triton model name")
+    tr.add_argument("--max-batch-size", type=int, default=8)
+    tr.set_defaults(func=export_triton_command)
+
+
+def _aliases(pairs: list[str]) -> dict[str, str]:
+    out = {}
+    for pair in pairs:
+        name, sep, voice = pair.partition("=")
+        if not sep or not name or not voice:
+            raise InputError(f"--voice-alias wants NAME=VOICE, got {pair!r}")
+        out[name] = voice
+    return out
+
+
+def serve_config(args: argparse.Namespace):  # -> ServeConfig
+    from vocalis.serve.config import ServeConfig, default_voices_dir
+
+    upload = int(args.max_upload_mb * 1024 * 1024)
+    return ServeConfig(
+        max_input_chars=args.max_input_chars, max_upload_bytes=upload,
+        max_body_bytes=max(16 * 1024 * 1024, upload * 3 // 2), api_key=args.api_key or None,
+        voices_dir=Path(args.voices_dir) if args.voices_dir else default_voices_dir(),
+        voice_aliases=_aliases(args.voice_alias), web_page=not args.no_web_page,
+    )
+
+
+def serve_command(args: argparse.Namespace) -> int:
+    try:
+        import fastapi  # noqa: F401
+        import uvicorn
+    except ImportError:
+        raise InputError("serving needs the serve extra: pip install 'vocalis[serve]'") from None
+    config = serve_config(args)
+    backend_opts = {"max_queue": args.max_queue, "queue_timeout_s": args.queue_timeout,
+                    "job_timeout_s": args.request_timeout}
+    if args.ray:
+        from vocalis.serve.ray_app import run_ray
+
+        return run_ray(args.model, config, backend_opts, host=args.host, port=args.port, replicas=args.replicas,
+                       threads=args.threads, device=args.device)
+    from vocalis.serve.app import create_app
+    from vocalis.serve.backend import ThreadedBackend
+    from vocalis.tts import TTS
+
+    if args.threads > 0:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    tts = TTS.load(args.model, device=args.device)
+    if tts.model.kind == "random":
+        log.warning("no trained model is installed: the built-in model has RANDOM weights and makes noise")
+    app = create_app(ThreadedBackend(tts, **backend_opts), config)
+    if config.api_key is None and args.host not in ("127.0.0.1", "localhost", "::1"):
+        log.warning("listening on %s without an API key: anyone who can reach it can use it", args.host)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="info")
+    return 0
+
+
+def export_triton_command(args: argparse.Namespace) -> int:
+    from vocalis.serve.triton_export import export_triton
+
+    out = export_triton(Path(args.out_dir), args.model, name=args.name, max_batch_size=args.max_batch_size)
+    log.info("wrote Triton model repository %s", out)
+    return 0

@@ -1,0 +1,42 @@
+"""Prometheus metrics of one app (its own registry, so several apps in one process do not collide)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+_LATENCY_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 20.0, 60.0)
+_RTF_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
+
+
+class ServeMetrics:
+    """Counters, gauges and histograms the app updates; queue depth and running jobs read the backend live."""
+
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self, queue_depth: Callable[[], float], running: Callable[[], float],
+                 kv_usage: Callable[[], float] | None = None) -> None:
+        self.registry = r = CollectorRegistry()
+        self.requests = Counter("vocalis_requests", "Requests by route and status code", ["route", "status"],
+                                registry=r)
+        self.errors = Counter("vocalis_errors", "Failed requests by route and error kind", ["route", "kind"],
+                              registry=r)
+        self.aborted = Counter("vocalis_aborted", "Syntheses stopped because the client left or cancelled",
+                               registry=r)
+        self.active_streams = Gauge("vocalis_active_streams", "Audio responses being sent now", registry=r)
+        self.queue_depth = Gauge("vocalis_queue_depth", "Synthesis jobs waiting to start", registry=r)
+        self.queue_depth.set_function(queue_depth)
+        self.running = Gauge("vocalis_running_jobs", "Synthesis jobs running now", registry=r)
+        self.running.set_function(running)
+        if kv_usage is not None:  # only a backend with a KV-cache pool (the batching engine) has one
+            self.kv_usage = Gauge("vocalis_kv_cache_usage", "Fraction of KV-cache blocks in use", registry=r)
+            self.kv_usage.set_function(kv_usage)
+        self.first_chunk = Histogram("vocalis_first_chunk_seconds", "Request arrival to first audio chunk",
+                                     ["route"], buckets=_LATENCY_BUCKETS, registry=r)
+        self.rtf = Histogram("vocalis_rtf", "Real-time factor: synthesis seconds per audio second", ["route"],
+                             buckets=_RTF_BUCKETS, registry=r)
+        self.audio_seconds = Counter("vocalis_audio_seconds", "Seconds of audio sent", registry=r)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

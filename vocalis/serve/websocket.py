@@ -1,0 +1,175 @@
+"""WebSocket bi-streaming: text pieces in (as a chat LLM writes them), audio chunks out.
+
+`/v1/audio/speech/ws` (API key: `Authorization: Bearer` header or `?api_key=`). Client messages are JSON text:
+
+    {"type": "start", "voice": "alloy", "response_format": "pcm", "speed": 1.0, "seed": 7, "instructions": ...}
+    {"type": "text", "text": "Sure, here is "}        ... any number of pieces
+    {"type": "end"}                                   end of input: finish the audio, then the server closes
+    {"type": "cancel"}                                stop now
+
+Server messages: `{"type": "ready", "sample_rate": 24000, "format": "pcm"}` after start; binary frames of audio
+in the chosen format as it is made; `{"type": "done", "audio_seconds", "first_chunk_latency", "rtf"}` and a
+normal close (1000) at the end; on a problem `{"type": "error", "status": 400, "message": ...}` and close code
+4000 + status (e.g. 4400, 4401, 4503). A client that disconnects aborts its synthesis.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+
+from fastapi import APIRouter, WebSocket, WebSocketDisconnect
+from pydantic import ValidationError
+
+from vocalis.errors import InputError, VocalisError
+from vocalis.serve.audio_encoding import AudioEncoder, check_format
+from vocalis.serve.backend import Aborted, JobHandle, SpeechJob, TextFeed
+from vocalis.serve.context import ServerContext, ctx_of
+from vocalis.serve.schemas import PayloadTooLarge, WsCancel, WsEnd, WsStart, WsText, validation_message
+
+log = logging.getLogger(__name__)
+ROUTE = "/v1/audio/speech/ws"
+
+
+class _Closed(Exception):
+    """The session is over (the error, if any, was already sent)."""
+
+
+async def _fail(ws: WebSocket, ctx: ServerContext, status: int, message: str, kind: str) -> None:
+    ctx.metrics.errors.labels(ROUTE, kind).inc()
+    ctx.metrics.requests.labels(ROUTE, str(status)).inc()
+    with contextlib.suppress(Exception):
+        await ws.send_json({"type": "error", "status": status, "message": message})
+        await ws.close(code=4000 + status, reason=message[:120])
+
+
+async def _receive_json(ws: WebSocket) -> dict[str, object]:
+    raw = await ws.receive_text()
+    try:
+        msg = json.loads(raw)
+    except ValueError:
+        raise InputError("messages must be JSON text") from None
+    if not isinstance(msg, dict) or "type" not in msg:
+        raise InputError('messages must be JSON objects with a "type"')
+    return msg
+
+
+def websocket_router() -> APIRouter:
+    router = APIRouter()
+
+    @router.websocket(ROUTE)
+    async def speech_ws(ws: WebSocket) -> None:
+        from vocalis.serve.app import error_status
+
+        ctx = ctx_of(ws)
+        await ws.accept()
+        if not ctx.api_key.websocket_ok(ws):
+            await _fail(ws, ctx, 401, "missing or wrong API key (Authorization: Bearer, or ?api_key=)", "Unauthorized")
+            return
+        handle: JobHandle | None = None
+        try:
+            start = WsStart.model_validate(await _receive_json(ws))
+            fmt = check_format(start.response_format)
+            voice = ctx.voices.resolve(start.voice)
+            feed = TextFeed(ctx.config.ws_idle_timeout_s)
+            job = SpeechJob(text=feed, voice=voice, instruct=start.instructions or "", speed=start.speed,
+                            seed=start.seed, language=start.language)
+            handle = ctx.backend.submit(job)
+            await ws.send_json({"type": "ready", "sample_rate": ctx.backend.sample_rate, "format": fmt})
+            await _session(ws, ctx, handle, feed, fmt)
+        except ValidationError as exc:
+            await _fail(ws, ctx, 400, validation_message(exc), "ValidationError")
+        except WebSocketDisconnect:
+            if handle is not None and not handle.done:
+                ctx.metrics.aborted.inc()
+            ctx.metrics.requests.labels(ROUTE, "499").inc()
+        except _Closed:
+            pass
+        except VocalisError as exc:
+            status, _ = error_status(exc)
+            await _fail(ws, ctx, status, str(exc), type(exc).__name__)
+        except Exception as exc:  # a bug: log it, tell the client, close
+            log.exception("websocket session failed")
+            await _fail(ws, ctx, 500, f"internal error ({type(exc).__name__})", type(exc).__name__)
+        finally:
+            if handle is not None:
+                handle.abort()
+
+    return router
+
+
+async def _session(ws: WebSocket, ctx: ServerContext, handle: JobHandle, feed: TextFeed, fmt: str) -> None:
+    """Run the reader (client text -> feed) and the writer (audio -> client) until the audio is complete."""
+    limit = ctx.config.max_input_chars
+    t_first_text: list[float] = []
+
+    async def reader() -> None:
+        while True:
+            msg = await _receive_json(ws)
+            kind = msg.get("type")
+            if kind == "text":
+                piece = WsText.model_validate(msg).text
+                if feed.chars + len(piece) > limit:
+                    raise PayloadTooLarge(f"the text is longer than the {limit}-character limit")
+                if not t_first_text:
+                    t_first_text.append(time.perf_counter())
+                feed.put(piece)
+            elif kind == "end":
+                WsEnd.model_validate(msg)
+                if feed.chars == 0:
+                    raise InputError("no text was sent before end")
+                feed.end()
+                return
+            elif kind == "cancel":
+                WsCancel.model_validate(msg)
+                handle.abort()
+                raise Aborted("cancelled by the client")
+            else:
+                raise InputError(f"unknown message type {kind!r}; expected text, end or cancel")
+
+    async def writer() -> dict[str, float]:
+        encoder = AudioEncoder(fmt, ctx.backend.sample_rate)
+        samples = 0
+        first_latency = 0.0
+        ctx.metrics.active_streams.inc()
+        try:
+            async for chunk in handle:
+                if samples == 0:
+                    first_latency = time.perf_counter() - (t_first_text[0] if t_first_text else time.perf_counter())
+                    ctx.metrics.first_chunk.labels(ROUTE).observe(first_latency)
+                samples += len(chunk.samples)
+                data = encoder.push(chunk.samples)
+                if data:
+                    await ws.send_bytes(data)
+            tail = encoder.finish()
+            if tail:
+                await ws.send_bytes(tail)
+        finally:
+            ctx.metrics.active_streams.dec()
+        seconds = samples / ctx.backend.sample_rate
+        busy = (handle.finished or time.monotonic()) - (handle.started or handle.submitted)
+        ctx.metrics.audio_seconds.inc(seconds)
+        if seconds:
+            ctx.metrics.rtf.labels(ROUTE).observe(busy / seconds)
+        return {"audio_seconds": round(seconds, 3), "first_chunk_latency": round(first_latency, 4),
+                "rtf": round(busy / seconds, 4) if seconds else 0.0}
+
+    read_task = asyncio.create_task(reader())
+    write_task = asyncio.create_task(writer())
+    try:
+        # The reader finishing first is normal (end of input); its failing is not. The writer may also finish
+        # first (the model reached its length limit), and then the session is over.
+        done, _ = await asyncio.wait({read_task, write_task}, return_when=asyncio.FIRST_COMPLETED)
+        if read_task in done and read_task.exception() is not None:
+            raise read_task.exception()  # type: ignore[misc]
+        stats = await write_task
+    finally:
+        for task in (read_task, write_task):
+            task.cancel()
+        handle.abort()
+    ctx.metrics.requests.labels(ROUTE, "200").inc()
+    await ws.send_json({"type": "done", **stats})
+    await ws.close(code=1000)
