@@ -1,0 +1,224 @@
+"""Batched, cached token2wav engine against the reference streaming path (tiny preset, random weights)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from vocalis.config import PRESETS
+from vocalis.engine.token2wav import StreamState, Token2WavConfig, Token2WavEngine
+from vocalis.inference.token2wav import FlowPrompt, Token2Wav
+from vocalis.models.flow.flow import CausalMaskedDiffWithXvec
+from vocalis.models.hift.generator import HiFTGenerator
+
+ATOL = 1e-5  # audio samples in [-1, 1]; measured ~1e-7 (float summation order only)
+P, N = 35, 100  # prompt tokens (25 of them cacheable), generated tokens: chunks of 40 and 50, then a final 10
+
+
+@pytest.fixture(scope="module")
+def modules() -> tuple[CausalMaskedDiffWithXvec, HiFTGenerator]:
+    cfg = PRESETS["tiny"]
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        return CausalMaskedDiffWithXvec(cfg.flow).eval(), HiFTGenerator(cfg.hift).eval()
+
+
+def _prompt(num_tokens: int, seed: int) -> FlowPrompt:
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, 6561, (1, num_tokens), generator=g, dtype=torch.int32)
+    return FlowPrompt(ids, torch.randn(1, 2 * num_tokens, 80, generator=g), torch.randn(1, 192, generator=g))
+
+
+def _tokens(n: int, seed: int) -> list[int]:
+    return torch.randint(0, 6561, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+class _Counter:
+    """Counts estimator frames (x Euler steps, per request) on the reference path."""
+
+    def __init__(self, est: torch.nn.Module) -> None:
+        self.frames = 0
+        self.handle = est.register_forward_hook(self._hook)
+
+    def _hook(self, module: torch.nn.Module, args: tuple, out: torch.Tensor) -> None:
+        self.frames += out.shape[0] // 2 * out.shape[-1]
+
+
+def _reference(modules, prompt: FlowPrompt, tokens: list[int], seed: int, final_streaming: bool = False,
+               speed: float = 1.0) -> tuple[list[np.ndarray], list[int], int]:
+    """The reference streaming loop (tokens arrive one at a time) -> chunks, hops, estimator frames."""
+    t2w = Token2Wav(*modules)
+    if final_streaming:  # the reference with block-causal masks on its last call too
+        flow_call = t2w._flow
+        t2w._flow = lambda tok, pr, streaming, finalize: flow_call(tok, pr, True, finalize)  # type: ignore[method-assign]
+    counter = _Counter(modules[0].decoder.estimator)
+    try:
+        state = t2w.new_state(prompt, torch.Generator().manual_seed(seed))
+        ids = torch.tensor([tokens], dtype=torch.int32)
+        out = []
+        for i in range(1, len(tokens) + 1):
+            if t2w.ready(state, i):
+                out.append(t2w.stream_step(state, ids[:, :i], speed)[0].numpy())
+        out.append(t2w.finish(state, ids, speed)[0].numpy())
+    finally:
+        counter.handle.remove()
+    return out, state.hops, counter.frames
+
+
+def _drive(engine: Token2WavEngine, states: list[StreamState], tokens: list[list[int]], rates: list[int]
+           ) -> dict[str, list[np.ndarray]]:
+    """Feed each request `rate` tokens per step (end_input when all are in) until every request is finished."""
+    out: dict[str, list[np.ndarray]] = {s.request_id: [] for s in states}
+    fed = [0] * len(states)
+    while not all(s.finished for s in states):
+        for i, s in enumerate(states):
+            if not s.input_done:
+                s.add_tokens(tokens[i][fed[i] : fed[i] + rates[i]])
+                fed[i] += rates[i]
+                if fed[i] >= len(tokens[i]):
+                    s.end_input()
+        for chunk in engine.step(states):
+            out[chunk.request_id].append(chunk.samples)
+    return out
+
+
+def _assert_chunks_equal(got: list[np.ndarray], want: list[np.ndarray]) -> float:
+    assert [len(g) for g in got] == [len(w) for w in want]
+    worst = max(float(np.abs(g - w).max()) if len(g) else 0.0 for g, w in zip(got, want))
+    assert worst <= ATOL, worst
+    return worst
+
+
+SPECS: list[tuple[str, FlowPrompt, list[int], bool, float, int]] = [
+    # name, prompt, tokens, streaming, speed, tokens fed per step
+    ("zero-shot", _prompt(P, 1), _tokens(N, 2), True, 1.0, 1),
+    ("sft", _prompt(0, 5), _tokens(80, 6), True, 1.0, 5),
+    ("short-prompt", _prompt(12, 8), _tokens(70, 9), True, 1.25, 70),
+    ("offline", _prompt(30, 10), _tokens(40, 11), False, 1.0, 40),
+]
+
+
+def _make(engine: Token2WavEngine, spec) -> StreamState:
+    name, prompt, _, streaming, speed, _ = spec
+    return engine.new_stream(name, prompt, streaming=streaming, speed=speed,
+                             generator=torch.Generator().manual_seed(len(name)))
+
+
+@pytest.fixture(scope="module")
+def alone(modules) -> dict[str, tuple[list[np.ndarray], StreamState]]:
+    """Each spec on its own fresh engine (default config: causal final, voice cache on)."""
+    out = {}
+    for spec in SPECS:
+        engine = Token2WavEngine(*modules)
+        state = _make(engine, spec)
+        out[spec[0]] = (_drive(engine, [state], [spec[2]], [spec[5]])[spec[0]], state)
+    return out
+
+
+@pytest.fixture(scope="module")
+def reference_runs(modules) -> dict[str, tuple[list[np.ndarray], list[int], int]]:
+    prompt, tokens = SPECS[0][1], SPECS[0][2]
+    seed = len(SPECS[0][0])
+    return {
+        "full": _reference(modules, prompt, tokens, seed),
+        "causal": _reference(modules, prompt, tokens, seed, final_streaming=True),
+    }
+
+
+def _check_against_reference(got: list[np.ndarray], state: StreamState, want, mode: str, reference_runs) -> None:
+    chunks, hops, _ = want
+    assert state.hops == hops == [40, 50]
+    _assert_chunks_equal(got, chunks)
+    assert state.finished and state.enc_cache is None and not state.est_caches  # caches released
+    # Seams: the same samples as the reference on both sides of every seam, so no jump beyond its own.
+    got_wav, want_wav = np.concatenate(got), np.concatenate(chunks)
+    seams = np.cumsum([len(c) for c in got[:-1]])
+    assert np.all(np.abs(np.diff(got_wav)[seams - 1]) <= np.abs(np.diff(want_wav)[seams - 1]) + 2 * ATOL)
+    if mode == "causal":  # its non-final chunks are also the full-attention reference's
+        _assert_chunks_equal(got[:-1], reference_runs["full"][0][:-1])
+
+
+def test_streaming_causal_final_matches_reference(alone, reference_runs) -> None:
+    """Default final_attention="causal": equal to the reference run with block-causal masks on its last call
+    too; non-final chunks equal the plain reference's."""
+    got, state = alone["zero-shot"]
+    _check_against_reference(got, state, reference_runs["causal"], "causal", reference_runs)
+
+
+def test_streaming_full_final_matches_reference(modules, reference_runs) -> None:
+    """final_attention="full": every chunk equals the reference's, the last one included."""
+    spec = SPECS[0]
+    engine = Token2WavEngine(*modules, Token2WavConfig(final_attention="full"))
+    state = _make(engine, spec)
+    got = _drive(engine, [state], [spec[2]], [spec[5]])[spec[0]]
+    _check_against_reference(got, state, reference_runs["full"], "full", reference_runs)
+
+
+def test_cost_is_linear_in_length(modules, alone, reference_runs) -> None:
+    """Every frame after the voice prefix goes through the 10 Euler steps exactly once (so the work is linear in
+    the length), while the reference re-runs every earlier frame at every chunk."""
+    steps = modules[0].config.cfm.n_timesteps
+    for name, prompt, tokens, streaming, _, _ in SPECS:
+        state = alone[name][1]
+        p = prompt.speech_ids.shape[1]
+        prefix = 25 * ((p - 3) // 25) if streaming and p > 3 else 0
+        assert state.estimator_frames == 2 * (p + len(tokens) - prefix) * steps, name
+        assert state.encoder_tokens == (p + len(tokens) - prefix if streaming else 0), name
+    ref_frames = reference_runs["causal"][2]
+    assert ref_frames == 2 * steps * ((P + 40) + (P + 90) + (P + N))  # three calls over growing prefixes
+    assert ref_frames > 2 * alone["zero-shot"][1].estimator_frames
+
+
+def test_voice_prefix_is_shared_and_exact(modules) -> None:
+    prompt, tokens = _prompt(P, 1), _tokens(45, 4)
+    cached = Token2WavEngine(*modules)
+    plain = Token2WavEngine(*modules, Token2WavConfig(voice_cache_size=0))
+    outs = []
+    for engine in (cached, cached, plain):
+        state = engine.new_stream("a", prompt, generator=torch.Generator().manual_seed(3))
+        outs.append((_drive(engine, [state], [tokens], [45])["a"], state.estimator_frames))
+    assert cached.stats.voice_cache_misses == 1 and cached.stats.voice_cache_hits == 1
+    assert cached.cacheable_prefix(P) == 25 and cached.cacheable_prefix(27) == 0
+    steps = modules[0].config.cfm.n_timesteps
+    for got, frames in outs[:2]:
+        _assert_chunks_equal(got, outs[2][0])
+        assert frames == outs[2][1] - 2 * 25 * steps
+    assert cached.voice_cache_bytes() > 0
+
+
+def test_batched_equals_one_at_a_time(modules, alone) -> None:
+    """Requests with different prompts, lengths, speeds, token rates and modes, in one batch or alone."""
+    engine = Token2WavEngine(*modules)
+    together = _drive(engine, [_make(engine, s) for s in SPECS], [s[2] for s in SPECS], [s[5] for s in SPECS])
+    assert engine.stats.rows > engine.stats.steps  # steps really batched several requests
+    for spec in SPECS:
+        _assert_chunks_equal(together[spec[0]], alone[spec[0]][0])
+
+
+def test_offline_request_matches_reference_offline(modules, alone) -> None:
+    _, prompt, tokens, _, _, _ = SPECS[3]
+    want = Token2Wav(*modules).offline(torch.tensor([tokens], dtype=torch.int32), prompt, 1.0,
+                                       torch.Generator().manual_seed(len("offline")))[0].numpy()
+    got = alone["offline"][0]
+    assert len(got) == 1
+    _assert_chunks_equal(got, [want])
+
+
+def test_lifecycle(modules) -> None:
+    engine = Token2WavEngine(*modules)
+    state = engine.new_stream("a", _prompt(P, 1))
+    assert engine.step([state]) == []  # nothing yet
+    state.add_tokens(_tokens(43, 2))
+    (chunk,) = engine.step([state])
+    assert not chunk.final and chunk.index == 0 and state.cache_bytes() > 0
+    engine.abort(state)
+    assert state.finished and state.cache_bytes() == 0 and engine.step([state]) == []
+    empty = engine.new_stream("b", _prompt(P, 1))
+    empty.end_input()
+    (chunk,) = engine.step([empty])
+    assert chunk.final and chunk.samples.size == 0
+    with pytest.raises(RuntimeError):
+        empty.add_tokens([1])
+    with pytest.raises(ValueError):
+        Token2WavConfig(final_attention="sometimes")

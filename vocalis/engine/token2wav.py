@@ -1,0 +1,407 @@
+"""Batched, cached token2wav for many concurrent requests: speech tokens -> 24 kHz audio chunks.
+
+The caller (the engine loop) owns one `StreamState` per request, appends the LLM's tokens to it
+(`add_tokens`, then `end_input`), and calls `Token2WavEngine.step(states)`; each call runs one batched flow
+pass and one batched HiFT pass over every request that has a chunk ready, and returns those chunks.
+
+Schedule (the reference `vocalis.inference.token2wav`'s, per request): the first hop is 25 tokens plus the
+padding that ends the prompt and the first chunk on a 25-token block, later hops grow 25 -> 50 -> 100; a chunk
+needs 3 look-ahead tokens after its hop; when the input has ended and no full hop remains, the rest is the
+final chunk. HiFT holds back 8 mel frames / 3840 samples and cross-fades the seam, as the reference does.
+
+Cost. Non-final chunks use the streaming (block-causal) flow incrementally: only the new tokens go through the
+encoder and only the new frames through the 10 Euler steps, reading earlier chunks' keys/values from caches
+(`encoder_stream`, `estimator_stream`), so a request's flow work is linear in its length. A voice's prompt
+prefix (its first 25 * floor((P - 3) / 25) tokens, which neither look ahead into nor share an attention block
+with generated tokens) is computed once per voice and shared.
+
+The final chunk. The reference runs its last call with full attention over the whole utterance. Here
+`Token2WavConfig.final_attention` chooses:
+- "causal" (default): the final chunk continues the block-causal computation (look-ahead zero-padded, like any
+  finalize call): linear cost. It equals the reference's flow run with streaming masks on the whole utterance;
+  against the reference's full-attention final chunk it differs by however much the model's two attention modes
+  disagree on the last hop (the released model is trained on both; with random weights this is O(1) on the last
+  chunk's mel, so tests compare it with the streaming-mask reference instead).
+- "full": the final chunk recomputes the whole utterance with full attention, exactly like the reference
+  (tolerance 1e-4 on audio, fp32); costs one extra non-streaming flow pass per request.
+Non-streaming requests always take one full-attention pass, equal to the reference offline path.
+
+Legend: R requests in a step, P prompt tokens, N generated tokens, n new positions/frames.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import math
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from vocalis.config import StreamConfig
+from vocalis.engine.encoder_stream import EncoderCache, EncoderRow, EncoderStreamer
+from vocalis.engine.estimator_stream import EstimatorCache, solve_chunk
+from vocalis.engine.hift_batch import HiftBody, vocode_batch
+from vocalis.inference.token2wav import FlowPrompt
+from vocalis.models.flow.flow import CausalMaskedDiffWithXvec
+from vocalis.models.hift.generator import HiFTGenerator
+
+log = logging.getLogger(__name__)
+
+FINAL_ATTENTION = ("causal", "full")
+
+
+@dataclass(frozen=True, slots=True)
+class Token2WavConfig:
+    """Runtime knobs of the token2wav engine.
+
+    final_attention: "causal" (linear cost) or "full" (the reference's last call, exactly); see module doc.
+    voice_cache_size: prompt prefixes kept (LRU); 0 disables. One costs ~4.6 MB per prompt mel frame at
+    the 0.5B shapes in fp32 (half in bf16).
+    max_batch: most requests in one step (the rest wait for the next step, oldest first as given).
+    """
+
+    final_attention: str = "causal"
+    voice_cache_size: int = 4
+    max_batch: int = 16
+
+    def __post_init__(self) -> None:
+        if self.final_attention not in FINAL_ATTENTION:
+            raise ValueError(f"final_attention must be one of {FINAL_ATTENTION}, got {self.final_attention!r}")
+        if self.voice_cache_size < 0 or self.max_batch < 1:
+            raise ValueError("voice_cache_size must be >= 0 and max_batch >= 1")
+
+
+@dataclass(eq=False)
+class StreamState:
+    """One request's token2wav progress: tokens so far, schedule, flow caches, HiFT caches."""
+
+    request_id: str
+    prompt: FlowPrompt
+    streaming: bool = True
+    speed: float = 1.0
+    generator: torch.Generator | None = None  # HiFT source noise; on the vocoder's device
+    tokens: list[int] = field(default_factory=list)
+    input_done: bool = False
+    token_offset: int = 0  # generated tokens already emitted as audio
+    hop: int = 25
+    chunks_done: int = 0
+    hops: list[int] = field(default_factory=list)
+    finished: bool = False
+    estimator_frames: int = 0  # frames x Euler steps this request put through the estimator (cost counter)
+    encoder_tokens: int = 0
+    enc_cache: EncoderCache | None = None
+    est_caches: list[EstimatorCache] = field(default_factory=list)
+    cache_mel: torch.Tensor | None = None  # (80, mel_cache_len)
+    cache_source: torch.Tensor | None = None  # (1, 1, source_cache_len)
+    cache_speech: torch.Tensor | None = None  # (source_cache_len,)
+
+    def add_tokens(self, ids: Iterable[int]) -> None:
+        if self.input_done:
+            raise RuntimeError(f"request {self.request_id}: tokens added after end_input()")
+        self.tokens.extend(int(i) for i in ids)
+
+    def end_input(self) -> None:
+        self.input_done = True
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return int(self.prompt.speech_ids.shape[1])
+
+    def release(self) -> None:
+        """Drop every cache (finish or abort)."""
+        self.enc_cache = None
+        self.est_caches = []
+        self.cache_mel = self.cache_source = self.cache_speech = None
+
+    def cache_bytes(self) -> int:
+        n = self.enc_cache.nbytes() if self.enc_cache is not None else 0
+        return n + sum(c.nbytes() for c in self.est_caches)
+
+
+@dataclass(frozen=True)
+class Token2WavChunk:
+    """Audio for one request from one step: samples (N,) float32 at 24 kHz; final = the request is done."""
+
+    request_id: str
+    samples: np.ndarray
+    final: bool
+    index: int
+
+
+@dataclass
+class Token2WavStats:
+    steps: int = 0
+    rows: int = 0
+    estimator_frames: int = 0  # frames x Euler steps, all requests, voice prefixes included
+    voice_cache_hits: int = 0
+    voice_cache_misses: int = 0
+
+
+@dataclass
+class _VoicePrefix:
+    num_tokens: int
+    enc: EncoderCache
+    est: list[EstimatorCache]
+
+
+class Token2WavEngine:
+    """Shared flow + HiFT modules driven for many requests; all per-request data lives on `StreamState`."""
+
+    def __init__(
+        self,
+        flow: CausalMaskedDiffWithXvec,
+        hift: HiFTGenerator,
+        config: Token2WavConfig | None = None,
+        stream: StreamConfig | None = None,
+        autocast: Callable[[], contextlib.AbstractContextManager[object]] | None = None,
+        hift_body: HiftBody | None = None,
+    ) -> None:
+        """autocast: context for flow compute (a precision backend's); hift_body: replaces the torch HiFT body
+        (an ONNX Runtime session, say)."""
+        self.flow = flow
+        self.hift = hift
+        self.config = config or Token2WavConfig()
+        self.stream = stream or StreamConfig()
+        self.autocast = autocast or contextlib.nullcontext
+        self.hift_body = hift_body
+        # The incremental path calls the torch estimator's parts; a backend may have swapped the module used by
+        # full passes for a wrapper that keeps the original as `torch_module`.
+        est = flow.decoder.estimator
+        self.estimator = getattr(est, "torch_module", est)
+        self.encoder = EncoderStreamer(flow)
+        self.n_timesteps = flow.config.cfm.n_timesteps
+        self.ratio = flow.config.token_mel_ratio
+        self.window = torch.from_numpy(np.hamming(2 * self.stream.source_cache_len))  # float64, as the reference
+        self.stats = Token2WavStats()
+        self._voices: OrderedDict[str, _VoicePrefix] = OrderedDict()
+
+    # ---- requests -----------------------------------------------------------------------------------
+    def new_stream(
+        self,
+        request_id: str,
+        prompt: FlowPrompt,
+        *,
+        streaming: bool = True,
+        speed: float = 1.0,
+        generator: torch.Generator | None = None,
+    ) -> StreamState:
+        return StreamState(request_id, prompt, streaming, speed, generator, hop=self.stream.token_hop_len)
+
+    def abort(self, state: StreamState) -> None:
+        state.finished = True
+        state.release()
+
+    def this_hop(self, state: StreamState) -> int:
+        if state.chunks_done == 0:
+            p, chunk = state.num_prompt_tokens, self.stream.token_hop_len
+            return state.hop + math.ceil(p / chunk) * chunk - p
+        return state.hop
+
+    def next_work(self, state: StreamState) -> str | None:
+        """"chunk" (a non-final streaming chunk is ready), "final", or None (waiting for tokens)."""
+        if state.finished:
+            return None
+        if state.streaming:
+            if len(state.tokens) - state.token_offset >= self.this_hop(state) + self.stream.pre_lookahead_len:
+                return "chunk"
+            return "final" if state.input_done else None
+        return "final" if state.input_done else None
+
+    # ---- the step -------------------------------------------------------------------------------------
+    def step(self, states: Sequence[StreamState]) -> list[Token2WavChunk]:
+        """One batched pass over every state with work (at most `max_batch`); returns their chunks in order."""
+        work: list[tuple[StreamState, bool]] = []
+        for s in states:
+            kind = self.next_work(s)
+            if kind is not None:
+                work.append((s, kind == "final"))
+            if len(work) == self.config.max_batch:
+                break
+        if not work:
+            return []
+        chunks: dict[int, Token2WavChunk] = {}
+        todo = []
+        for s, final in work:
+            if final and not s.tokens:  # nothing was generated: end the request with no audio
+                chunks[id(s)] = self._emit(s, np.zeros(0, dtype=np.float32), True)
+            else:
+                todo.append((s, final))
+        if todo:
+            full = [(s, f) for s, f in todo if self._needs_full_pass(s, f)]
+            inc = [(s, f) for s, f in todo if not self._needs_full_pass(s, f)]
+            mels: dict[int, torch.Tensor] = {}
+            with torch.inference_mode(), self.autocast():
+                if inc:
+                    mels.update(self._flow_incremental(inc))
+                if full:
+                    mels.update(self._flow_full([s for s, _ in full]))
+            with torch.inference_mode():
+                audio = self._vocode(todo, [mels[id(s)] for s, _ in todo])
+            for (s, final), wav in zip(todo, audio):
+                chunks[id(s)] = self._emit(s, wav, final)
+        self.stats.steps += 1
+        self.stats.rows += len(todo)
+        return [chunks[id(s)] for s, _ in work]
+
+    def _needs_full_pass(self, s: StreamState, final: bool) -> bool:
+        return final and (not s.streaming or self.config.final_attention == "full")
+
+    def _emit(self, s: StreamState, wav: np.ndarray, final: bool) -> Token2WavChunk:
+        index = s.chunks_done
+        if final:
+            s.finished = True
+            s.release()
+        else:
+            hop = self.this_hop(s)
+            s.hops.append(hop)
+            s.token_offset += hop
+            s.hop = min(self.stream.token_max_hop_len, s.hop * self.stream.stream_scale_factor)
+        s.chunks_done += 1
+        return Token2WavChunk(s.request_id, wav, final, index)
+
+    # ---- flow -------------------------------------------------------------------------------------------
+    def _all_ids(self, s: StreamState) -> torch.Tensor:
+        prompt = s.prompt.speech_ids.reshape(-1).long()
+        return torch.cat([prompt, torch.tensor(s.tokens, dtype=torch.long)])  # (P + N,)
+
+    def _flow_incremental(self, items: list[tuple[StreamState, bool]]) -> dict[int, torch.Tensor]:
+        """Streaming-mask flow on each request's new tokens -> emitted mel (80, frames) per state."""
+        rows, emit_from = [], []
+        for s, final in items:
+            if s.enc_cache is None:
+                self._start_caches(s)
+            assert s.enc_cache is not None
+            p = s.num_prompt_tokens
+            end = p + len(s.tokens) if final else p + s.token_offset + self.this_hop(s)
+            rows.append(EncoderRow(self._all_ids(s), s.enc_cache.num_tokens, end, final, s.enc_cache, keep=not final))
+            emit_from.append(p + s.token_offset)
+        mu, lens = self.encoder.forward(rows)
+        mu = mu.transpose(1, 2)  # (R, 80, n)
+        spks, cond = self._conditions([s for s, _ in items], [r.start for r in rows], mu)
+        starts = [r.start * self.ratio for r in rows]
+        mel = solve_chunk(self.flow.decoder, self.estimator, mu, spks, cond, starts, lens,
+                          [s.est_caches for s, _ in items], [r.keep for r in rows], self.n_timesteps)
+        out = {}
+        for i, (s, _) in enumerate(items):
+            s.estimator_frames += lens[i] * self.n_timesteps
+            s.encoder_tokens += rows[i].end - rows[i].start
+            self.stats.estimator_frames += lens[i] * self.n_timesteps
+            skip = (emit_from[i] - rows[i].start) * self.ratio
+            out[id(s)] = mel[i, :, skip : lens[i]]
+        return out
+
+    def _conditions(self, states: list[StreamState], starts: list[int], mu: torch.Tensor
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Projected speaker vectors (R, 80) and the prompt-mel condition of each row's frames (R, 80, n)."""
+        emb = torch.cat([s.prompt.embedding.reshape(1, -1) for s in states]).to(mu.device)
+        spks = self.flow.speaker_projection(emb).to(mu.dtype)
+        cond = torch.zeros_like(mu)
+        for r, (s, start) in enumerate(zip(states, starts)):
+            prompt_mel = s.prompt.mel.reshape(-1, mu.shape[1])  # (2P, 80)
+            lo = start * self.ratio
+            hi = min(prompt_mel.shape[0], lo + mu.shape[2])
+            if hi > lo:
+                cond[r, :, : hi - lo] = prompt_mel[lo:hi].T.to(device=mu.device, dtype=mu.dtype)
+        return spks, cond
+
+    def _flow_full(self, states: list[StreamState]) -> dict[int, torch.Tensor]:
+        """Full-attention flow over prompt + all tokens, rows padded -> emitted mel (80, frames) per state."""
+        ids = [self._all_ids(s) for s in states]
+        dev = self.flow.input_embedding.weight.device
+        lens = torch.tensor([t.numel() for t in ids], device=dev)
+        tokens = torch.zeros(len(ids), int(lens.max()), dtype=torch.long, device=dev)
+        for r, t in enumerate(ids):
+            tokens[r, : t.numel()] = t.to(dev)
+        mu, valid = self.flow.encode(tokens, lens, streaming=False, finalize=True)  # (R, T, 80), (R, 1, T)
+        mu = mu.transpose(1, 2).contiguous()  # (R, 80, T)
+        spks, cond = self._conditions(states, [0] * len(states), mu)
+        mel = self.flow.decoder(mu, valid.to(mu.dtype), spks, cond, n_timesteps=self.n_timesteps, streaming=False)
+        out = {}
+        for r, s in enumerate(states):
+            frames = int(lens[r]) * self.ratio
+            s.estimator_frames += frames * self.n_timesteps
+            self.stats.estimator_frames += frames * self.n_timesteps
+            out[id(s)] = mel[r, :, (s.num_prompt_tokens + s.token_offset) * self.ratio : frames]
+        return out
+
+    # ---- voice prefix cache -------------------------------------------------------------------------------
+    def cacheable_prefix(self, num_prompt_tokens: int) -> int:
+        """Prompt tokens whose flow work is independent of the text that follows (0 if none)."""
+        chunk, look = self.encoder.chunk, self.stream.pre_lookahead_len
+        return chunk * ((num_prompt_tokens - look) // chunk) if num_prompt_tokens > look else 0
+
+    def _start_caches(self, s: StreamState) -> None:
+        pc = self.cacheable_prefix(s.num_prompt_tokens)
+        if pc == 0 or self.config.voice_cache_size == 0:
+            s.enc_cache, s.est_caches = EncoderCache(), []
+            return
+        key = _voice_key(s.prompt)
+        entry = self._voices.get(key)
+        if entry is None:
+            self.stats.voice_cache_misses += 1
+            entry = self._compute_prefix(s.prompt, pc)
+            self._voices[key] = entry
+            while len(self._voices) > self.config.voice_cache_size:
+                self._voices.popitem(last=False)
+        else:
+            self.stats.voice_cache_hits += 1
+            self._voices.move_to_end(key)
+        s.enc_cache = entry.enc.copy()
+        s.est_caches = [c.copy() for c in entry.est]
+
+    def _compute_prefix(self, prompt: FlowPrompt, pc: int) -> _VoicePrefix:
+        enc = EncoderCache()
+        row = EncoderRow(prompt.speech_ids.reshape(-1).long(), 0, pc, False, enc, keep=True)
+        mu, lens = self.encoder.forward([row])
+        mu = mu.transpose(1, 2)
+        holder = StreamState("voice-prefix", prompt)
+        spks, cond = self._conditions([holder], [0], mu)
+        est: list[EstimatorCache] = []
+        solve_chunk(self.flow.decoder, self.estimator, mu, spks, cond, [0], lens, [est], [True], self.n_timesteps)
+        self.stats.estimator_frames += lens[0] * self.n_timesteps
+        return _VoicePrefix(pc, enc, est)
+
+    def voice_cache_bytes(self) -> int:
+        return sum(v.enc.nbytes() + sum(c.nbytes() for c in v.est) for v in self._voices.values())
+
+    # ---- HiFT ---------------------------------------------------------------------------------------------
+    def _vocode(self, items: list[tuple[StreamState, bool]], mels: list[torch.Tensor]) -> list[np.ndarray]:
+        inputs = []
+        for (s, _), mel in zip(items, mels):
+            mel = mel.float()
+            if s.speed != 1.0:
+                mel = F.interpolate(mel[None], size=max(1, int(mel.shape[1] / s.speed)), mode="linear")[0]
+            if s.cache_mel is not None:
+                mel = torch.cat([s.cache_mel.to(mel.device), mel], dim=1)
+            inputs.append(mel)
+        results = vocode_batch(self.hift, inputs, [s.cache_source for s, _ in items],
+                               [s.generator for s, _ in items], body=self.hift_body)
+        n = self.stream.source_cache_len
+        out = []
+        for (s, final), mel, (speech, source) in zip(items, inputs, results):
+            speech = speech.float().cpu()
+            if s.cache_speech is not None:
+                speech = speech.clone()
+                speech[:n] = (speech[:n].double() * self.window[:n] + s.cache_speech.double() * self.window[n:]).float()
+            if final:
+                out.append(speech.numpy())
+                continue
+            s.cache_mel = mel[:, -self.stream.mel_cache_len :].clone()
+            s.cache_source = source[:, :, -n:].clone()
+            s.cache_speech = speech[-n:].clone()
+            out.append(speech[:-n].numpy())
+        return out
+
+
+def _voice_key(prompt: FlowPrompt) -> str:
+    h = hashlib.sha1()
+    for t in (prompt.speech_ids, prompt.mel, prompt.embedding):
+        h.update(t.detach().to("cpu").contiguous().float().numpy().tobytes())
+        h.update(b"|")
+    return h.hexdigest()
