@@ -168,11 +168,26 @@ class ModelRunner:
             k_cache, v_cache = self.k_cache[layer_idx], self.v_cache[layer_idx]  # (slots, Hkv, Dh)
             k_cache.index_copy_(0, inp.write_slots, k.to(self.dtype))
             v_cache.index_copy_(0, inp.write_slots, v.to(self.dtype))
-            o = self._attention(q, k_cache, v_cache, inp)  # (N, H*Dh)
+            o = self._attention_single_thread(q, k_cache, v_cache, inp)  # (N, H*Dh)
             x = x + attn.o_proj(o)
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         hidden = qwen.norm(x.index_select(0, inp.sample_rows))  # (R, D)
         return self.llm.llm_decoder(hidden).float().log_softmax(dim=-1)  # (R, V)
+
+    def _attention_single_thread(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                                 inp: StepInputs) -> torch.Tensor:
+        """[threads] on CPU the attention ops are tiny; forking them over the intra-op pool costs more than they
+        do, and on a loaded machine a small parallel bmm waits milliseconds for a descheduled worker."""
+        if q.device.type != "cpu":
+            return self._attention(q, k_cache, v_cache, inp)
+        threads = torch.get_num_threads()
+        if threads == 1:
+            return self._attention(q, k_cache, v_cache, inp)
+        torch.set_num_threads(1)
+        try:
+            return self._attention(q, k_cache, v_cache, inp)
+        finally:
+            torch.set_num_threads(threads)
 
     def _attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                    inp: StepInputs) -> torch.Tensor:
@@ -183,8 +198,11 @@ class ModelRunner:
         b = inp.num_single
         if b:
             assert inp.gather_slots is not None and inp.valid is not None
-            k = k_cache[inp.gather_slots].permute(0, 2, 3, 1)  # (B, Hkv, Dh, Lmax)
-            v = v_cache[inp.gather_slots].transpose(1, 2)  # (B, Hkv, Lmax, Dh)
+            lmax = inp.gather_slots.shape[1]
+            flat = inp.gather_slots.reshape(-1)
+            # [index_select] advanced indexing (cache[slots]) is ~1000x slower on CPU here
+            k = k_cache.index_select(0, flat).view(b, lmax, hkv, dh).permute(0, 2, 3, 1)  # (B, Hkv, Dh, Lmax)
+            v = v_cache.index_select(0, flat).view(b, lmax, hkv, dh).transpose(1, 2)  # (B, Hkv, Lmax, Dh)
             qs = q[:b].view(b, hkv, g, dh)  # (B, Hkv, G, Dh)
             scores = torch.matmul(qs, k.to(q.dtype)) * scale  # (B, Hkv, G, Lmax)
             scores = scores.masked_fill(~inp.valid[:, None, None, :], float("-inf"))
@@ -192,8 +210,8 @@ class ModelRunner:
             out[:b] = o.reshape(b, -1)
         for pf in inp.prefills:
             n, c = pf.n, pf.slots.shape[0]
-            k = k_cache[pf.slots].permute(1, 2, 0)  # (Hkv, Dh, c)
-            v = v_cache[pf.slots].transpose(0, 1)  # (Hkv, c, Dh)
+            k = k_cache.index_select(0, pf.slots).permute(1, 2, 0)  # (Hkv, Dh, c)
+            v = v_cache.index_select(0, pf.slots).transpose(0, 1)  # (Hkv, c, Dh)
             qs = q[pf.start:pf.start + n].view(n, hkv, g, dh).permute(1, 2, 0, 3)  # (Hkv, G, n, Dh)
             scores = torch.matmul(qs, k[:, None].to(q.dtype)) * scale  # (Hkv, G, n, c)
             # query i sits at position computed + i and sees every key up to it
