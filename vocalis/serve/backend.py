@@ -278,13 +278,13 @@ class ThreadedBackend:
                 return
             handle = work.handle
             if handle.cancelled:
+                self.aborted += 1  # counters first: the caller may look as soon as it hears back
                 handle._put(Aborted("aborted before it started"))
-                self.aborted += 1
                 continue
             waited = time.monotonic() - handle.submitted
             if waited > self.queue_timeout_s:
-                handle._put(Overloaded(f"the request waited {waited:.0f} s in the queue; retry shortly"))
                 self.failed += 1
+                handle._put(Overloaded(f"the request waited {waited:.0f} s in the queue; retry shortly"))
                 continue
             self._running = handle
             try:
@@ -306,8 +306,8 @@ class ThreadedBackend:
                     raise JobTimeout(f"synthesis took longer than {work.timeout_s:g} s")
                 handle._put(item)
             handle.finished = time.monotonic()
-            handle._put(_END)
             self.completed += 1
+            handle._put(_END)
         except Aborted as exc:
             self.aborted += 1
             log.info("job %d aborted after %.2f s", handle.id, time.monotonic() - handle.started)

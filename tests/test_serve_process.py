@@ -1,0 +1,56 @@
+"""`vocalis serve` as a real process on 127.0.0.1: starts, answers, saves voices where told, stops on SIGTERM."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+from serve_support import make_quick_tiny_model_dir
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_serve_command(tmp_path: Path) -> None:
+    model = make_quick_tiny_model_dir(tmp_path / "model")
+    port = free_port()
+    cmd = [sys.executable, "-m", "vocalis", "serve", "--model", str(model), "--port", str(port), "--threads", "1",
+           "--voices-dir", str(tmp_path / "voices"), "--api-key", "k", "--voice-alias", "alloy=default"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "the server did not come up"
+            time.sleep(0.2)
+        r = httpx.post(url + "/v1/audio/speech", json={"input": "Hi.", "voice": "alloy", "response_format": "wav"},
+                       headers={"Authorization": "Bearer k"}, timeout=60)
+        assert r.status_code == 200 and r.content[:4] == b"RIFF"
+        assert httpx.get(url + "/", timeout=10).status_code == 200  # the web page needs no key
+        assert (tmp_path / "voices").is_dir()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+    # uvicorn shuts down gracefully, then re-raises the signal it caught (exit status -15)
+    assert proc.returncode in (0, -signal.SIGTERM) and "Finished server process" in out, out
+    assert "Traceback" not in out, out
+
+
+def test_serve_bad_argument_exits_2() -> None:
+    r = subprocess.run([sys.executable, "-m", "vocalis", "serve", "--port", str(free_port()), "--voice-alias", "alloy"],
+                       capture_output=True, text=True, timeout=60, check=False)
+    assert r.returncode == 2 and "NAME=VOICE" in r.stderr, r.stderr
