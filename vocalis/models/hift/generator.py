@@ -171,6 +171,18 @@ class HiFTGenerator(nn.Module):
         s, _, _ = self.m_source(f0, generator)
         return s.transpose(1, 2)  # (B, 1, N)
 
+    def forward(
+        self, speech_feat: torch.Tensor, generator: torch.Generator | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Training path: mel (B, C_mel, T) -> (speech (B, N), predicted F0 (B, T) in Hz), with gradients.
+
+        The F0 is returned for the F0 loss; it reaches the waveform only through the sine source, which
+        is built without gradients (as officially), so the F0 head learns from the F0 loss alone.
+        """
+        f0 = self.f0_predictor(speech_feat)  # (B, T)
+        s, _, _ = self.m_source(self.f0_upsamp(f0[:, None]).transpose(1, 2), generator)  # (B, N, 1)
+        return self.decode(speech_feat, s.transpose(1, 2)), f0
+
     @torch.no_grad()
     def inference(
         self,
