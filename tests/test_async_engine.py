@@ -1,0 +1,109 @@
+"""Async engine on the tiny preset: concurrent requests equal the reference path; abort frees everything."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from vocalis.engine.async_engine import AsyncEngine, StreamHandle
+from vocalis.engine.config import EngineConfig
+from vocalis.engine.token2wav import Token2WavConfig
+from vocalis.errors import InputError
+from vocalis.inference.request import AudioChunk, Mode, SynthesisRequest
+from vocalis.inference.synthesizer import Synthesizer
+from vocalis.model_dir import LoadedModel, random_model
+
+TEXTS = ["Hello there, how are you today?", "Short one.", "The quick brown fox jumps over the lazy dog again."]
+ATOL = 1e-5  # audio in [-1, 1]; float summation order only (measured ~2e-7)
+
+
+@pytest.fixture(scope="module")
+def model() -> LoadedModel:
+    return random_model("tiny")
+
+
+def _request(model: LoadedModel, text: str, seed: int) -> SynthesisRequest:
+    # text_frontend=False keeps wetext (slow to load) out of these tests; the text path is the same
+    return SynthesisRequest(model.voices["default"], Mode.SFT, text, seed=seed, text_frontend=False)
+
+
+async def _collect(handle: StreamHandle) -> list[AudioChunk]:
+    return [c async for c in handle]
+
+
+def test_concurrent_requests_equal_the_reference_path(model: LoadedModel) -> None:
+    """Batched LLM + batched token2wav (full-attention final chunk) == Synthesizer one at a time, same seeds."""
+    requests = [_request(model, t, seed=i) for i, t in enumerate(TEXTS)]
+
+    async def run() -> list[list[AudioChunk]]:
+        with AsyncEngine.from_model(model, token2wav_config=Token2WavConfig(final_attention="full")) as eng:
+            handles = [eng.submit(r, stream=(i != 1)) for i, r in enumerate(requests)]  # #1 non-streaming
+            out = await asyncio.gather(*[_collect(h) for h in handles])
+            assert all(h.first_chunk_latency is not None for h in handles)
+            assert eng.llm.block_manager.num_free_blocks == eng.llm.block_manager.num_blocks
+            assert eng.stats()["jobs"] == 0
+            return out
+
+    got = asyncio.run(run())
+    synth = Synthesizer(model)
+    for i, (req, chunks) in enumerate(zip(requests, got)):
+        ref = list(synth.run(req, stream=(i != 1)))
+        assert [c.final for c in chunks] == [False] * (len(chunks) - 1) + [True]
+        assert len(chunks) == len(ref)
+        a = np.concatenate([c.samples for c in chunks])
+        b = np.concatenate([c.samples for c in ref])
+        assert a.shape == b.shape
+        np.testing.assert_allclose(a, b, atol=ATOL, rtol=0)
+    assert len(got[0]) > 1  # streaming really produced several chunks
+
+
+def test_abort_mid_stream_frees_blocks_and_stream_state(model: LoadedModel) -> None:
+    long_text = "This sentence is long enough to keep the language model busy for a good while. " * 2
+
+    async def run() -> None:
+        with AsyncEngine.from_model(model) as eng:
+            bm = eng.llm.block_manager
+            handle = eng.submit(_request(model, long_text, seed=0))
+            other = eng.submit(_request(model, TEXTS[1], seed=1))
+            first = await handle.__anext__()
+            assert not first.final
+            job = eng._jobs[handle.request_id]  # still running: its LLM request holds blocks
+            assert job.llm_request is not None and job.llm_request.block_table
+            await handle.aclose()
+            assert job.llm_request is None and all(s.finished and s.enc_cache is None for s in job.states)
+            assert [c async for c in handle] == []  # an aborted handle just ends
+            rest = await _collect(other)  # the other request is unaffected
+            assert rest[-1].final
+            assert bm.num_free_blocks == bm.num_blocks and eng.llm.num_unfinished == 0
+
+    asyncio.run(run())
+
+
+def test_cancelled_consumer_aborts_its_request(model: LoadedModel) -> None:
+    async def run() -> None:
+        with AsyncEngine.from_model(model) as eng:
+            handle = eng.submit(_request(model, TEXTS[2] * 3, seed=3))
+            task = asyncio.create_task(_collect(handle))
+            while eng.stats()["llm_steps"] < 3:
+                await asyncio.sleep(0.01)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            await handle.aclose()
+            bm = eng.llm.block_manager
+            assert bm.num_free_blocks == bm.num_blocks and eng.stats()["jobs"] == 0
+
+    asyncio.run(run())
+
+
+def test_input_errors_surface_from_the_iteration(model: LoadedModel) -> None:
+    async def run() -> None:
+        with AsyncEngine.from_model(model, EngineConfig(max_model_len=24)) as eng:
+            with pytest.raises(InputError, match="positions"):
+                await _collect(eng.submit(_request(model, TEXTS[2] * 4, seed=0)))
+            ok = await _collect(eng.submit(_request(model, "Hi.", seed=0)))  # the engine keeps serving
+            assert ok[-1].final
+
+    asyncio.run(run())

@@ -1,0 +1,360 @@
+"""The async front: one loop thread owns the models and interleaves batched LLM steps with batched token2wav
+steps for every request; callers submit a `SynthesisRequest` and iterate its audio chunks asynchronously.
+
+Threads: the engine loop thread is the only one touching the LLM engine, the token2wav engine and the jobs'
+stream states. Callers (on an asyncio event loop) only post messages ("add", "abort") to an inbox guarded by
+a condition variable that wakes the loop; the loop sends chunks back with `call_soon_threadsafe`. Text
+normalisation and tokenisation run in the default executor before a job is posted. No per-request threads,
+no polling: an idle loop sleeps on the condition.
+
+One iteration: take the inbox; one LLM step (all running requests, prefill chunks and decodes); one token2wav
+step over the requests with a chunk ready (first chunks first). A job speaks its sentences in order: sentence
+k + 1's LLM request starts when sentence k's ends (they share the request's RNG, as on the reference path);
+only the oldest unfinished sentence of a job is vocoded, so chunks arrive in order.
+Abort (explicit, or the consumer cancelled) frees the job's KV blocks and token2wav caches on the loop's next
+iteration boundary: at once when idle, after the step in flight otherwise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from vocalis.config import StreamConfig
+from vocalis.engine.config import EngineConfig
+from vocalis.engine.llm_engine import LLMEngine
+from vocalis.engine.request import Request
+from vocalis.engine.token2wav import StreamState, Token2WavChunk, Token2WavConfig, Token2WavEngine
+from vocalis.errors import InputError, VocalisError
+from vocalis.inference.request import AudioChunk, Mode, SynthesisRequest
+from vocalis.inference.synthesizer import Synthesizer
+from vocalis.model_dir import LoadedModel
+
+log = logging.getLogger(__name__)
+
+_END = object()
+_job_ids = itertools.count(1)
+
+
+class EngineClosed(VocalisError):
+    """The engine stopped before the request finished."""
+
+
+@dataclass(eq=False)
+class _Job:
+    """One submitted synthesis: its sentences, LLM requests and token2wav states (loop-thread data)."""
+
+    job_id: str
+    handle: StreamHandle
+    segments: list[list[int]]  # text ids per sentence; [] for voice conversion
+    llm_prompt: tuple[list[int], list[int]]  # (prompt text ids, prompt speech ids)
+    states: list[StreamState]  # one per sentence, created as its LLM request starts
+    llm_gen: torch.Generator
+    llm_request: Request | None = None
+    next_segment: int = 0  # next sentence whose LLM request has not started
+    emitting: int = 0  # sentence whose audio is being emitted
+    submitted: float = field(default_factory=time.monotonic)
+    first_chunk_at: float | None = None
+
+
+class StreamHandle:
+    """The caller's side of one request: `async for chunk in handle`; `abort()`; `await handle.aclose()`.
+
+    A handle aborted by its owner simply ends; an engine error or shutdown is raised from the iteration.
+    """
+
+    def __init__(self, engine: AsyncEngine, request_id: str, loop: asyncio.AbstractEventLoop) -> None:
+        self.engine = engine
+        self.request_id = request_id
+        self._loop = loop
+        self._queue: asyncio.Queue[object] = asyncio.Queue()
+        self._aborted = False
+        self._done = False
+        self.submitted = time.monotonic()
+        self.first_chunk_latency: float | None = None
+
+    def _put(self, item: object) -> None:  # any thread
+        if item is _END or isinstance(item, BaseException):
+            self.engine._forget(self.request_id)
+        try:
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
+        except RuntimeError:  # the caller's loop is closed: nobody listens any more
+            pass
+
+    def abort(self) -> None:
+        """Stop the request; its KV blocks and stream state are freed by the engine loop."""
+        if not self._done and not self._aborted:
+            self._aborted = True
+            self.engine._post(("abort", self.request_id))
+
+    async def aclose(self) -> None:
+        """Abort (if still running) and wait until the engine has released everything the request held."""
+        self.abort()
+        while not self._done:
+            await self._next_item()
+
+    def __aiter__(self) -> AsyncIterator[AudioChunk]:
+        return self
+
+    async def __anext__(self) -> AudioChunk:
+        if self._done:
+            raise StopAsyncIteration
+        try:
+            item = await self._next_item()
+        except asyncio.CancelledError:
+            self.abort()  # [cancel] a consumer that went away must not keep its KV blocks
+            raise
+        if item is _END:
+            raise StopAsyncIteration
+        if isinstance(item, BaseException):
+            raise item
+        assert isinstance(item, AudioChunk)
+        if self.first_chunk_latency is None:
+            self.first_chunk_latency = time.monotonic() - self.submitted
+        return item
+
+    async def _next_item(self) -> object:
+        item = await self._queue.get()
+        if item is _END or isinstance(item, BaseException):
+            self._done = True
+        return item
+
+
+class AsyncEngine:
+    """Batched synthesis for many concurrent requests. Use as a context manager, or `start()` / `close()`."""
+
+    def __init__(self, model: LoadedModel, llm: LLMEngine, token2wav: Token2WavEngine) -> None:
+        self.model = model
+        self.llm = llm
+        self.token2wav = token2wav
+        self.frontend = Synthesizer(model)  # text normalisation, voices, prompts: the reference path's rules
+        self.sample_rate = model.config.sample_rate
+        self._cond = threading.Condition()
+        self._inbox: list[tuple[str, Any]] = []
+        self._jobs: dict[str, _Job] = {}  # loop thread only
+        self._handles: dict[str, StreamHandle] = {}  # under _cond: handles not yet ended, for abort by id
+        self._thread: threading.Thread | None = None
+        self._closing = False
+        self.num_llm_steps = 0
+        self.num_token2wav_steps = 0
+
+    @classmethod
+    def from_model(cls, model: LoadedModel, config: EngineConfig | None = None,
+                   token2wav_config: Token2WavConfig | None = None, stream: StreamConfig | None = None
+                   ) -> AsyncEngine:
+        """Build the LLM engine and the batched token2wav engine over a loaded model's modules."""
+        return cls(model, LLMEngine(model.llm, config),
+                   Token2WavEngine(model.flow, model.hift, token2wav_config, stream))
+
+    # ---- lifecycle ------------------------------------------------------------------------------------
+    def start(self) -> AsyncEngine:
+        if self._thread is None:
+            self._closing = False
+            self._thread = threading.Thread(target=self._run, name="vocalis-engine", daemon=True)
+            self._thread.start()
+        return self
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Stop the loop after its current step; unfinished requests get `EngineClosed`."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+            self._thread = None
+
+    def __enter__(self) -> AsyncEngine:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- submitting (event-loop side) ---------------------------------------------------------------
+    def submit(self, request: SynthesisRequest, *, stream: bool = True, request_id: str | None = None
+               ) -> StreamHandle:
+        """Queue a synthesis; iterate the returned handle for its `AudioChunk`s (the last has final=True).
+
+        Must be called from a running event loop. Input errors surface from the iteration.
+        """
+        if self._thread is None:
+            raise EngineClosed("the engine is not running (call start())")
+        loop = asyncio.get_running_loop()
+        handle = StreamHandle(self, request_id or f"job-{next(_job_ids)}", loop)
+        with self._cond:
+            if handle.request_id in self._handles:
+                raise ValueError(f"request id {handle.request_id!r} is already in use")
+            self._handles[handle.request_id] = handle
+        future = loop.run_in_executor(None, self._prepare, request, stream, handle)
+
+        def posted(f: asyncio.Future[_Job]) -> None:
+            if f.cancelled():
+                handle._put(EngineClosed("the request was cancelled before it started"))
+            elif f.exception() is not None:
+                handle._put(f.exception())
+            else:
+                self._post(("add", f.result()))
+
+        future.add_done_callback(posted)
+        return handle
+
+    def abort(self, request_id: str) -> None:
+        """Abort a request by id (as its handle's `abort()`); unknown or finished ids are ignored."""
+        with self._cond:
+            handle = self._handles.get(request_id)
+        if handle is not None:
+            handle.abort()
+
+    def _forget(self, request_id: str) -> None:
+        with self._cond:
+            self._handles.pop(request_id, None)
+
+    def _post(self, message: tuple[str, Any]) -> None:
+        with self._cond:
+            self._inbox.append(message)
+            self._cond.notify()
+
+    def stats(self) -> dict[str, float]:
+        bm = self.llm.block_manager
+        return {"jobs": len(self._jobs), "llm_requests": self.llm.num_unfinished,
+                "kv_usage": 1.0 - bm.num_free_blocks / bm.num_blocks, "llm_steps": self.num_llm_steps,
+                "token2wav_steps": self.num_token2wav_steps}
+
+    # ---- preparing a job (executor thread; touches no engine state) ------------------------------------
+    def _prepare(self, request: SynthesisRequest, stream: bool, handle: StreamHandle) -> _Job:
+        fe = self.frontend
+        if request.bistream:
+            # [not yet] the LLM engine takes whole prompts; text pieces are joined and spoken as one text
+            request = SynthesisRequest(request.voice, request.mode, "".join(request.text), request.instruct,
+                                       (), request.speed, request.seed, request.language, False)
+        llm_gen, voc_gen = fe._generators(request.seed)
+        prompt = fe._flow_prompt(request)
+        if request.mode is Mode.VC:
+            segments: list[list[int]] = []
+            llm_prompt: tuple[list[int], list[int]] = ([], [])
+        else:
+            segments = fe._segments(request)
+            llm_prompt = fe._llm_prompt(request)
+        count = max(1, len(segments))
+        states = [self.token2wav.new_stream(f"{handle.request_id}/{i}", prompt, streaming=stream,
+                                            speed=request.speed, generator=voc_gen) for i in range(count)]
+        if request.mode is Mode.VC:
+            states[0].add_tokens(request.source_speech_ids)
+            states[0].end_input()
+        return _Job(handle.request_id, handle, segments, llm_prompt, states, llm_gen)
+
+    # ---- the loop (engine thread) -----------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not (self._inbox or self._closing or self._has_work()):
+                    self._cond.wait()
+                inbox, self._inbox = self._inbox, []
+                closing = self._closing
+            for kind, payload in inbox:
+                if kind == "add":
+                    self._add(payload)
+                else:
+                    self._abort(payload, None)
+            if closing:
+                for job_id in list(self._jobs):
+                    self._abort(job_id, EngineClosed("the engine was closed"))
+                return
+            try:
+                self._iteration()
+            except Exception as exc:  # a bug: fail what is running rather than hang every caller
+                log.exception("engine step failed")
+                for job_id in list(self._jobs):
+                    self._abort(job_id, exc)
+
+    def _has_work(self) -> bool:
+        return self.llm.has_unfinished() or any(self._vocodable(j) is not None for j in self._jobs.values())
+
+    def _iteration(self) -> None:
+        if self.llm.has_unfinished():
+            self.llm.step()
+            self.num_llm_steps += 1
+            for job in list(self._jobs.values()):
+                if job.llm_request is not None and job.llm_request.finished:
+                    job.llm_request = None
+                    self._start_llm(job)
+        ready = [(job, s) for job in self._jobs.values() if (s := self._vocodable(job)) is not None]
+        if not ready:
+            return
+        ready.sort(key=lambda js: (js[1].chunks_done > 0, js[0].submitted))  # [latency] first chunks first
+        chunks = self.token2wav.step([s for _, s in ready])
+        self.num_token2wav_steps += 1
+        by_state = {s.request_id: job for job, s in ready}
+        for chunk in chunks:
+            self._deliver(by_state[chunk.request_id], chunk)
+
+    def _vocodable(self, job: _Job) -> StreamState | None:
+        s = job.states[job.emitting]
+        return s if self.token2wav.next_work(s) is not None else None
+
+    def _add(self, job: _Job) -> None:
+        if job.handle._aborted:
+            job.handle._put(_END)
+            return
+        self._jobs[job.job_id] = job
+        if job.segments:
+            self._start_llm(job)
+
+    def _start_llm(self, job: _Job) -> None:
+        """Start the next sentence's LLM request, if any."""
+        if job.next_segment >= len(job.segments):
+            return
+        i = job.next_segment
+        job.next_segment += 1
+        text_ids = job.segments[i]
+        state = job.states[i]
+
+        def sink(req: Request, token: int | None, finished: bool) -> None:
+            if token is not None:
+                state.add_tokens((token,))
+            if finished:
+                state.end_input()
+
+        engine = self.llm
+        params = engine.sampling_params(len(text_ids), self.model.config.sampling)
+        req = engine.make_request(text_ids, *job.llm_prompt, params, request_id=f"{job.job_id}/{i}", sink=sink,
+                                  generator=job.llm_gen)
+        job.llm_request = req
+        try:
+            engine.add_request(req)
+        except InputError as exc:
+            self._abort(job.job_id, exc)
+
+    def _deliver(self, job: _Job, chunk: Token2WavChunk) -> None:
+        last_segment = job.emitting == len(job.states) - 1
+        final = chunk.final and last_segment
+        if len(chunk.samples) or final:
+            if job.first_chunk_at is None:
+                job.first_chunk_at = time.monotonic()
+            samples = np.asarray(chunk.samples, dtype=np.float32)
+            job.handle._put(AudioChunk(samples, self.sample_rate, job.emitting, final))
+        if chunk.final:
+            if last_segment:
+                del self._jobs[job.job_id]
+                job.handle._put(_END)
+            else:
+                job.emitting += 1
+
+    def _abort(self, job_id: str, error: BaseException | None) -> None:
+        job = self._jobs.pop(job_id, None)
+        if job is None:
+            return
+        if job.llm_request is not None:
+            self.llm.abort(job.llm_request.request_id)  # frees its KV blocks now
+            job.llm_request = None
+        for s in job.states:
+            self.token2wav.abort(s)  # drops its flow and HiFT caches now
+        job.handle._put(error if error is not None else _END)
