@@ -169,3 +169,17 @@ def test_gan_steps_reduce_mel_l1() -> None:
     print(f"[hift gan] mel L1 {mel_before:.3f} -> {mel_after:.3f}, F0 L1 {f0_before:.1f} -> {f0_after:.1f} Hz")
     assert mel_after < 0.8 * mel_before
     assert f0_after < 0.9 * f0_before
+
+
+def test_bf16_autocast_steps() -> None:
+    """Under bf16 autocast the FFTs run in fp32 (no bf16 FFT/complex): both steps run and stay finite."""
+    torch.manual_seed(0)
+    gen, disc = HiFTGenerator(TINY_HIFT), HiFTDiscriminator(TINY_DISC)
+    wav, mel, f0 = _clip(12)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        fake = generator_forward(gen, mel)
+        d_loss, _ = discriminator_loss(disc, wav, fake.wav)
+        g_loss, _ = generator_losses(disc, fake, wav, f0)
+    assert fake.wav.dtype == torch.float32 and torch.isfinite(d_loss) and torch.isfinite(g_loss)
+    (d_loss + g_loss).backward()
+    assert all(torch.isfinite(p.grad).all() for p in gen.parameters() if p.grad is not None)

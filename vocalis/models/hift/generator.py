@@ -35,6 +35,11 @@ _LEGACY_SUFFIXES = {  # torch.nn.utils.weight_norm names -> parametrizations nam
 }
 
 
+def _fft_dtype(x: torch.Tensor) -> torch.Tensor:
+    """bf16 (from training under bf16 autocast) -> fp32: FFTs and complex tensors have no bf16. Others unchanged."""
+    return x.float() if x.dtype == torch.bfloat16 else x
+
+
 def _same_padding(kernel_size: int, dilation: int) -> int:
     return (kernel_size * dilation - dilation) // 2
 
@@ -129,13 +134,17 @@ class HiFTGenerator(nn.Module):
     def _stft(self, s: torch.Tensor) -> torch.Tensor:
         """Source `s` (B, N) -> real and imaginary STFT parts stacked on channels (B, n_fft + 2, N / hop + 1)."""
         n_fft, hop = self.config.istft_n_fft, self.config.istft_hop_len
+        dtype = s.dtype
+        s = _fft_dtype(s)
         spec = torch.stft(s, n_fft, hop, n_fft, window=self._window(s), return_complex=True)
         spec = torch.view_as_real(spec)  # (B, n_fft / 2 + 1, frames, 2)
-        return torch.cat([spec[..., 0], spec[..., 1]], dim=1)
+        return torch.cat([spec[..., 0], spec[..., 1]], dim=1).to(dtype)
 
     def _istft(self, magnitude: torch.Tensor, phase: torch.Tensor) -> torch.Tensor:
-        """(B, n_fft / 2 + 1, frames) magnitude and phase -> waveform (B, (frames - 1) * hop)."""
+        """(B, n_fft / 2 + 1, frames) magnitude and phase -> waveform (B, (frames - 1) * hop); fp32 for bf16 input
+        (a bf16 waveform would carry quantisation noise into the losses)."""
         n_fft, hop = self.config.istft_n_fft, self.config.istft_hop_len
+        magnitude, phase = _fft_dtype(magnitude), _fft_dtype(phase)
         magnitude = torch.clip(magnitude, max=_MAX_MAGNITUDE)
         spec = torch.complex(magnitude * torch.cos(phase), magnitude * torch.sin(phase))
         return torch.istft(spec, n_fft, hop, n_fft, window=self._window(magnitude))
