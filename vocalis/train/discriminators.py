@@ -31,6 +31,8 @@ class DiscriminatorConfig:
     spec_layers: tuple[tuple[int, int], ...] = field(default=((1, 1), (1, 2), (1, 2), (1, 2), (1, 1)))  # strides
 
     def __post_init__(self) -> None:
+        if not self.periods and not self.resolutions:
+            raise ValueError("the discriminator needs at least one period or one resolution")
         if any(p < 1 for p in self.periods):
             raise ValueError(f"periods must be >= 1, got {self.periods}")
         for n_fft, hop, win in self.resolutions:
