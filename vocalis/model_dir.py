@@ -41,6 +41,7 @@ OFFICIAL_YAML = "cosyvoice2.yaml"
 VOCALIS_JSON = "vocalis.json"
 SPEECH_TOKENIZER_ONNX = "speech_tokenizer_v2.onnx"
 CAMPPLUS_ONNX = "campplus.onnx"
+TORCH_SPEECH_TOKENIZER = "speech_tokenizer.safetensors"  # ours; speech_tokenizer.json sits beside it
 BUNDLED_TOKENIZER = Path(__file__).resolve().parent / "assets" / "tokenizer"
 BUILTIN_MODEL = Path(__file__).resolve().parent / "assets" / "model"
 _TOKENIZER_FILES = ("vocab.json", "merges.txt", "tokenizer_config.json", "tokenizer.json")
@@ -75,13 +76,26 @@ def _eval(*modules: torch.nn.Module) -> None:
         m.eval().requires_grad_(False)
 
 
-def _frontend_models(directory: Path) -> tuple[SpeechTokenizer | None, SpeakerEncoder | None]:
-    tok = directory / SPEECH_TOKENIZER_ONNX
+def _speech_tokenizer(directory: Path, config: ModelConfig) -> SpeechTokenizer | None:
+    weights, onnx = directory / TORCH_SPEECH_TOKENIZER, directory / SPEECH_TOKENIZER_ONNX
+    if weights.is_file():  # ours takes precedence: it is only there on purpose
+        from vocalis.models.speech_tokenizer import TorchSpeechTokenizer
+
+        if onnx.is_file():
+            log.warning("%s holds both %s and %s: using %s", directory, weights.name, onnx.name, weights.name)
+        tok = TorchSpeechTokenizer.load(weights)
+        if tok.codebook_size != config.llm.speech_token_size:
+            raise ModelLoadError(
+                f"{weights}: speech tokenizer codebook {tok.codebook_size} != the LLM's speech_token_size "
+                f"{config.llm.speech_token_size}"
+            )
+        return tok
+    return OnnxSpeechTokenizer(onnx) if onnx.is_file() else None
+
+
+def _frontend_models(directory: Path, config: ModelConfig) -> tuple[SpeechTokenizer | None, SpeakerEncoder | None]:
     spk = directory / CAMPPLUS_ONNX
-    return (
-        OnnxSpeechTokenizer(tok) if tok.is_file() else None,
-        CampplusSpeakerEncoder(spk) if spk.is_file() else None,
-    )
+    return _speech_tokenizer(directory, config), CampplusSpeakerEncoder(spk) if spk.is_file() else None
 
 
 def load_official(directory: Path) -> LoadedModel:
@@ -98,7 +112,7 @@ def load_official(directory: Path) -> LoadedModel:
     tokenizer = TextTokenizer.from_dir(qwen_dir) if (qwen_dir / "vocab.json").is_file() else None
     if tokenizer is None:
         log.warning("%s has no tokenizer files (vocab.json, merges.txt): text input is unavailable", qwen_dir)
-    speech_tokenizer, speaker_encoder = _frontend_models(directory)
+    speech_tokenizer, speaker_encoder = _frontend_models(directory, config)
     voices: dict[str, Voice] = {}
     spk2info = directory / "spk2info.pt"
     if spk2info.is_file():
@@ -122,7 +136,7 @@ def load_vocalis(directory: Path) -> LoadedModel:
         load_strict(module, read_safetensors(directory / f"{name}.safetensors"), f"{name}.safetensors")
     _eval(llm, flow, hift)
     tok_dir = directory / "tokenizer"
-    speech_tokenizer, speaker_encoder = _frontend_models(directory)
+    speech_tokenizer, speaker_encoder = _frontend_models(directory, config)
     voices = {v.name: v for v in (Voice.load(p) for p in sorted((directory / "voices").glob("*.safetensors")))}
     return LoadedModel(
         config, llm, flow, hift, TextTokenizer.from_dir(tok_dir) if (tok_dir / "vocab.json").is_file() else None,
@@ -179,7 +193,7 @@ def save_vocalis(model: LoadedModel, out: Path, tokenizer_src: Path, frontend_sr
         if (tokenizer_src / fname).is_file():
             shutil.copy2(tokenizer_src / fname, tmp / "tokenizer" / fname)
     if frontend_src is not None:
-        for fname in (SPEECH_TOKENIZER_ONNX, CAMPPLUS_ONNX):
+        for fname in (SPEECH_TOKENIZER_ONNX, CAMPPLUS_ONNX, TORCH_SPEECH_TOKENIZER, "speech_tokenizer.json"):
             if (frontend_src / fname).is_file():
                 shutil.copy2(frontend_src / fname, tmp / fname)
     if model.voices:
