@@ -35,6 +35,13 @@ def make_quick_tiny_model_dir(directory: Path, eos_boost: float = 30.0) -> Path:
 _QUICK: dict[str, object] = {}
 
 
+def free_port() -> int:
+    """A port free on 127.0.0.1 right now (for servers started as separate processes)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def quick_tts(tmp_path_factory: pytest.TempPathFactory):
     """One quick tiny model directory and `TTS` per test session, shared by the server test modules."""
     if "tts" not in _QUICK:

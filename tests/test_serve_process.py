@@ -3,20 +3,13 @@
 from __future__ import annotations
 
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import httpx
-from serve_support import make_quick_tiny_model_dir
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from serve_support import free_port, make_quick_tiny_model_dir
 
 
 def test_serve_command(tmp_path: Path) -> None:

@@ -117,3 +117,23 @@ def test_openai_names_map_deterministically() -> None:
         store.resolve("zed")
     with pytest.raises(VoiceNotFound, match="no built-in voice"):
         VoiceStore({}).resolve("alloy")
+
+
+def test_stores_sharing_a_folder_follow_each_other(tmp_path: Path) -> None:
+    """Ray replicas each hold a VoiceStore over one folder: a change made through one shows in the others."""
+    import torch
+
+    from vocalis.serve.voices import VoiceNotFound, VoiceStore
+    from vocalis.voice import Voice
+
+    a, b = VoiceStore({}, tmp_path), VoiceStore({}, tmp_path)
+    voice = Voice("shared", "hi", (1, 2), (3, 4), torch.zeros(4, 80), torch.ones(192))
+    a.add(voice)
+    a.reserve("shared2")  # a pending name is not visible elsewhere
+    a.release("shared2")
+    assert b.resolve("shared").prompt_speech_ids == (3, 4)
+    assert [e.voice.name for e in b.entries()] == ["shared"]
+    b.delete("shared")
+    with pytest.raises(VoiceNotFound):
+        a.resolve("shared")
+    assert a.entries() == []

@@ -8,6 +8,7 @@ GET /metrics, and the web page at / (static/). The backend is any object with Th
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -215,7 +216,7 @@ def create_app(backend: Any, config: ServeConfig | None = None) -> FastAPI:
 
     @app.get("/health", summary="Liveness and load (no API key needed)")
     async def health() -> dict[str, Any]:
-        return {"status": "ok", "model": backend.describe, "sample_rate": backend.sample_rate,
+        return {"status": "ok", "model": backend.describe, "sample_rate": backend.sample_rate, "pid": os.getpid(),
                 "queue_depth": backend.queue_depth, "running": backend.active, "formats": list(supported_formats())}
 
     app.include_router(api_router(api_key))

@@ -63,28 +63,46 @@ class VoiceStore:
         self.aliases = dict(aliases or {})
         self.saved: dict[str, VoiceEntry] = {}
         self._pending: set[str] = set()  # names being created right now
+        self._mtimes: dict[str, float] = {}  # saved voice -> file mtime when loaded
         if folder is not None:
             folder.mkdir(parents=True, exist_ok=True)
-            self._load_folder(folder)
+            self._sync()
+            log.info("loaded %d saved voices from %s", len(self.saved), folder)
 
-    def _load_folder(self, folder: Path) -> None:
-        for path in sorted(folder.glob(f"*{VOICE_SUFFIX}")):
-            name = path.name[: -len(VOICE_SUFFIX)]
+    def _sync(self) -> None:
+        """Follow the folder: other processes (Ray replicas, a restarted server) may add or delete voices."""
+        if self.folder is None:
+            return
+        on_disk: dict[str, float] = {}
+        for path in self.folder.glob(f"*{VOICE_SUFFIX}"):
+            try:
+                on_disk[path.name[: -len(VOICE_SUFFIX)]] = path.stat().st_mtime
+            except OSError:  # deleted meanwhile
+                continue
+        for name in [n for n in self.saved if n not in on_disk]:
+            del self.saved[name]
+            self._mtimes.pop(name, None)
+        for name, mtime in sorted(on_disk.items()):
+            if self._mtimes.get(name) == mtime:
+                continue
+            self._mtimes[name] = mtime  # also for a bad file, so it is not re-read on every request
             try:
                 check_voice_name(name)
-                voice = Voice.load(path)
+                voice = Voice.load(self.folder / f"{name}{VOICE_SUFFIX}")
             except Exception as exc:  # noqa: BLE001  one bad file must not stop the server (safetensors raises
                 # its own SafetensorError for a corrupt header, which Voice.load does not wrap)
-                log.warning("skipping voice file %s: %s", path, exc)
+                log.warning("skipping voice file %s: %s", name, exc)
+                self.saved.pop(name, None)
                 continue
-            self.saved[name] = VoiceEntry(voice, "saved", path.stat().st_mtime)
-        log.info("loaded %d saved voices from %s", len(self.saved), folder)
+            self.saved[name] = VoiceEntry(voice, "saved", mtime)
 
     # ---- lookup -------------------------------------------------------------------------------------
     def entries(self) -> list[VoiceEntry]:
+        self._sync()
         return [self.builtin[n] for n in sorted(self.builtin)] + [self.saved[n] for n in sorted(self.saved)]
 
     def entry(self, name: str) -> VoiceEntry:
+        self._sync()
         found = self.saved.get(name) or self.builtin.get(name)
         if found is None:
             raise VoiceNotFound(f"no voice named {name!r}")
@@ -104,6 +122,7 @@ class VoiceStore:
         """A request's voice name -> `Voice` (None: let the model pick its default voice)."""
         if name is None or name == "":
             return None
+        self._sync()
         if name in self.saved or name in self.builtin:
             return self.entry(name).voice
         target = self.alias_target(name)
@@ -121,6 +140,7 @@ class VoiceStore:
     def reserve(self, name: str) -> str:
         """Claim a new name before the (slow) voice computation, so two creations cannot race."""
         check_voice_name(name)
+        self._sync()
         if name in self.builtin:
             raise VoiceConflict(f"{name!r} is a built-in voice of the model; choose another name")
         if name in self.saved or name in self._pending:
@@ -134,9 +154,12 @@ class VoiceStore:
     def add(self, voice: Voice) -> VoiceEntry:
         """Save a voice reserved with `reserve` (written atomically, so a failure leaves no file)."""
         try:
+            created = time.time()
             if self.folder is not None:
-                voice.save(self._path(voice.name))
-            entry = VoiceEntry(voice, "saved", time.time())
+                path = self._path(voice.name)
+                voice.save(path)
+                created = self._mtimes[voice.name] = path.stat().st_mtime
+            entry = VoiceEntry(voice, "saved", created)
             self.saved[voice.name] = entry
             return entry
         finally:
@@ -146,11 +169,13 @@ class VoiceStore:
         if name in self.builtin:
             raise VoiceConflict(f"{name!r} is a built-in voice of the model and cannot be deleted")
         check_voice_name(name)
+        self._sync()
         if name not in self.saved:
             raise VoiceNotFound(f"no saved voice named {name!r}")
         if self.folder is not None:
             self._path(name).unlink(missing_ok=True)
         del self.saved[name]
+        self._mtimes.pop(name, None)
 
     def _path(self, name: str) -> Path:
         assert self.folder is not None
