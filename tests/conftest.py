@@ -21,6 +21,17 @@ def compat_dir() -> Path:
     return COMPAT_DIR
 
 
+@pytest.fixture(scope="session")
+def compat_model(compat_dir: Path):  # -> vocalis.model_dir.LoadedModel
+    """The compat folder loaded through the official-layout loader (strict by name), modules in eval mode.
+
+    Shared by the parity tests: they must not modify the modules.
+    """
+    from vocalis.model_dir import load_official
+
+    return load_official(compat_dir)
+
+
 def load_reference(compat_dir: Path, name: str) -> dict[str, torch.Tensor]:
     """One recorded reference dict, e.g. `ref_llm`."""
     return torch.load(compat_dir / "reference" / f"{name}.pt", weights_only=True)

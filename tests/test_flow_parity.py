@@ -16,22 +16,6 @@ from vocalis.models.flow.encoder import UpsampleConformerEncoder
 ATOL = 1e-4
 
 
-def compat_flow_config() -> FlowConfig:
-    """The compat folder's `flow:` section (README "Shapes"): tiny estimator, 512-wide encoder, vocab 100."""
-    return FlowConfig(
-        vocab_size=100,
-        input_size=512,
-        output_size=80,
-        spk_embed_dim=192,
-        pre_lookahead_len=3,
-        encoder=FlowEncoderConfig(
-            input_size=512, output_size=512, attention_heads=2, linear_units=64, num_blocks=1, num_up_blocks=4
-        ),
-        estimator=EstimatorConfig(channels=(32,), attention_head_dim=8, n_blocks=1, num_mid_blocks=1, num_heads=2),
-        cfm=CFMConfig(),
-    )
-
-
 def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     assert a.shape == b.shape, (a.shape, b.shape)
     return (a.float() - b.float()).abs().max().item()
@@ -48,21 +32,16 @@ def ref(compat_dir: Path) -> dict[str, torch.Tensor]:
 
 
 @pytest.fixture(scope="module")
-def encoder(flow_state: dict[str, torch.Tensor]) -> UpsampleConformerEncoder:
-    enc = UpsampleConformerEncoder(compat_flow_config().encoder).eval()
+def encoder(flow_state: dict[str, torch.Tensor], compat_model) -> UpsampleConformerEncoder:
+    enc = UpsampleConformerEncoder(compat_model.config.flow.encoder).eval()
     prefix = "encoder."
     enc.load_state_dict({k[len(prefix) :]: v for k, v in flow_state.items() if k.startswith(prefix)}, strict=True)
     return enc
 
 
 @pytest.fixture(scope="module")
-def flow(flow_state: dict[str, torch.Tensor]):
-    pytest.importorskip("vocalis.models.flow.cfm")
-    from vocalis.models.flow.flow import CausalMaskedDiffWithXvec
-
-    model = CausalMaskedDiffWithXvec(compat_flow_config()).eval()
-    model.load_state_dict(flow_state, strict=True)
-    return model
+def flow(compat_model):
+    return compat_model.flow  # loaded by the official-layout loader
 
 
 def _embed(flow_state: dict[str, torch.Tensor], tokens: torch.Tensor) -> torch.Tensor:

@@ -17,7 +17,6 @@ from vocalis.models.hift.generator import HiFTGenerator, prepare_official_state_
 
 ATOL = 1e-4
 SINE_SEED = 15  # ref_hift: torch.manual_seed(15) right before hift.inference
-COMPAT_CONFIG = HiFTConfig(base_channels=16, f0_cond_channels=16)
 
 
 def _max_diff(name: str, ours: torch.Tensor, ref: torch.Tensor) -> float:
@@ -37,20 +36,25 @@ def ref(compat_dir: Path) -> dict[str, torch.Tensor]:
     return load_reference(compat_dir, "ref_hift")
 
 
-def _build(sd: dict[str, torch.Tensor]) -> HiFTGenerator:
-    model = HiFTGenerator(COMPAT_CONFIG).eval()
+@pytest.fixture(scope="module")
+def config(compat_model) -> HiFTConfig:
+    return compat_model.config.hift
+
+
+def _build(sd: dict[str, torch.Tensor], config: HiFTConfig) -> HiFTGenerator:
+    model = HiFTGenerator(config).eval()
     result = model.load_state_dict(prepare_official_state_dict(sd, model), strict=True)
     assert not result.missing_keys and not result.unexpected_keys
     return model
 
 
 @pytest.fixture(scope="module")
-def hift(official_sd: dict[str, torch.Tensor]) -> HiFTGenerator:
-    return _build(official_sd)
+def hift(compat_model) -> HiFTGenerator:
+    return compat_model.hift  # loaded by the official-layout loader
 
 
-def test_strict_load_keys_and_shapes(official_sd: dict[str, torch.Tensor]) -> None:
-    model = HiFTGenerator(COMPAT_CONFIG)
+def test_strict_load_keys_and_shapes(official_sd: dict[str, torch.Tensor], config: HiFTConfig) -> None:
+    model = HiFTGenerator(config)
     ours = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     theirs = {k: tuple(v.shape) for k, v in official_sd.items()}
     assert ours == theirs
@@ -127,12 +131,13 @@ def _to_legacy(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 @pytest.mark.parametrize("variant", ["legacy_weight_g_v", "generator_prefix", "legacy_and_prefix"])
 def test_alternative_key_styles(
-    variant: str, official_sd: dict[str, torch.Tensor], hift: HiFTGenerator, ref: dict[str, torch.Tensor]
+    variant: str, official_sd: dict[str, torch.Tensor], hift: HiFTGenerator, ref: dict[str, torch.Tensor],
+    config: HiFTConfig,
 ) -> None:
     sd = _to_legacy(official_sd) if variant.startswith("legacy") else dict(official_sd)
     if variant.endswith("prefix"):
         sd = {f"generator.{k}": v for k, v in sd.items()}
-    model = _build(sd)
+    model = _build(sd, config)
     for key, value in hift.state_dict().items():
         assert torch.equal(model.state_dict()[key], value), key
     with torch.no_grad():
@@ -140,27 +145,27 @@ def test_alternative_key_styles(
     assert _max_diff(f"speech_from_decode ({variant})", speech, ref["speech_from_decode"]) <= ATOL
 
 
-def test_shape_mismatch_names_key_and_shapes(official_sd: dict[str, torch.Tensor]) -> None:
+def test_shape_mismatch_names_key_and_shapes(official_sd: dict[str, torch.Tensor], config: HiFTConfig) -> None:
     sd = dict(official_sd)
     key = "conv_pre.parametrizations.weight.original1"
     sd[key] = torch.zeros(16, 80, 5)
     pattern = r"conv_pre\.parametrizations\.weight\.original1.*\(16, 80, 5\).*\(16, 80, 7\)"
     with pytest.raises(ModelLoadError, match=pattern):
-        prepare_official_state_dict(sd, HiFTGenerator(COMPAT_CONFIG))
+        prepare_official_state_dict(sd, HiFTGenerator(config))
 
 
-def test_missing_key_raises(official_sd: dict[str, torch.Tensor]) -> None:
+def test_missing_key_raises(official_sd: dict[str, torch.Tensor], config: HiFTConfig) -> None:
     sd = {k: v for k, v in official_sd.items() if k != "conv_post.bias"}
     with pytest.raises(ModelLoadError, match="conv_post.bias"):
-        prepare_official_state_dict(sd, HiFTGenerator(COMPAT_CONFIG))
+        prepare_official_state_dict(sd, HiFTGenerator(config))
 
 
 def test_remove_weight_norm_keeps_output(
-    official_sd: dict[str, torch.Tensor], hift: HiFTGenerator, ref: dict[str, torch.Tensor]
+    official_sd: dict[str, torch.Tensor], hift: HiFTGenerator, ref: dict[str, torch.Tensor], config: HiFTConfig
 ) -> None:
     # A fresh model, not a deepcopy: torch shares the parametrized class between copies, so folding a
     # copy would strip the `weight` property from the original too.
-    folded = remove_weight_norm(_build(official_sd))
+    folded = remove_weight_norm(_build(official_sd, config))
     keys = folded.state_dict().keys()
     assert not any("parametrizations" in k for k in keys)
     assert "conv_pre.weight" in keys and "f0_predictor.condnet.0.weight" in keys

@@ -23,22 +23,8 @@ ATOL = 1e-4
 STEPS = 16
 
 
-def _config(compat_dir: Path) -> SpeechLMConfig:
-    hf = json.loads((compat_dir / "CosyVoice-BlankEN" / "config.json").read_text())
-    hp = json.loads((compat_dir / "reference" / "tiny_config.json").read_text())["hyperparameters"]["llm"]
-    qwen = QwenConfig(
-        vocab_size=hf["vocab_size"],
-        hidden_size=hf["hidden_size"],
-        intermediate_size=hf["intermediate_size"],
-        num_hidden_layers=hf["num_hidden_layers"],
-        num_attention_heads=hf["num_attention_heads"],
-        num_key_value_heads=hf["num_key_value_heads"],
-        rms_norm_eps=hf["rms_norm_eps"],
-        rope_theta=hf["rope_theta"],
-        max_position_embeddings=hf["max_position_embeddings"],
-        tie_word_embeddings=hf["tie_word_embeddings"],
-    )
-    return SpeechLMConfig(qwen=qwen, speech_token_size=hp["speech_token_size"], mix_ratio=tuple(hp["mix_ratio"]))
+def _config(compat_model) -> SpeechLMConfig:
+    return compat_model.config.llm  # read from cosyvoice2.yaml + CosyVoice-BlankEN/config.json
 
 
 @pytest.fixture(scope="module")
@@ -47,10 +33,8 @@ def official_sd(compat_dir: Path) -> dict[str, torch.Tensor]:
 
 
 @pytest.fixture(scope="module")
-def model(compat_dir: Path, official_sd: dict[str, torch.Tensor]) -> Qwen2LM:
-    m = Qwen2LM(_config(compat_dir))
-    m.load_state_dict(prepare_official_state_dict(official_sd), strict=True)
-    return m.eval()
+def model(compat_model) -> Qwen2LM:
+    return compat_model.llm  # loaded by the official-layout loader
 
 
 @pytest.fixture(scope="module")
@@ -58,8 +42,8 @@ def ref(compat_dir: Path) -> dict[str, torch.Tensor]:
     return load_reference(compat_dir, "ref_llm")
 
 
-def test_state_dict_keys_and_shapes(compat_dir: Path, official_sd: dict[str, torch.Tensor]) -> None:
-    ours = Qwen2LM(_config(compat_dir)).state_dict()
+def test_state_dict_keys_and_shapes(compat_model, official_sd: dict[str, torch.Tensor]) -> None:
+    ours = Qwen2LM(_config(compat_model)).state_dict()
     prepared = prepare_official_state_dict(official_sd)
     assert "llm.model.lm_head.weight" in official_sd and "llm.model.lm_head.weight" not in prepared
     assert set(prepared) == set(ours)
@@ -119,11 +103,11 @@ def test_reference_decoding(model: Qwen2LM, ref: dict[str, torch.Tensor], run: s
     assert generated == ref_tokens.tolist()
 
 
-def test_meta_build_and_assign_load(compat_dir: Path, official_sd: dict[str, torch.Tensor], model: Qwen2LM,
+def test_meta_build_and_assign_load(compat_model, official_sd: dict[str, torch.Tensor], model: Qwen2LM,
                                     ref: dict[str, torch.Tensor]) -> None:
     """Built on the meta device and loaded with assign=True, the model needs no other state (no buffers)."""
     with torch.device("meta"):
-        meta = Qwen2LM(_config(compat_dir))
+        meta = Qwen2LM(_config(compat_model))
     meta.load_state_dict(prepare_official_state_dict(official_sd), strict=True, assign=True)
     assert not list(meta.buffers())
     with torch.inference_mode():

@@ -8,25 +8,14 @@ import pytest
 import torch
 
 from conftest import load_reference
-from vocalis.checkpoint import load_strict, read_torch_state_dict
 from vocalis.inference.token2wav import FlowPrompt, Token2Wav
-from vocalis.models.flow.flow import CausalMaskedDiffWithXvec
-from vocalis.models.hift.generator import HiFTGenerator
-from vocalis.models.hift.generator import prepare_official_state_dict as prepare_hift
-from vocalis.official_yaml import model_config_from_official, read_official_yaml, read_qwen_config
 
 ATOL = 1e-4
 
 
 @pytest.fixture(scope="module")
-def token2wav(compat_dir: Path) -> Token2Wav:
-    config = model_config_from_official(
-        read_official_yaml(compat_dir / "cosyvoice2.yaml"), read_qwen_config(compat_dir / "CosyVoice-BlankEN/config.json")
-    )
-    flow, hift = CausalMaskedDiffWithXvec(config.flow), HiFTGenerator(config.hift)
-    load_strict(flow, read_torch_state_dict(compat_dir / "flow.pt"), "flow.pt")
-    load_strict(hift, prepare_hift(read_torch_state_dict(compat_dir / "hift.pt")), "hift.pt")
-    return Token2Wav(flow.eval(), hift.eval())
+def token2wav(compat_model) -> Token2Wav:
+    return Token2Wav(compat_model.flow, compat_model.hift)  # modules from the official-layout loader
 
 
 def test_streaming_schedule_and_audio_match_official(token2wav: Token2Wav, compat_dir: Path) -> None:
