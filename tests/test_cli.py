@@ -108,3 +108,13 @@ def test_info_and_subprocess_exit_code(model_dir: Path, tmp_path: Path) -> None:
     bad = subprocess.run([sys.executable, "-m", "vocalis", "speak", "", "-o", str(out)], capture_output=True, text=True)
     assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1] == "vocalis: error: text is empty"
     assert not out.exists()
+
+
+def test_convert_then_info(compat_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "converted"
+    assert main(["convert", str(compat_dir), str(out)]) == 0
+    assert sorted(p.name for p in out.iterdir()) == [
+        "flow.safetensors", "hift.safetensors", "llm.safetensors", "tokenizer", "vocalis.json"]
+    assert main(["info", str(out)]) == 0
+    assert "speech tokens 100" in capsys.readouterr().out
+    _fail(capsys, ["convert", str(compat_dir), str(out)], "already exists", tmp_path / "never.wav")

@@ -85,7 +85,7 @@ def _info(args: argparse.Namespace) -> int:
     q = model.config.llm.qwen
     print(f"  llm body: {q.num_hidden_layers} layers, hidden {q.hidden_size}, text vocab {q.vocab_size}, "
           f"speech tokens {model.config.llm.speech_token_size}")
-    print(f"  text tokenizer: {len(model.tokenizer)} ids")
+    print(f"  text tokenizer: {f'{len(model.tokenizer)} ids' if model.tokenizer else 'none (token input only)'}")
     print(f"  speech tokenizer: {'yes' if model.speech_tokenizer else 'no'}; "
           f"speaker encoder: {'yes' if model.speaker_encoder else 'no'}")
     print(f"  voices: {', '.join(sorted(model.voices)) or 'none'}")
