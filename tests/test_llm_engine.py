@@ -25,7 +25,7 @@ def lm() -> Qwen2LM:
 
 
 def _engine(lm: Qwen2LM, **kw: object) -> LLMEngine:
-    cfg = dict(block_size=4, max_num_batched_tokens=16, num_kv_blocks=256)
+    cfg: dict[str, object] = {"block_size": 4, "max_num_batched_tokens": 16, "num_kv_blocks": 256}
     cfg.update(kw)
     return LLMEngine(lm, EngineConfig(**cfg))  # type: ignore[arg-type]
 

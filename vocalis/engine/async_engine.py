@@ -24,7 +24,7 @@ import threading
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 import torch
@@ -32,7 +32,7 @@ import torch
 from vocalis.config import StreamConfig
 from vocalis.engine.config import EngineConfig
 from vocalis.engine.llm_engine import LLMEngine
-from vocalis.engine.request import Request
+from vocalis.engine.request import Request, SamplingParams
 from vocalis.engine.token2wav import StreamState, Token2WavChunk, Token2WavConfig, Token2WavEngine
 from vocalis.errors import InputError, VocalisError
 from vocalis.inference.request import AudioChunk, Mode, SynthesisRequest
@@ -156,7 +156,7 @@ class AsyncEngine:
                    Token2WavEngine(model.flow, model.hift, token2wav_config, stream))
 
     # ---- lifecycle ------------------------------------------------------------------------------------
-    def start(self) -> AsyncEngine:
+    def start(self) -> Self:
         if self._thread is None:
             self._closing = False
             self._thread = threading.Thread(target=self._run, name="vocalis-engine", daemon=True)
@@ -172,7 +172,7 @@ class AsyncEngine:
             self._thread.join(timeout_s)
             self._thread = None
 
-    def __enter__(self) -> AsyncEngine:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -324,7 +324,7 @@ class AsyncEngine:
                 state.end_input()
 
         engine = self.llm
-        params = engine.sampling_params(len(text_ids), self.model.config.sampling)
+        params = self.llm_params(text_ids)
         req = engine.make_request(text_ids, *job.llm_prompt, params, request_id=f"{job.job_id}/{i}", sink=sink,
                                   generator=job.llm_gen)
         job.llm_request = req
@@ -332,6 +332,10 @@ class AsyncEngine:
             engine.add_request(req)
         except InputError as exc:
             self._abort(job.job_id, exc)
+
+    def llm_params(self, text_ids: list[int]) -> SamplingParams:
+        """Sampling of one sentence: the model's RAS settings and length bounds (the bench forces a count)."""
+        return self.llm.sampling_params(len(text_ids), self.model.config.sampling)
 
     def _deliver(self, job: _Job, chunk: Token2WavChunk) -> None:
         last_segment = job.emitting == len(job.states) - 1

@@ -24,6 +24,7 @@ import torch
 
 from vocalis.engine.id_space import IdSpace
 from vocalis.engine.request import Request
+from vocalis.engine.threads import single_thread
 from vocalis.models.qwen2 import rotary_cos_sin
 from vocalis.models.speech_lm import Qwen2LM
 
@@ -60,7 +61,7 @@ class StepInputs:
 
 
 class ModelRunner:
-    def __init__(self, llm: Qwen2LM, num_blocks: int, block_size: int) -> None:
+    def __init__(self, llm: Qwen2LM, num_blocks: int, block_size: int, max_positions: int) -> None:
         q = llm.config.qwen
         self.llm = llm
         self.block_size = block_size
@@ -69,12 +70,14 @@ class ModelRunner:
         self.device = llm.speech_embedding.weight.device
         self.dtype = llm.speech_embedding.weight.dtype
         self.num_heads, self.num_kv_heads, self.head_dim = q.num_attention_heads, q.num_key_value_heads, q.head_dim
-        self.rope_theta = q.rope_theta
         shape = (q.num_hidden_layers, num_blocks * block_size, q.num_key_value_heads, q.head_dim)
         # [empty] never-written slots are only ever read as masked padding, which repeats a written slot
         self.k_cache = torch.empty(shape, dtype=self.dtype, device=self.device)
         self.v_cache = torch.empty(shape, dtype=self.dtype, device=self.device)
         self._offsets = torch.arange(block_size, device=self.device)
+        # rotary tables for every position, from the same function as the dense path (identical values)
+        self._cos, self._sin = rotary_cos_sin(torch.arange(max_positions, device=self.device), q.head_dim,
+                                              q.rope_theta, self.dtype)  # (max_positions, Dh)
         log.info("KV cache: %d blocks x %d positions (%.1f MiB)", num_blocks, block_size,
                  2 * self.k_cache.numel() * self.k_cache.element_size() / 2**20)
 
@@ -156,8 +159,8 @@ class ModelRunner:
     def forward(self, inp: StepInputs) -> torch.Tensor:
         qwen = self.llm.qwen
         x = self.embed(inp.ids, inp.all_speech)  # (N, D)
-        cos, sin = rotary_cos_sin(inp.positions, self.head_dim, self.rope_theta, x.dtype)  # (N, Dh)
-        cos, sin = cos[:, None, :], sin[:, None, :]  # (N, 1, Dh)
+        cos = self._cos.index_select(0, inp.positions)[:, None, :]  # (N, 1, Dh)
+        sin = self._sin.index_select(0, inp.positions)[:, None, :]
         n_tok = x.shape[0]
         for layer_idx, layer in enumerate(qwen.layers):
             attn = layer.self_attn
@@ -168,26 +171,12 @@ class ModelRunner:
             k_cache, v_cache = self.k_cache[layer_idx], self.v_cache[layer_idx]  # (slots, Hkv, Dh)
             k_cache.index_copy_(0, inp.write_slots, k.to(self.dtype))
             v_cache.index_copy_(0, inp.write_slots, v.to(self.dtype))
-            o = self._attention_single_thread(q, k_cache, v_cache, inp)  # (N, H*Dh)
+            with single_thread(self.device):
+                o = self._attention(q, k_cache, v_cache, inp)  # (N, H*Dh)
             x = x + attn.o_proj(o)
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         hidden = qwen.norm(x.index_select(0, inp.sample_rows))  # (R, D)
         return self.llm.llm_decoder(hidden).float().log_softmax(dim=-1)  # (R, V)
-
-    def _attention_single_thread(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                                 inp: StepInputs) -> torch.Tensor:
-        """[threads] on CPU the attention ops are tiny; forking them over the intra-op pool costs more than they
-        do, and on a loaded machine a small parallel bmm waits milliseconds for a descheduled worker."""
-        if q.device.type != "cpu":
-            return self._attention(q, k_cache, v_cache, inp)
-        threads = torch.get_num_threads()
-        if threads == 1:
-            return self._attention(q, k_cache, v_cache, inp)
-        torch.set_num_threads(1)
-        try:
-            return self._attention(q, k_cache, v_cache, inp)
-        finally:
-            torch.set_num_threads(threads)
 
     def _attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                    inp: StepInputs) -> torch.Tensor:

@@ -71,9 +71,9 @@ class Request:
     computed) on the next step. block_table lists the KV blocks covering positions 0.. in order.
     """
 
-    __slots__ = ("request_id", "token_ids", "num_prompt_tokens", "params", "status", "num_computed_tokens",
-                 "num_cached_tokens", "block_table", "block_hashes", "generator", "sink", "arrival_time",
-                 "num_preemptions", "prefix_checked")
+    __slots__ = ("arrival_time", "block_hashes", "block_table", "generator", "num_cached_tokens",
+                 "num_computed_tokens", "num_preemptions", "num_prompt_tokens", "params", "request_id", "sink",
+                 "status", "token_ids")
 
     def __init__(self, prompt_ids: Sequence[int], params: SamplingParams | None = None,
                  request_id: str | None = None, sink: TokenSink | None = None,
@@ -93,7 +93,6 @@ class Request:
         self.sink = sink
         self.arrival_time = time.monotonic()
         self.num_preemptions = 0
-        self.prefix_checked = False
 
     @property
     def num_tokens(self) -> int:

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 import torch
 
 from vocalis.engine.request import Request
+from vocalis.engine.threads import single_thread
 
 
 class Sampler:
@@ -27,6 +28,10 @@ class Sampler:
     @torch.inference_mode()
     def __call__(self, logp: torch.Tensor, requests: Sequence[Request]) -> list[int]:
         """logp: (B, V) log-probabilities (row i for requests[i]) -> one id per row. logp is not modified."""
+        with single_thread(logp.device):
+            return self._sample(logp, requests)
+
+    def _sample(self, logp: torch.Tensor, requests: Sequence[Request]) -> list[int]:
         scores = logp.float()
         mask_rows = [i for i, r in enumerate(requests) if r.num_output_tokens < r.params.min_len]
         if mask_rows:

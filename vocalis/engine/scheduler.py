@@ -81,7 +81,6 @@ class Scheduler:
         self.block_manager.free(req)
         req.status = RequestStatus.WAITING
         req.num_computed_tokens = 0
-        req.prefix_checked = False
         req.num_preemptions += 1
         self.waiting.appendleft(req)
         log.debug("preempted %s", req.request_id)

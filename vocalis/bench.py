@@ -1,0 +1,257 @@
+"""`vocalis bench`: the engine against the reference path, side by side, with random weights at a preset's shapes.
+
+Each side runs in its own process (so each has its own peak RSS and neither warms the other's caches): the
+reference path (`Qwen2LM.generate`, `inference.token2wav.Token2Wav`, `Synthesizer` one request at a time, fp32)
+and the engine at every requested precision. Reported: LLM prefill and decode tokens/s at each batch, the
+machine's copy bandwidth and the decode limit it implies for the precision, token2wav RTF, end-to-end RTF and
+first-chunk latency, audio seconds per second at each concurrency, peak RSS; a JSON file and a PNG plot.
+
+The reference path serves one request at a time, so its throughput at any concurrency is its single-stream
+figure (measured once) and its LLM speed at any batch is its batch-1 speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from vocalis.errors import InputError
+
+log = logging.getLogger(__name__)
+
+QUICK = {"batches": (1, 4), "concurrency": (1, 4), "decode_tokens": 6, "tokens": 40, "prompt_tokens": 30,
+         "text_words": 6}
+TARGETS = {
+    "decode_b1_fraction_of_limit": ">= 0.70",
+    "first_chunk_vs_reference": "<= 0.333",
+    "throughput_8_vs_reference": ">= 5",
+    "int8_e2e_rtf_vs_fp32_reference": "<= 0.333",
+}
+
+
+def _side(kind: str, cfg: Any, precision: str | None) -> dict[str, Any]:
+    """Run one side in a fresh interpreter; its result comes back as JSON through a temporary file."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "side.json"
+        cmd = [sys.executable, "-m", "vocalis.bench", "--_side", kind, "--_config", json.dumps(cfg.to_json()),
+               "--_out", str(out)] + (["--_precision", precision] if precision else [])
+        start = time.perf_counter()
+        proc = subprocess.run(cmd, check=False, stdin=subprocess.DEVNULL)
+        if proc.returncode != 0:
+            raise RuntimeError(f"bench side {kind} {precision or ''} failed with exit code {proc.returncode}")
+        result = json.loads(out.read_text())
+        result["side_wall_s"] = time.perf_counter() - start
+        return result
+
+
+def run(cfg: Any) -> dict[str, Any]:
+    """cfg: a `bench_measure.BenchConfig`."""
+    import torch
+
+    from vocalis.bench_measure import measure_bandwidth
+
+    bandwidth = measure_bandwidth()
+    log.info("memory bandwidth (numpy copy, read+write): %.1f GB/s", bandwidth["copy_gbps"])
+    reference = _side("reference", cfg, None)
+    engines = {p: _side("engine", cfg, p) for p in cfg.precisions}
+    for eng in engines.values():
+        eng["decode_limit_tps"] = bandwidth["copy_gbps"] * 1e9 / eng["bytes_per_token"]
+    report = {
+        "machine": {"cpus": os.cpu_count(), "threads": cfg.threads, "torch": torch.__version__,
+                    "processor": platform.processor() or platform.machine(), **bandwidth},
+        "config": cfg.to_json(),
+        "reference": reference,
+        "engine": engines,
+    }
+    report["targets"] = targets(report)
+    return report
+
+
+def targets(report: dict[str, Any]) -> dict[str, Any]:
+    """The issue's targets as measured ratios (None where this run did not measure what they need)."""
+    ref, engines = report["reference"], report["engine"]
+    out: dict[str, Any] = {"wanted": TARGETS}
+    for p, eng in engines.items():
+        b1 = eng["llm"].get("1")
+        if b1:
+            out[f"decode_b1_fraction_of_limit[{p}]"] = b1["decode_tps"] / eng["decode_limit_tps"]
+        c1 = eng["e2e"].get("1")
+        if c1:
+            out[f"first_chunk_vs_reference[{p}]"] = c1["first_chunk_s"] / ref["e2e"]["first_chunk_s"]
+        c8 = eng["e2e"].get("8")
+        if c8:
+            out[f"throughput_8_vs_reference[{p}]"] = c8["audio_s_per_s"] / ref["e2e"]["audio_s_per_s"]
+    int8 = engines.get("int8", {}).get("e2e", {}).get("1")
+    out["int8_e2e_rtf_vs_fp32_reference"] = int8["rtf"] / ref["e2e"]["rtf"] if int8 else None
+    return out
+
+
+def summary(report: dict[str, Any]) -> str:
+    ref, engines = report["reference"], report["engine"]
+    lines = [(f"memory bandwidth (numpy copy): {report['machine']['copy_gbps']:.1f} GB/s; "
+              f"threads {report['machine']['threads']}")]
+    lines.append(f"{'':34}{'reference':>12}" + "".join(f"{'engine ' + p:>14}" for p in engines))
+
+    def row(label: str, ref_value: float | None, values: list[float | None], fmt: str = "{:.2f}") -> None:
+        def cell(v: float | None) -> str:
+            return fmt.format(v) if v is not None else "-"
+
+        lines.append(f"{label:34}{cell(ref_value):>12}" + "".join(f"{cell(v):>14}" for v in values))
+
+    batches = report["config"]["batches"]
+    for b in batches:
+        row(f"LLM prefill tok/s, batch {b}", ref["llm"]["prefill_tps"] if b == 1 else None,
+            [e["llm"][str(b)]["prefill_tps"] for e in engines.values()], "{:.1f}")
+    for b in batches:
+        row(f"LLM decode tok/s, batch {b}", ref["llm"]["decode_tps"] if b == 1 else None,
+            [e["llm"][str(b)]["decode_tps"] for e in engines.values()])
+    row("decode limit tok/s (batch 1)", None, [e["decode_limit_tps"] for e in engines.values()])
+    row("token2wav RTF, offline", ref["token2wav"]["offline_rtf"], [e["token2wav"]["offline_rtf"] for e in engines.values()])
+    row("token2wav RTF, streaming", ref["token2wav"]["stream_rtf"], [e["token2wav"]["stream_rtf"] for e in engines.values()])
+    row("end-to-end RTF (1 stream)", ref["e2e"]["rtf"], [e["e2e"].get("1", {}).get("rtf") for e in engines.values()])
+    for c in report["config"]["concurrency"]:
+        row(f"first chunk s, {c} streams", ref["e2e"]["first_chunk_s"] if c == 1 else None,
+            [e["e2e"][str(c)]["first_chunk_s"] for e in engines.values()])
+    for c in report["config"]["concurrency"]:
+        row(f"audio s per s, {c} streams", ref["e2e"]["audio_s_per_s"],
+            [e["e2e"][str(c)]["audio_s_per_s"] for e in engines.values()])
+    row("peak RSS MiB", ref["peak_rss_mib"], [e["peak_rss_mib"] for e in engines.values()], "{:.0f}")
+    lines.append("targets: " + ", ".join(f"{k} = {v:.3g}" for k, v in report["targets"].items()
+                                         if isinstance(v, float)))
+    return "\n".join(lines)
+
+
+def plot(report: dict[str, Any], path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:
+        raise InputError("the bench plot needs matplotlib: pip install 'vocalis[bench]'") from exc
+    ref, engines, cfg = report["reference"], report["engine"], report["config"]
+    fig, axes = plt.subplots(2, 2, figsize=(11, 8))
+    ax = axes[0][0]
+    for p, e in engines.items():
+        ax.plot(cfg["batches"], [e["llm"][str(b)]["decode_tps"] for b in cfg["batches"]], "o-", label=f"engine {p}")
+        ax.axhline(e["decode_limit_tps"], ls=":", lw=1, color=ax.lines[-1].get_color(),
+                   label=f"bandwidth limit {p} (batch 1)")
+    ax.axhline(ref["llm"]["decode_tps"], color="k", ls="--", label="reference (one at a time)")
+    ax.set(xscale="log", yscale="log", xlabel="batch", ylabel="tokens/s", title="LLM decode")
+    ax.set_xticks(cfg["batches"], [str(b) for b in cfg["batches"]])
+    ax.minorticks_off()
+    ax.legend(fontsize=7)
+    ax = axes[0][1]
+    for p, e in engines.items():
+        ax.plot(cfg["concurrency"], [e["e2e"][str(c)]["audio_s_per_s"] for c in cfg["concurrency"]], "o-",
+                label=f"engine {p}")
+    ax.axhline(ref["e2e"]["audio_s_per_s"], color="k", ls="--", label="reference")
+    ax.set(xlabel="concurrent streams", ylabel="audio seconds / second", title="throughput")
+    ax.legend(fontsize=7)
+    ax = axes[1][0]
+    for p, e in engines.items():
+        ax.plot(cfg["concurrency"], [e["e2e"][str(c)]["first_chunk_s"] for c in cfg["concurrency"]], "o-",
+                label=f"engine {p}")
+    ax.axhline(ref["e2e"]["first_chunk_s"], color="k", ls="--", label="reference (1 stream)")
+    ax.set(xlabel="concurrent streams", ylabel="seconds", title="first-chunk latency (mean)")
+    ax.legend(fontsize=7)
+    ax = axes[1][1]
+    names = ["reference"] + [f"engine {p}" for p in engines]
+    rows = [ref] + list(engines.values())
+    width = 0.25
+    for k, (key, label) in enumerate((("offline_rtf", "token2wav offline"), ("stream_rtf", "token2wav stream"))):
+        ax.bar([i + k * width for i in range(len(rows))], [r["token2wav"][key] for r in rows], width, label=label)
+    ax.bar([i + 2 * width for i in range(len(rows))], [ref["e2e"]["rtf"]] + [e["e2e"].get("1", {}).get("rtf", 0)
+           for e in engines.values()], width, label="end to end (1 stream)")
+    ax.set_xticks([i + width for i in range(len(rows))], names, fontsize=8)
+    ax.set(ylabel="RTF (lower is better)", title="real-time factor")
+    ax.legend(fontsize=7)
+    fig.suptitle(f"vocalis bench: {cfg['preset']}, random weights, {report['machine']['threads']} threads")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--preset", default="cosyvoice2-0.5b", help="model shapes (random weights): cosyvoice2-0.5b, tiny")
+    p.add_argument("--precision", default="fp32", help="engine precisions, comma separated: fp32,bf16,int8")
+    p.add_argument("--backend", default="torch", help="engine backend (see vocalis.engine.backends)")
+    p.add_argument("--threads", type=int, default=min(os.cpu_count() or 1, 2), help="torch threads per side")
+    p.add_argument("--tokens", type=int, help="speech tokens per utterance (25 per second)")
+    p.add_argument("--batches", help="LLM batch sizes, comma separated (default 1,4,16)")
+    p.add_argument("--concurrency", help="concurrent streams, comma separated (default 1,4,8,16)")
+    p.add_argument("--quick", action="store_true", help="a small subset: batches 1,4, streams 1,4, short utterances")
+    p.add_argument("--json", default="vocalis-bench.json", help="JSON report path")
+    p.add_argument("--plot", default="vocalis-bench.png", help="PNG plot path ('' for none)")
+
+
+def config_from_args(args: argparse.Namespace) -> Any:
+    from vocalis.bench_measure import BenchConfig
+
+    kw: dict[str, Any] = dict(QUICK) if args.quick else {}
+    kw.update(preset=args.preset, backend=args.backend, threads=args.threads,
+              precisions=tuple(p.strip() for p in args.precision.split(",") if p.strip()))
+    if args.tokens is not None:
+        kw["tokens"] = args.tokens
+    for name in ("batches", "concurrency"):
+        value = getattr(args, name)
+        if value:
+            kw[name] = tuple(int(v) for v in value.split(","))
+    from vocalis.config import PRESETS
+    from vocalis.engine.backends import resolve
+
+    if args.preset not in PRESETS:
+        raise InputError(f"unknown preset {args.preset!r}; choose one of {', '.join(PRESETS)}")
+    # resolve "auto" and fail with a clear message now rather than from a side process
+    kw["precisions"] = tuple(dict.fromkeys(resolve(args.backend, p)[1] for p in kw["precisions"]))
+    if kw.get("tokens", 1) < 1 or any(v < 1 for v in kw.get("batches", ()) + kw.get("concurrency", ())):
+        raise InputError("--tokens, --batches and --concurrency must be positive")
+    return BenchConfig(**kw)
+
+
+def add_bench_command(sub: Any) -> None:
+    """Register `vocalis bench` on the CLI's subparsers (parser only; nothing heavy is imported)."""
+    p = sub.add_parser("bench", help="engine vs reference path: LLM tok/s, RTF, first chunk, throughput, RSS")
+    add_arguments(p)
+    p.set_defaults(func=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    cfg = config_from_args(args)
+    report = run(cfg)
+    Path(args.json).write_text(json.dumps(report, indent=2))
+    print(summary(report))
+    if args.plot:
+        plot(report, Path(args.plot))
+    log.info("wrote %s%s", args.json, f" and {args.plot}" if args.plot else "")
+    return 0
+
+
+def _side_main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--_side", required=True)
+    parser.add_argument("--_config", required=True)
+    parser.add_argument("--_out", required=True)
+    parser.add_argument("--_precision")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
+    from vocalis.bench_measure import BenchConfig, run_engine, run_reference
+
+    cfg = BenchConfig.from_json(json.loads(args._config))
+    result = run_reference(cfg) if args._side == "reference" else run_engine(cfg, args._precision)
+    Path(args._out).write_text(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_side_main(sys.argv[1:]))

@@ -1,0 +1,326 @@
+"""The measurements behind `vocalis bench`, one side per process: the reference path, or the engine at one
+precision. Random weights at a preset's shapes; every utterance is forced to a fixed speech-token count
+(min_len = max_len, all stop ids masked), so no trained model is needed and both sides do the same work.
+
+The scenario is a saved zero-shot voice (a prompt of `prompt_tokens` speech tokens with its transcript), the
+common cloning case; every request speaks `tokens` speech tokens (25 per second of audio).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import resource
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from vocalis.config import TOKEN_RATE, SamplingConfig
+from vocalis.inference.request import Mode, SynthesisRequest
+from vocalis.model_dir import LoadedModel, random_model
+from vocalis.sampling import make_sampler
+from vocalis.voice import Voice
+
+log = logging.getLogger(__name__)
+WORDS = ("the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "seven", "bright", "birds",
+         "sing", "near", "old", "river", "banks")
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    preset: str = "cosyvoice2-0.5b"
+    precisions: tuple[str, ...] = ("fp32",)
+    backend: str = "torch"
+    threads: int = 2
+    batches: tuple[int, ...] = (1, 4, 16)
+    concurrency: tuple[int, ...] = (1, 4, 8, 16)
+    decode_tokens: int = 16  # decode steps timed per LLM measurement
+    tokens: int = 75  # speech tokens per utterance (3 s)
+    prompt_tokens: int = 75  # the voice's prompt speech (3 s)
+    text_words: int = 12
+    seed: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> BenchConfig:
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})
+
+
+def peak_rss_mib() -> float:
+    """This process's peak resident memory. VmHWM (Linux) starts afresh at exec; ru_maxrss would include the
+    parent's resident size at fork time."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024  # kB
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+
+
+def measure_bandwidth(mib: int = 256, repeats: int = 5) -> dict[str, float]:
+    """numpy copy bandwidth, bytes read + written per second (the STREAM "copy" convention), 1 and 2 threads."""
+    import threading
+
+    a = np.ones(mib * 2**20 // 4, dtype=np.float32)
+    b = np.empty_like(a)
+    half = a.size // 2
+
+    def timed(parts: int) -> float:
+        best = 0.0
+        for _ in range(repeats):
+            chunks = [(a[i * half:(i + 1) * half], b[i * half:(i + 1) * half]) for i in range(parts)] \
+                if parts > 1 else [(a, b)]
+            threads = [threading.Thread(target=np.copyto, args=(dst, src)) for src, dst in chunks]
+            start = time.perf_counter()
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            best = max(best, 2 * a.nbytes / (time.perf_counter() - start))
+        return best / 1e9
+
+    one, two = timed(1), timed(2)
+    return {"copy_gbps_1_thread": one, "copy_gbps_2_threads": two, "copy_gbps": max(one, two)}
+
+
+def llm_bytes_per_token(model: LoadedModel, precision: str) -> int:
+    """Weight bytes one decode step reads: the Qwen2 layers, final norm and speech head (not the embeddings)."""
+    per = {"fp32": 4, "bf16": 2, "fp16": 2, "int8": 1}[precision]
+    llm = model.llm
+    linear = sum(p.numel() for n, p in llm.qwen.layers.named_parameters() if "layernorm" not in n)
+    linear += sum(p.numel() for p in llm.llm_decoder.parameters())
+    norms = sum(p.numel() for n, p in llm.qwen.named_parameters() if "norm" in n)
+    return linear * per + norms * 4
+
+
+# ---- inputs -----------------------------------------------------------------------------------------------
+def bench_voice(model: LoadedModel, cfg: BenchConfig) -> Voice:
+    g = torch.Generator().manual_seed(cfg.seed + 7)
+    n = cfg.prompt_tokens
+    speech = torch.randint(0, model.config.llm.speech_token_size, (n,), generator=g).tolist()
+    mel = torch.randn(2 * n, model.config.flow.output_size, generator=g) - 5.0
+    assert model.tokenizer is not None
+    text_ids = tuple(model.tokenizer.encode("this is the voice prompt speaking clearly"))
+    return Voice("bench", "this is the voice prompt speaking clearly", text_ids, tuple(speech), mel,
+                 torch.randn(model.config.spk_embed_dim, generator=g))
+
+
+def bench_text(cfg: BenchConfig, salt: int) -> str:
+    return " ".join(WORDS[(salt * 5 + i) % len(WORDS)] for i in range(cfg.text_words)) + "."
+
+
+def forced_sampler(sampling: SamplingConfig, generator: torch.Generator | None, stop_ids: Sequence[int]):
+    """RAS with every stop id masked: with min_len = max_len the reference decodes exactly that many ids."""
+    ras = make_sampler(sampling, generator)
+    stops = list(stop_ids)
+
+    def sample(scores: torch.Tensor, decoded: Sequence[int]) -> int:
+        scores = scores.clone()
+        scores[stops] = float("-inf")
+        return ras(scores, decoded)
+
+    return sample
+
+
+def build(cfg: BenchConfig, precision: str | None) -> tuple[LoadedModel, str]:
+    torch.set_num_threads(cfg.threads)
+    model = random_model(cfg.preset, seed=cfg.seed)
+    if precision is None:
+        return model, "reference path, fp32 torch"
+    from vocalis.engine.backends import apply_backend
+
+    return model, apply_backend(model, cfg.backend, precision).describe()
+
+
+# ---- the reference path -------------------------------------------------------------------------------------
+def run_reference(cfg: BenchConfig) -> dict[str, Any]:
+    from vocalis.inference.synthesizer import Synthesizer
+    from vocalis.inference.token2wav import Token2Wav
+
+    model, runtime = build(cfg, None)
+    lm, voice = model.llm, bench_voice(model, cfg)
+    stops = model.config.llm.stop_token_ids
+    synth = Synthesizer(model)
+    text_ids = model.tokenizer.encode(bench_text(cfg, 0))  # type: ignore[union-attr]
+    out: dict[str, Any] = {"runtime": runtime}
+    n = cfg.decode_tokens + 1
+    _drain(lm.generate(text_ids[:3], max_len=2, min_len=2, sample_fn=forced_sampler(model.config.sampling, None,
+                                                                                     stops)))  # warm-up
+    gen = torch.Generator().manual_seed(0)
+    it = lm.generate(text_ids, voice.prompt_text_ids, voice.prompt_speech_ids, min_len=n, max_len=n,
+                     sample_fn=forced_sampler(model.config.sampling, gen, stops))
+    start = time.perf_counter()
+    next(it)
+    first = time.perf_counter()
+    rest = _drain(it)
+    end = time.perf_counter()
+    prompt_len = 2 + len(text_ids) + len(voice.prompt_text_ids) + len(voice.prompt_speech_ids)
+    out["llm"] = {"prompt_len": prompt_len, "prefill_tps": prompt_len / (first - start),
+                  "decode_tps": rest / (end - first)}
+    log.info("reference LLM: %s", out["llm"])
+
+    t2w = Token2Wav(model.flow, model.hift)
+    prompt = synth._flow_prompt(SynthesisRequest(voice, Mode.ZERO_SHOT, "x"))
+    tokens = torch.randint(0, model.config.llm.speech_token_size, (1, cfg.tokens),
+                           generator=torch.Generator().manual_seed(1), dtype=torch.int32)
+    seconds = cfg.tokens / TOKEN_RATE
+    start = time.perf_counter()
+    t2w.offline(tokens, prompt, generator=torch.Generator().manual_seed(2))
+    offline = time.perf_counter() - start
+    start = time.perf_counter()
+    state = t2w.new_state(prompt, torch.Generator().manual_seed(2))
+    for i in range(1, cfg.tokens + 1):
+        if t2w.ready(state, i):
+            t2w.stream_step(state, tokens[:, :i])
+    t2w.finish(state, tokens)
+    out["token2wav"] = {"offline_rtf": offline / seconds, "stream_rtf": (time.perf_counter() - start) / seconds}
+    log.info("reference token2wav: %s", out["token2wav"])
+
+    # end to end: the real Synthesizer (TTS.stream's path), its LLM forced to a fixed count
+    generate = lm.generate
+
+    def fixed_generate(*args: Any, sampling: SamplingConfig | None = None,
+                       generator: torch.Generator | None = None, **kw: Any) -> Iterator[int]:
+        fn = forced_sampler(sampling or SamplingConfig(), generator, stops)
+        return generate(*args, min_len=cfg.tokens, max_len=cfg.tokens, sample_fn=fn)
+
+    lm.generate = fixed_generate  # type: ignore[method-assign]
+    try:
+        request = SynthesisRequest(voice, Mode.ZERO_SHOT, bench_text(cfg, 1), seed=0, text_frontend=False)
+        start = time.perf_counter()
+        first_chunk, audio = None, 0.0
+        for chunk in synth.run(request, stream=True):
+            first_chunk = first_chunk or time.perf_counter() - start
+            audio += chunk.duration
+        wall = time.perf_counter() - start
+    finally:
+        del lm.generate
+    out["e2e"] = {"first_chunk_s": first_chunk, "rtf": wall / audio, "audio_s": audio, "wall_s": wall,
+                  "audio_s_per_s": audio / wall}
+    log.info("reference end to end: %s", out["e2e"])
+    out["peak_rss_mib"] = peak_rss_mib()
+    return out
+
+
+def _drain(it: Iterator[int]) -> int:
+    return sum(1 for _ in it)
+
+
+# ---- the engine -------------------------------------------------------------------------------------------------
+def run_engine(cfg: BenchConfig, precision: str) -> dict[str, Any]:
+    from vocalis.engine.config import EngineConfig
+    from vocalis.engine.llm_engine import LLMEngine
+    from vocalis.engine.request import SamplingParams
+    from vocalis.engine.token2wav import Token2WavEngine
+
+    model, runtime = build(cfg, precision)
+    voice = bench_voice(model, cfg)
+    tok = model.tokenizer
+    assert tok is not None
+    out: dict[str, Any] = {"runtime": runtime, "bytes_per_token": llm_bytes_per_token(model, precision)}
+    n = cfg.decode_tokens + 1
+    eng = LLMEngine(model.llm, EngineConfig(enable_prefix_caching=False, max_num_seqs=max(cfg.batches)))
+    eng.generate([eng.make_request([5, 6], params=SamplingParams(min_len=2, max_len=2))])  # warm-up
+    out["llm"] = {}
+    for b in cfg.batches:
+        reqs = [eng.make_request(tok.encode(bench_text(cfg, i)), voice.prompt_text_ids, voice.prompt_speech_ids,
+                                 SamplingParams(seed=i, min_len=n, max_len=n, stop_all_masked=True))
+                for i in range(b)]
+        start = time.perf_counter()
+        for r in reqs:
+            eng.add_request(r)
+        while any(r.num_output_tokens == 0 for r in reqs):
+            eng.step()
+        first = time.perf_counter()
+        while eng.has_unfinished():
+            eng.step()
+        end = time.perf_counter()
+        out["llm"][str(b)] = {"prefill_tps": sum(r.num_prompt_tokens for r in reqs) / (first - start),
+                              "decode_tps": b * cfg.decode_tokens / (end - first)}
+        log.info("engine %s LLM batch %d: %s", precision, b, out["llm"][str(b)])
+    del eng
+
+    t2w = Token2WavEngine(model.flow, model.hift)
+    prompt = _flow_prompt(model, voice)
+    tokens = torch.randint(0, model.config.llm.speech_token_size, (cfg.tokens,),
+                           generator=torch.Generator().manual_seed(1)).tolist()
+    seconds = cfg.tokens / TOKEN_RATE
+    _t2w_run(t2w, prompt, tokens[:30], True)  # warm-up; also caches the voice's prompt prefix (a saved voice)
+    offline = _t2w_run(t2w, prompt, tokens, False)
+    stream = _t2w_run(t2w, prompt, tokens, True)
+    out["token2wav"] = {"offline_rtf": offline / seconds, "stream_rtf": stream / seconds}
+    log.info("engine %s token2wav: %s", precision, out["token2wav"])
+
+    out["e2e"] = asyncio.run(_engine_e2e(cfg, model, voice))
+    out["peak_rss_mib"] = peak_rss_mib()
+    return out
+
+
+def _flow_prompt(model: LoadedModel, voice: Voice):  # -> FlowPrompt
+    from vocalis.inference.synthesizer import Synthesizer
+
+    return Synthesizer(model)._flow_prompt(SynthesisRequest(voice, Mode.ZERO_SHOT, "x"))
+
+
+def _t2w_run(t2w: Any, prompt: Any, tokens: list[int], streaming: bool) -> float:
+    start = time.perf_counter()
+    state = t2w.new_stream("bench", prompt, streaming=streaming, generator=torch.Generator().manual_seed(2))
+    state.add_tokens(tokens)
+    state.end_input()
+    while not state.finished:
+        t2w.step([state])
+    return time.perf_counter() - start
+
+
+async def _engine_e2e(cfg: BenchConfig, model: LoadedModel, voice: Voice) -> dict[str, Any]:
+    from vocalis.engine.async_engine import AsyncEngine
+    from vocalis.engine.config import EngineConfig
+    from vocalis.engine.llm_engine import LLMEngine
+    from vocalis.engine.request import SamplingParams
+    from vocalis.engine.token2wav import Token2WavConfig, Token2WavEngine
+
+    class FixedLengthEngine(AsyncEngine):
+        def llm_params(self, text_ids: list[int]) -> SamplingParams:
+            base = super().llm_params(text_ids)
+            return dataclasses.replace(base, min_len=cfg.tokens, max_len=cfg.tokens, stop_all_masked=True)
+
+    top = max(cfg.concurrency)
+    engine = FixedLengthEngine(model, LLMEngine(model.llm, EngineConfig(max_num_seqs=max(top, 1))),
+                               Token2WavEngine(model.flow, model.hift, Token2WavConfig(max_batch=max(top, 1))))
+    results: dict[str, Any] = {}
+    with engine:
+        await _engine_batch(engine, voice, cfg, 1, salt=100)  # warm-up (text path, caches)
+        for c in cfg.concurrency:
+            results[str(c)] = await _engine_batch(engine, voice, cfg, c, salt=c)
+            log.info("engine end to end, %d streams: %s", c, results[str(c)])
+    return results
+
+
+async def _engine_batch(engine: Any, voice: Voice, cfg: BenchConfig, c: int, salt: int) -> dict[str, float]:
+    requests = [SynthesisRequest(voice, Mode.ZERO_SHOT, bench_text(cfg, salt + i), seed=i, text_frontend=False)
+                for i in range(c)]
+    start = time.perf_counter()
+    handles = [engine.submit(r, stream=True) for r in requests]
+
+    async def consume(h: Any) -> tuple[float, float, float]:
+        first, audio = None, 0.0
+        async for chunk in h:
+            first = first or time.perf_counter() - start
+            audio += chunk.duration
+        return first or 0.0, audio, time.perf_counter() - start
+
+    done = await asyncio.gather(*[consume(h) for h in handles])
+    wall = max(d[2] for d in done)
+    audio = sum(d[1] for d in done)
+    firsts = [d[0] for d in done]
+    return {"first_chunk_s": float(np.mean(firsts)), "first_chunk_max_s": max(firsts), "audio_s": audio,
+            "wall_s": wall, "audio_s_per_s": audio / wall, "rtf": wall / (audio / c)}
