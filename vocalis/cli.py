@@ -26,7 +26,7 @@ def _speak(args: argparse.Namespace) -> int:
     if args.prompt_text and not args.prompt_wav:
         raise VocalisError("--prompt-text needs --prompt-wav")
     start = time.perf_counter()
-    tts = TTS.load(args.model, device=args.device)
+    tts = TTS.load(args.model, device=args.device, backend=args.backend, precision=args.precision)
     if tts.model.kind == "random":
         log.warning(
             "no trained model is installed: using the tiny preset with RANDOM weights, so the output is noise, not "
@@ -132,6 +132,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--language", default="auto", help="text normalisation language: auto, en, zh, ja")
     sp.add_argument("--no-text-frontend", action="store_true", help="skip text normalisation and sentence split")
     sp.add_argument("--device", default="cpu", help="cpu or cuda")
+    sp.add_argument("--precision", default="fp32", help="fp32, bf16, fp16 (GPU), int8 (CPU) or auto")
+    sp.add_argument("--backend", default="torch", help="torch, onnx, tensorrt (GPU), compile or auto")
     sp.set_defaults(func=_speak)
 
     cv = sub.add_parser("convert", help="official CosyVoice2 directory -> Vocalis directory (safetensors + json)")

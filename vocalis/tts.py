@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from vocalis.config import PROMPT_SAMPLE_RATE_16K, MAX_PROMPT_SECONDS
+from vocalis.engine.backends import Runtime, apply_backend, resolve
 from vocalis.errors import InputError
 from vocalis.frontend import audio as audio_fe
 from vocalis.inference.request import AudioChunk, Mode, SynthesisRequest
@@ -30,16 +31,26 @@ class TTS:
         self.model = model
         self.synth = Synthesizer(model)
         self._voices: dict[str, Voice] = dict(model.voices)
+        self.runtime: Runtime | None = None  # set by `load`: the backend and precision in use
 
     @classmethod
-    def load(cls, path: str | Path | None = None, device: str | torch.device = "cpu") -> TTS:
-        """A model directory (official CosyVoice2 or Vocalis layout), or None for the built-in model."""
-        model = load_model(path)
+    def load(cls, path: str | Path | None = None, device: str | torch.device = "cpu", *, backend: str = "torch",
+             precision: str = "fp32") -> TTS:
+        """A model directory (official CosyVoice2 or Vocalis layout), or None for the built-in model.
+
+        backend: torch | onnx | tensorrt | compile | vllm | auto; precision: fp32 | bf16 | fp16 | int8 | auto
+        (see `vocalis.engine.backends`; an unavailable choice raises InputError saying what to install).
+        """
         dev = torch.device(device)
+        resolve(backend, precision, dev)  # fail fast, before loading
+        model = load_model(path)
         if dev.type != "cpu":
             for m in (model.llm, model.flow, model.hift):
                 m.to(dev)
-        return cls(model)
+        runtime = apply_backend(model, backend, precision, dev)
+        tts = cls(model)
+        tts.runtime = runtime
+        return tts
 
     @property
     def sample_rate(self) -> int:

@@ -69,6 +69,31 @@ def _window(hift: HiFTGenerator, like: torch.Tensor) -> torch.Tensor:
     return torch.hann_window(n_fft, periodic=True, dtype=torch.float64, device=like.device).to(like.dtype)
 
 
+def _stft(hift: HiFTGenerator, s: torch.Tensor, window: torch.Tensor) -> torch.Tensor:
+    """Source (B, N) -> real and imaginary STFT parts on channels (B, n_fft + 2, N / istft_hop + 1)."""
+    n_fft, hop = hift.config.istft_n_fft, hift.config.istft_hop_len
+    spec = torch.view_as_real(torch.stft(s, n_fft, hop, n_fft, window=window, return_complex=True))
+    return torch.cat([spec[..., 0], spec[..., 1]], dim=1)
+
+
+def _istft(hift: HiFTGenerator, x: torch.Tensor, window: torch.Tensor) -> torch.Tensor:
+    """conv_post output (B, n_fft + 2, F) -> waveform (B, (F - 1) * istft_hop), clamped like the module's."""
+    cfg = hift.config
+    n_bins = cfg.istft_n_fft // 2 + 1
+    magnitude = torch.clip(torch.exp(x[:, :n_bins]), max=_MAX_MAGNITUDE)
+    phase = torch.sin(x[:, n_bins:])
+    z = torch.complex(magnitude * torch.cos(phase), magnitude * torch.sin(phase))
+    wav = torch.istft(z, cfg.istft_n_fft, cfg.istft_hop_len, cfg.istft_n_fft, window=window)
+    return torch.clamp(wav, -cfg.audio_limit, cfg.audio_limit)
+
+
+def decode_with_body(hift: HiFTGenerator, body: HiftBody, mel: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """`HiFTGenerator.decode` with its conv body replaced: mel (B, 80, T), source (B, 1, N) -> speech (B, N)."""
+    window = _window(hift, mel)
+    lens = torch.full((mel.shape[0],), mel.shape[2], dtype=torch.long, device=mel.device)
+    return _istft(hift, body(mel, _stft(hift, s[:, 0], window), lens).to(mel.dtype), window)
+
+
 def vocode_batch(
     hift: HiFTGenerator,
     mels: Sequence[torch.Tensor],
@@ -79,8 +104,7 @@ def vocode_batch(
     """Like `HiFTGenerator.inference` once per row: mels[i] (80, T_i), cache_sources[i] (1, 1, S) or None
     -> per row (speech (N_i,), source (1, 1, N_i)), N_i = T_i * hop_samples. `body` replaces `hift_body`
     (e.g. an ONNX Runtime session)."""
-    cfg = hift.config
-    n_fft, hop = cfg.istft_n_fft, cfg.istft_hop_len
+    n_fft = hift.config.istft_n_fft
     dev = hift.conv_post.bias.device
     dtype = hift.conv_post.bias.dtype
     lens = torch.tensor([m.shape[1] for m in mels], device=dev)
@@ -110,21 +134,12 @@ def vocode_batch(
                 raise InputError(f"cache_source has {cache.shape[2]} samples but the chunk has only {s.shape[2]}")
             s[:, :, : cache.shape[2]] = cache.to(s.device)
         sources.append(s)
-        spec = torch.view_as_real(torch.stft(s[:, 0], n_fft, hop, n_fft, window=window, return_complex=True))
-        specs.append(torch.cat([spec[..., 0], spec[..., 1]], dim=1)[0])  # (n_fft + 2, F_r)
+        specs.append(_stft(hift, s[:, 0], window)[0])  # (n_fft + 2, F_r)
     frames = max(s.shape[1] for s in specs)
     s_stft = torch.zeros(len(mels), n_fft + 2, frames, dtype=dtype, device=dev)
     for r, s in enumerate(specs):
         s_stft[r, :, : s.shape[1]] = s
 
     x = (body or (lambda a, b, c: hift_body(hift, a, b, c)))(mel, s_stft, lens)
-    n_bins = n_fft // 2 + 1
-    out = []
-    for r, spec in enumerate(specs):
-        y = x[r, :, : spec.shape[1]].to(dtype)
-        magnitude = torch.clip(torch.exp(y[:n_bins]), max=_MAX_MAGNITUDE)
-        phase = torch.sin(y[n_bins:])
-        z = torch.complex(magnitude * torch.cos(phase), magnitude * torch.sin(phase))
-        wav = torch.istft(z[None], n_fft, hop, n_fft, window=window)[0]  # (N,)
-        out.append((torch.clamp(wav, -cfg.audio_limit, cfg.audio_limit), sources[r]))
-    return out
+    return [(_istft(hift, x[r : r + 1, :, : spec.shape[1]].to(dtype), window)[0], sources[r])
+            for r, spec in enumerate(specs)]

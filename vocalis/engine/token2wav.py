@@ -31,12 +31,11 @@ Legend: R requests in a step, P prompt tokens, N generated tokens, n new positio
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import logging
 import math
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -159,21 +158,20 @@ class Token2WavEngine:
         hift: HiFTGenerator,
         config: Token2WavConfig | None = None,
         stream: StreamConfig | None = None,
-        autocast: Callable[[], contextlib.AbstractContextManager[object]] | None = None,
         hift_body: HiftBody | None = None,
     ) -> None:
-        """autocast: context for flow compute (a precision backend's); hift_body: replaces the torch HiFT body
-        (an ONNX Runtime session, say)."""
+        """hift_body replaces the torch HiFT conv body (default: the one a backend attached to `hift`).
+        Precision needs no argument: backends swap the modules' Linear layers (see engine/backends.py)."""
         self.flow = flow
         self.hift = hift
         self.config = config or Token2WavConfig()
         self.stream = stream or StreamConfig()
-        self.autocast = autocast or contextlib.nullcontext
-        self.hift_body = hift_body
+        # A backend may attach a batched HiFT body (e.g. ONNX Runtime) to the module; see engine/backends.py.
+        self.hift_body = hift_body or getattr(hift, "backend_body", None)
         # The incremental path calls the torch estimator's parts; a backend may have swapped the module used by
         # full passes for a wrapper that keeps the original as `torch_module`.
         est = flow.decoder.estimator
-        self.estimator = getattr(est, "torch_module", est)
+        self.estimator = getattr(est, "torch_module", getattr(est, "_orig_mod", est))
         self.encoder = EncoderStreamer(flow)
         self.n_timesteps = flow.config.cfm.n_timesteps
         self.ratio = flow.config.token_mel_ratio
@@ -236,7 +234,7 @@ class Token2WavEngine:
             full = [(s, f) for s, f in todo if self._needs_full_pass(s, f)]
             inc = [(s, f) for s, f in todo if not self._needs_full_pass(s, f)]
             mels: dict[int, torch.Tensor] = {}
-            with torch.inference_mode(), self.autocast():
+            with torch.inference_mode():
                 if inc:
                     mels.update(self._flow_incremental(inc))
                 if full:

@@ -1,0 +1,135 @@
+"""Precision and execution backends: selection, clear errors, and measured error against fp32 (tiny preset).
+
+Bounds (tiny preset, random weights, fixed inputs; measured values in brackets, 2 seeds):
+- bf16 Linear weights (LLM + flow estimator): LLM teacher-forced token agreement >= 0.90 [0.96-0.99], log-prob
+  max abs <= 0.05 [0.010]; mel max rel <= 5e-3 [8.7e-4]; waveform rel RMS <= 1e-3 [1.6e-5].
+- int8 dynamic (same layers): agreement >= 0.90 [0.95-0.98], log-prob max abs <= 0.2 [0.055]; mel max rel
+  <= 1e-2 [2.6e-3]; waveform rel RMS <= 1e-3 [5.3e-5].
+- onnx fp32 (estimator + HiFT body in ONNX Runtime): mel max abs <= 1e-4 [1e-6]; waveform max abs <= 1e-5.
+- onnx int8 (ORT-quantized estimator MatMuls): mel max rel <= 1e-2 [2.0e-3].
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+import torch
+
+from vocalis.cli import main
+from vocalis.engine.accuracy import errors, outputs
+from vocalis.engine.backends import CastLinear, apply_backend, native_bf16_cpu, resolve
+from vocalis.engine.token2wav import Token2WavEngine
+from vocalis.errors import InputError
+from vocalis.inference.token2wav import FlowPrompt
+from vocalis.model_dir import random_model
+from vocalis.tts import TTS
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return random_model()
+
+
+@pytest.fixture(scope="module")
+def reference_outputs(reference):
+    return outputs(reference, seed=0)
+
+
+_APPLIED: dict[tuple[str, str], tuple] = {}
+
+
+def _applied(backend: str, precision: str):
+    """A random tiny model with the backend applied (built once per choice in this module)."""
+    if (backend, precision) not in _APPLIED:
+        model = random_model()
+        _APPLIED[backend, precision] = (model, apply_backend(model, backend, precision))
+    return _APPLIED[backend, precision]
+
+
+@pytest.mark.parametrize(
+    ("backend", "precision", "bounds"),
+    [
+        ("torch", "bf16", {"llm_token_agreement": 0.90, "llm_logprob_max_abs": 0.05, "mel_max_rel": 5e-3,
+                           "wav_rel_rms": 1e-3}),
+        ("torch", "int8", {"llm_token_agreement": 0.90, "llm_logprob_max_abs": 0.2, "mel_max_rel": 1e-2,
+                           "wav_rel_rms": 1e-3}),
+        ("onnx", "fp32", {"mel_max_abs": 1e-4, "wav_max_abs": 1e-5}),
+        ("onnx", "int8", {"mel_max_rel": 1e-2, "wav_rel_rms": 1e-3}),
+    ],
+)
+def test_error_against_fp32(reference_outputs, backend: str, precision: str, bounds: dict[str, float]) -> None:
+    model, runtime = _applied(backend, precision)
+    assert (runtime.backend, runtime.precision) == (backend, precision)
+    measured = errors(reference_outputs, outputs(model, seed=0, llm=backend == "torch"))
+    print(backend, precision, measured)
+    for key, bound in bounds.items():
+        if key == "llm_token_agreement":
+            assert measured[key] >= bound, (key, measured[key])
+        else:
+            assert measured[key] <= bound, (key, measured[key])
+
+
+def test_reduced_precision_reaches_the_engine(reference) -> None:
+    """The token2wav engine's cached streaming path runs the swapped layers too (no extra plumbing)."""
+    model, _ = _applied("onnx", "int8")
+    est = model.flow.decoder.estimator
+    assert type(est).__name__ == "OnnxEstimator" and est.torch_module is not None
+    assert getattr(model.hift, "backend_body", None) is not None
+    bf16, _ = _applied("torch", "bf16")
+    assert isinstance(bf16.flow.decoder.estimator.mid_blocks[0][1][0].attn1.to_q, CastLinear)
+    g = torch.Generator().manual_seed(0)
+    prompt = FlowPrompt(torch.randint(0, 6561, (1, 30), generator=g), torch.randn(1, 60, 80, generator=g),
+                        torch.randn(1, 192, generator=g))
+    tokens = torch.randint(0, 6561, (60,), generator=g).tolist()
+    outs = []
+    for m in (reference, model, bf16):
+        engine = Token2WavEngine(m.flow, m.hift)
+        state = engine.new_stream("a", prompt, generator=torch.Generator().manual_seed(1))
+        state.add_tokens(tokens)
+        state.end_input()
+        chunks = []
+        while not state.finished:
+            chunks += [c.samples for c in engine.step([state])]
+        outs.append(np.concatenate(chunks))
+    ref = outs[0]
+    for wav in outs[1:]:
+        assert wav.shape == ref.shape
+        assert 0 < np.abs(wav - ref).max() <= 1e-3  # changed, and close
+
+
+def test_choices_and_messages(caplog: pytest.LogCaptureFixture) -> None:
+    with pytest.raises(InputError, match="CUDA"):
+        resolve("torch", "fp16", "cpu")
+    with pytest.raises(InputError, match="tensorrt-cu12"):
+        resolve("tensorrt", "fp16", "cpu")
+    with pytest.raises(InputError, match="vllm"):
+        resolve("vllm", "fp32", "cpu")
+    with pytest.raises(InputError, match="supports fp32 and int8"):
+        resolve("onnx", "bf16", "cpu")
+    with pytest.raises(InputError, match="unknown precision"):
+        resolve("torch", "fp8", "cpu")
+    with pytest.raises(InputError, match="unknown backend"):
+        resolve("jax", "fp32", "cpu")
+    assert resolve("auto", "auto", "cpu") == ("torch", "bf16" if native_bf16_cpu() else "fp32")
+    with caplog.at_level(logging.INFO, logger="vocalis.engine.backends"):
+        runtime = apply_backend(random_model(), "auto", "auto", "cpu")
+    assert "auto picked" in caplog.text and runtime.precision in ("bf16", "fp32")
+
+
+def test_tts_load_and_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tts = TTS.load(precision="bf16")  # the built-in (random tiny) model
+    assert tts.runtime is not None and (tts.runtime.backend, tts.runtime.precision) == ("torch", "bf16")
+    wav = tts.synthesize("Hello there.", seed=1)
+    assert wav.dtype == np.float32 and wav.size > 0 and np.isfinite(wav).all()
+
+    out = tmp_path / "int8.wav"
+    assert main(["speak", "Hi.", "-o", str(out), "--seed", "1", "--precision", "int8", "--backend", "onnx"]) == 0
+    assert sf.info(str(out)).samplerate == 24000
+    bad = tmp_path / "fp16.wav"
+    assert main(["speak", "Hi.", "-o", str(bad), "--precision", "fp16"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("vocalis: error: ") and "CUDA" in err[-1] and not bad.exists()

