@@ -257,7 +257,35 @@ def tiny_config() -> ModelConfig:
     )
 
 
+def builtin_config() -> ModelConfig:
+    """The built-in model shipped in `vocalis/assets/model` (trained on CPU by scripts/train_builtin.sh).
+
+    ~50 MB of fp32 weights in all (with the speech tokenizer): a 729-id speech vocabulary (our FSQ tokenizer's 3^6 "builtin" preset),
+    256-d resemblyzer speaker embeddings, the bundled 4096-id BPE.
+    """
+    speech_vocab, spk_dim = 729, 256
+    return ModelConfig(
+        llm=SpeechLMConfig(
+            qwen=QwenConfig(vocab_size=4096, hidden_size=256, intermediate_size=768, num_hidden_layers=4,
+                            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096),
+            speech_token_size=speech_vocab,
+        ),
+        flow=FlowConfig(
+            vocab_size=speech_vocab,
+            input_size=256,
+            spk_embed_dim=spk_dim,
+            encoder=FlowEncoderConfig(input_size=256, output_size=256, attention_heads=4, linear_units=512,
+                                      num_blocks=2, num_up_blocks=2),
+            estimator=EstimatorConfig(channels=(128,), attention_head_dim=32, n_blocks=1, num_mid_blocks=2,
+                                      num_heads=4),
+        ),
+        hift=HiFTConfig(base_channels=64, f0_cond_channels=64),
+        spk_embed_dim=spk_dim,
+    )
+
+
 PRESETS: dict[str, ModelConfig] = {
     "cosyvoice2-0.5b": ModelConfig(),
     "tiny": tiny_config(),
+    "builtin": builtin_config(),
 }

@@ -42,6 +42,7 @@ VOCALIS_JSON = "vocalis.json"
 SPEECH_TOKENIZER_ONNX = "speech_tokenizer_v2.onnx"
 CAMPPLUS_ONNX = "campplus.onnx"
 TORCH_SPEECH_TOKENIZER = "speech_tokenizer.safetensors"  # ours; speech_tokenizer.json sits beside it
+SPEAKER_ENCODER_JSON = "speaker_encoder.json"  # {"kind": "resemblyzer"}: a pip-shipped speaker encoder
 BUNDLED_TOKENIZER = Path(__file__).resolve().parent / "assets" / "tokenizer"
 BUILTIN_MODEL = Path(__file__).resolve().parent / "assets" / "model"
 _TOKENIZER_FILES = ("vocab.json", "merges.txt", "tokenizer_config.json", "tokenizer.json")
@@ -93,9 +94,19 @@ def _speech_tokenizer(directory: Path, config: ModelConfig) -> SpeechTokenizer |
     return OnnxSpeechTokenizer(onnx) if onnx.is_file() else None
 
 
-def _frontend_models(directory: Path, config: ModelConfig) -> tuple[SpeechTokenizer | None, SpeakerEncoder | None]:
+def speaker_encoder_of(directory: Path) -> SpeakerEncoder | None:
+    """`speaker_encoder.json` (our built-in model: resemblyzer) or `campplus.onnx`, else None."""
+    marker = directory / SPEAKER_ENCODER_JSON
+    if marker.is_file():
+        from vocalis.frontend.speaker_resemblyzer import speaker_encoder_from_json
+
+        return speaker_encoder_from_json(marker)
     spk = directory / CAMPPLUS_ONNX
-    return _speech_tokenizer(directory, config), CampplusSpeakerEncoder(spk) if spk.is_file() else None
+    return CampplusSpeakerEncoder(spk) if spk.is_file() else None
+
+
+def _frontend_models(directory: Path, config: ModelConfig) -> tuple[SpeechTokenizer | None, SpeakerEncoder | None]:
+    return _speech_tokenizer(directory, config), speaker_encoder_of(directory)
 
 
 def load_official(directory: Path) -> LoadedModel:
@@ -193,7 +204,8 @@ def save_vocalis(model: LoadedModel, out: Path, tokenizer_src: Path, frontend_sr
         if (tokenizer_src / fname).is_file():
             shutil.copy2(tokenizer_src / fname, tmp / "tokenizer" / fname)
     if frontend_src is not None:
-        for fname in (SPEECH_TOKENIZER_ONNX, CAMPPLUS_ONNX, TORCH_SPEECH_TOKENIZER, "speech_tokenizer.json"):
+        for fname in (SPEECH_TOKENIZER_ONNX, CAMPPLUS_ONNX, TORCH_SPEECH_TOKENIZER, "speech_tokenizer.json",
+                      SPEAKER_ENCODER_JSON):
             if (frontend_src / fname).is_file():
                 shutil.copy2(frontend_src / fname, tmp / fname)
     if model.voices:

@@ -22,7 +22,7 @@ import soxr
 from vocalis.config import PROMPT_SAMPLE_RATE_16K, SAMPLE_RATE
 from vocalis.errors import AudioError, InputError
 from vocalis.frontend.audio import SILENCE_PEAK, check_wav, prompt_mel
-from vocalis.frontend.speaker import CampplusSpeakerEncoder, SpeakerEncoder
+from vocalis.frontend.speaker import SpeakerEncoder
 from vocalis.frontend.speech_tokenizer import OnnxSpeechTokenizer, SpeechTokenizer
 from vocalis.frontend.tokenizer import TextTokenizer
 from vocalis.train.f0 import yin_f0
@@ -83,9 +83,12 @@ class Featurizer:
             self.speech_tokenizer = OnnxSpeechTokenizer(model_dir / SPEECH_TOKENIZER_ONNX)
         self.speaker_encoder: SpeakerEncoder | None = None
         if config.speaker_embeddings:
-            if not (model_dir / CAMPPLUS_ONNX).is_file():
-                raise InputError(f"{model_dir} has no {CAMPPLUS_ONNX}; prepare with --no-speaker-embeddings instead")
-            self.speaker_encoder = CampplusSpeakerEncoder(model_dir / CAMPPLUS_ONNX)
+            from vocalis.model_dir import speaker_encoder_of  # campplus.onnx or speaker_encoder.json (resemblyzer)
+
+            self.speaker_encoder = speaker_encoder_of(model_dir)
+            if self.speaker_encoder is None:
+                raise InputError(f"{model_dir} has no {CAMPPLUS_ONNX} (nor speaker_encoder.json); prepare with "
+                                 "--no-speaker-embeddings instead")
 
     def _load(self, utt: Utterance) -> tuple[np.ndarray, np.ndarray]:
         """-> (24 kHz, 16 kHz) mono float32, or Skip."""
@@ -133,7 +136,7 @@ class Featurizer:
             if not speech_token:
                 raise Skip("no speech tokens", "the speech tokenizer returned no ids")
         if self.speaker_encoder is not None:
-            embedding = self.speaker_encoder(wav16).astype(np.float32)  # (192,)
+            embedding = self.speaker_encoder(wav16).astype(np.float32)  # (192,) CAM++, (256,) resemblyzer
         else:
             embedding = np.zeros(192, dtype=np.float32)
         mel = prompt_mel(wav24).numpy().astype(np.float32)  # (T, 80)

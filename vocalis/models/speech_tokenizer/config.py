@@ -70,6 +70,9 @@ PRESETS: dict[str, dict[str, Any]] = {
         "decoder_layers": 2,
         "dropout": 0.1,
     },
+    # the built-in model's tokenizer (config.builtin_config): 3^6 = 729 ids, ~2 M parameters
+    "builtin": {"d_model": 192, "num_heads": 4, "ffn_dim": 512, "encoder_layers": 4, "decoder_layers": 1,
+                "fsq_dim": 6, "dropout": 0.1},
 }
 
 

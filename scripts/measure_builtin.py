@@ -1,0 +1,134 @@
+#!/usr/bin/env python3
+"""Measure a model (default: the built-in one) against its festival teachers on held-out English sentences.
+
+For each of N held-out sentences (`vocalis.corpus.build.heldout_sentences`, never in the training text), teacher
+voice i % 3 (kal, ked, slt) speaks it, and the model speaks it zero-shot from a prompt clip of that same teacher
+voice (a fixed prompt sentence synthesised here). Printed table:
+- WER (pocketsphinx, US English) of the model's output vs the teachers' on the same sentences, and of silence
+  (the "nothing" floor: 100 %);
+- resemblyzer cosine of output vs prompt, next to the same-speaker baseline (the teacher's own rendering of the
+  sentence vs the prompt) and the cross-speaker baseline (another teacher's rendering vs the prompt);
+- real-time factor of the model on this CPU.
+
+    python scripts/measure_builtin.py [--model DIR] [-n 50] [--out /work/runs/builtin/measure] [--json out.json]
+
+Needs festival with the three voices, pocketsphinx and resemblyzer (`pip install -e '.[eval]'` and
+`pip install --no-deps resemblyzer webrtcvad-wheels`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import soundfile as sf
+import soxr
+
+PROMPT_TEXT = "Please read the next sentence slowly and clearly, as if you were talking to a friend."
+
+
+def load16(path: Path) -> np.ndarray:
+    wav, sr = sf.read(str(path), dtype="float32", always_2d=True)
+    wav = wav.mean(axis=1)
+    return soxr.resample(wav, sr, 16000).astype(np.float32) if sr != 16000 else wav
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", help="model directory (default: the built-in model)")
+    ap.add_argument("-n", type=int, default=50, help="held-out sentences (>= 50 for the issue's measurement)")
+    ap.add_argument("--out", type=Path, help="keep the wavs here (default: a temporary folder)")
+    ap.add_argument("--json", type=Path, help="also write the figures as JSON")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+
+    from vocalis.corpus.build import heldout_sentences
+    from vocalis.corpus.voices import festival_voices, synthesize_batch
+    from vocalis.eval.asr import PocketsphinxTranscriber
+    from vocalis.eval.similarity import ResemblyzerEmbedder, cosine
+    from vocalis.eval.wer import EditCounts, word_counts
+    from vocalis.tts import TTS
+
+    out = args.out or Path(tempfile.mkdtemp(prefix="vocalis-measure-"))
+    out.mkdir(parents=True, exist_ok=True)
+    voices = festival_voices()
+    if len(voices) < 2:
+        sys.exit("measure_builtin: needs at least two festival voices (festvox-kallpc16k festvox-kdlpc16k "
+                 "festvox-us-slt-hts)")
+    texts = heldout_sentences(max(args.n, 1))[: args.n]
+
+    # teachers: every voice speaks its prompt; voice i % V and voice (i + 1) % V speak sentence i
+    for v in voices:
+        items = [(PROMPT_TEXT, out / f"prompt-{v.speaker}.wav")]
+        items += [(t, out / f"teacher-{v.speaker}-{i:03d}.wav") for i, t in enumerate(texts)
+                  if v in (voices[i % len(voices)], voices[(i + 1) % len(voices)])]
+        items = [(t, p) for t, p in items if not p.is_file()]
+        if items and (failed := synthesize_batch(v, items)):
+            sys.exit(f"measure_builtin: festival failed: {next(iter(failed.values()))}")
+
+    tts = TTS.load(args.model)
+    print(f"model: {tts.model.describe()}", file=sys.stderr)
+    synth_s, audio_s = 0.0, 0.0
+    for i, text in enumerate(texts):
+        v = voices[i % len(voices)]
+        path = out / f"model-{i:03d}.wav"
+        start = time.perf_counter()
+        wav = tts.synthesize(text, prompt_wav=str(out / f"prompt-{v.speaker}.wav"), prompt_text=PROMPT_TEXT,
+                             seed=args.seed, language="en")
+        synth_s += time.perf_counter() - start
+        audio_s += len(wav) / tts.sample_rate
+        sf.write(str(path), wav, tts.sample_rate)
+
+    asr, emb = PocketsphinxTranscriber(), ResemblyzerEmbedder()
+    prompt_emb = {v.speaker: emb.embed(load16(out / f"prompt-{v.speaker}.wav")) for v in voices}
+    wer_model, wer_teacher = EditCounts(0, 0, 0, 0), EditCounts(0, 0, 0, 0)
+    sim_model, sim_same, sim_cross, rows = [], [], [], []
+    for i, text in enumerate(texts):
+        v, other = voices[i % len(voices)], voices[(i + 1) % len(voices)]
+        model_wav, teacher_wav = load16(out / f"model-{i:03d}.wav"), load16(out / f"teacher-{v.speaker}-{i:03d}.wav")
+        hyp_m, hyp_t = asr(model_wav, 16000), asr(teacher_wav, 16000)
+        wer_model += word_counts(text, hyp_m, "en")
+        wer_teacher += word_counts(text, hyp_t, "en")
+        try:
+            sim_model.append(cosine(emb.embed(model_wav), prompt_emb[v.speaker]))
+        except ValueError:  # no voiced audio at all: as dissimilar as it gets
+            sim_model.append(0.0)
+        sim_same.append(cosine(emb.embed(teacher_wav), prompt_emb[v.speaker]))
+        sim_cross.append(cosine(emb.embed(load16(out / f"teacher-{other.speaker}-{i:03d}.wav")),
+                                prompt_emb[v.speaker]))
+        rows.append({"text": text, "voice": v.speaker, "model_asr": hyp_m, "teacher_asr": hyp_t})
+
+    figures = {
+        "sentences": len(texts),
+        "wer_model": wer_model.rate, "wer_teacher": wer_teacher.rate, "wer_silence": 1.0,
+        "wer_ratio": wer_model.rate / wer_teacher.rate if wer_teacher.rate > 0 else None,
+        "sim_model_vs_prompt": float(np.mean(sim_model)), "sim_same_speaker": float(np.mean(sim_same)),
+        "sim_cross_speaker": float(np.mean(sim_cross)),
+        "rtf": synth_s / audio_s if audio_s > 0 else None, "audio_seconds": audio_s,
+        "model": tts.model.describe(), "wavs": str(out),
+    }
+    ratio = f"{figures['wer_ratio']:.2f}x teacher" if figures["wer_ratio"] is not None else "-"
+    print(f"| measure ({len(texts)} held-out English sentences) | value |")
+    print("|---|---|")
+    print(f"| WER model (pocketsphinx) | {wer_model.rate:.1%} ({ratio}; target <= 1.5x) |")
+    print(f"| WER festival teachers | {wer_teacher.rate:.1%} |")
+    print("| WER silence (nothing) | 100.0% |")
+    print(f"| resemblyzer cos(model output, prompt) | {figures['sim_model_vs_prompt']:.3f} |")
+    print(f"| same-speaker baseline (teacher, prompt) | {figures['sim_same_speaker']:.3f} |")
+    print(f"| cross-speaker baseline (other teacher, prompt) | {figures['sim_cross_speaker']:.3f} |")
+    rtf = f"{figures['rtf']:.2f}" if figures["rtf"] is not None else "-"
+    print(f"| RTF (synthesis s / audio s, this CPU) | {rtf} |")
+    for r in rows[:5]:
+        print(f"  e.g. [{r['voice']}] {r['text']!r}\n     model -> {r['model_asr']!r}\n   teacher -> {r['teacher_asr']!r}")
+    if args.json:
+        args.json.write_text(json.dumps({"figures": figures, "rows": rows}, indent=1), encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
