@@ -78,6 +78,7 @@ class TrainerConfig:
     keep_checkpoints: int = 0  # 0 = keep all
     seed: int = 0
     device: str = "auto"  # auto | cpu | cuda
+    num_threads: int = 0  # torch intra-op threads per process; 0 = torch's default
     engine: str = "ddp"
     tensorboard: bool = True
     resume: str | None = None  # "auto" = the newest checkpoint in out_dir, or a checkpoint path

@@ -366,5 +366,7 @@ def _identity(x: Batch) -> Batch:
 def make_loader(dataset: ShardDataset) -> DataLoader:
     c = dataset.config
     kwargs = {"prefetch_factor": c.prefetch_factor} if c.num_workers > 0 else {}
+    # A private generator: creating an iterator would otherwise draw from the global torch RNG (the workers'
+    # base seed), shifting the dropout stream of a resumed run against an uninterrupted one.
     return DataLoader(dataset, batch_size=None, collate_fn=_identity, num_workers=c.num_workers,
-                      pin_memory=c.pin_memory, **kwargs)
+                      pin_memory=c.pin_memory, generator=torch.Generator().manual_seed(c.seed), **kwargs)

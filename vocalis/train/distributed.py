@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime
 import hashlib
+import io
 import logging
 import os
 from dataclasses import dataclass
@@ -80,12 +81,18 @@ def sum_over_ranks(values: list[float], info: DistInfo) -> list[float]:
 
 
 def gather_objects(obj: object, info: DistInfo) -> list[object]:
-    """Every rank's `obj`, in rank order (pickled; for small things such as RNG states)."""
+    """Every rank's `obj`, in rank order (for small things such as RNG states).
+
+    Objects travel as `torch.save` bytes: `all_gather_object` cannot unpickle tensors itself (torch 2.13
+    fails on their storages).
+    """
     if not info.distributed:
         return [obj]
+    buf = io.BytesIO()
+    torch.save(obj, buf)
     out: list[object] = [None] * info.world_size
-    dist.all_gather_object(out, obj)
-    return out
+    dist.all_gather_object(out, buf.getvalue())
+    return [torch.load(io.BytesIO(b), weights_only=True) for b in out]  # type: ignore[arg-type]
 
 
 def parameter_digest(modules: dict[str, torch.nn.Module]) -> str:

@@ -2,8 +2,8 @@
 
 Utterance i goes to shard i // utts_per_shard, so a rerun over the same manifest and settings maps every
 utterance to the same shard; a shard is done once its `.json` sidecar exists (written after the `.parquet`,
-both renamed into place), and done shards are skipped. Workers are separate processes (spawn), each
-loading the frontend models once. The end summary counts hours, utterances and speakers and lists every
+both renamed into place), and done shards are skipped. Workers are separate processes, each loading the frontend
+models once. The end summary counts hours, utterances and speakers and lists every
 skipped file with its reason; it is printed and saved as `summary.json`, beside `data.list` (the shard
 paths) and `spk2embedding.json` (per-speaker mean x-vectors).
 """
@@ -222,7 +222,9 @@ def prepare(config: PrepareConfig) -> dict[str, Any]:
                 _process_shard(index, group, shard_dir)
                 progress.update(done_utts + sum(len(g) for _, g in todo[: i + 1]))
         else:
-            ctx = mp.get_context("spawn")
+            # fork: workers start in milliseconds with the modules already imported (as DataLoader workers do);
+            # each builds its own ONNX sessions after the fork.
+            ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
             counter = ctx.Value("l", 0)
             workers = min(config.num_workers, len(todo))
             init_args = (config.model_dir, config.features, config.speech_tokenizer, counter)

@@ -10,6 +10,8 @@ import logging
 import sys
 from typing import Any
 
+import torch
+
 from vocalis.train.config import TrainConfig
 from vocalis.train.distributed import cleanup, init_distributed
 
@@ -17,6 +19,8 @@ log = logging.getLogger(__name__)
 
 
 def train(config: TrainConfig) -> dict[str, Any]:
+    if config.trainer.num_threads > 0:
+        torch.set_num_threads(config.trainer.num_threads)
     info = init_distributed(config.trainer.device)
     if not info.is_main:  # only rank 0 talks, unless something goes wrong
         logging.getLogger("vocalis").setLevel(logging.WARNING)

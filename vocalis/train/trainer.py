@@ -1,7 +1,7 @@
 """The training loop: one explicit loop for every task, on one process or many (torchrun).
 
 Per micro-batch: the task's forward/backward under autocast, inside `no_sync()` of every DDP module except on
-accumulation boundaries; on a boundary each optimizer group is unscaled (fp16), clipped (its norm logged),
+accumulation boundaries (an accumulation window may span an epoch end); on a boundary each optimizer group is unscaled (fp16), clipped (its norm logged),
 stepped (skipped when the norm is not finite), zeroed and scheduled, and the step counter advances. An epoch
 ends for all ranks as soon as one rank runs out of batches (a MIN all-reduce per micro-batch), so no rank
 waits in a collective the others never reach. A checkpoint records where in the epoch the run stands, so a
@@ -127,8 +127,9 @@ class Trainer:
     # ---- set-up ------------------------------------------------------------------------------------------
     def _wrap_ddp(self, module: nn.Module) -> nn.Module:
         dev = self.info.device
+        # Buffers are synced once at construction only: none holds running statistics (rand_noise is constant).
         ddp = DistributedDataParallel(module, device_ids=[dev.index] if dev.type == "cuda" else None,
-                                      broadcast_buffers=False)  # no running statistics; rand_noise is constant
+                                      forward_sync_buffers=False)
         self.ddp.append(ddp)
         return ddp
 
@@ -212,12 +213,14 @@ class Trainer:
         run_start = time.perf_counter()
         log.info("training %s on %d rank(s), %s, %s precision, accum %d; metrics: %s", self.config.task,
                  self.info.world_size, self.info.device, t.precision, t.accum_grad, self.metrics.backend)
+        micro = 0  # micro-batches into the current accumulation window (windows may span epochs)
+        save_pending = False
         while not self._finished():
             self.dataset.set_epoch(self.epoch)
             batches = iter(loader)
             for _ in range(self.batches_in_epoch):  # [resume] replay the epoch's consumed batches unseen
                 next(batches, None)
-            micro = seen = 0
+            seen = 0
             while not self._finished():
                 batch = next(batches, None)
                 if not all_ranks_have(batch is not None, self.info):
@@ -235,11 +238,9 @@ class Trainer:
                         s, f = self._log(window)
                         total_samples, total_frames = total_samples + s, total_frames + f
                         window = _Window()
-                    if t.save_every > 0 and self.step % t.save_every == 0:
+                    if save_pending or (t.save_every > 0 and self.step % t.save_every == 0):
                         self.save()
-            if micro:  # an unfinished accumulation window at the end of the epoch is dropped
-                for g in self.groups.values():
-                    g.optimizer.zero_grad(set_to_none=True)
+                        save_pending = False
             if t.max_steps > 0 and self.step >= t.max_steps:
                 break  # mid-epoch: the checkpoint keeps the position within this epoch
             if seen == 0 and self.batches_in_epoch == 0:
@@ -248,7 +249,11 @@ class Trainer:
             self.epoch += 1
             self.batches_in_epoch = 0
             if t.save_every == 0:
-                self.save()
+                # A checkpoint holds no half-accumulated gradients: save now, or at the window's end.
+                if micro != 0:
+                    save_pending = True
+                elif self._last_saved_step != self.step:
+                    self.save()
         if window.count:
             s, f = self._log(window)
             total_samples, total_frames = total_samples + s, total_frames + f

@@ -1,0 +1,159 @@
+"""Trainers on a tiny prepared corpus: the loss goes down for each task, accumulation k=2 equals a batch twice
+as large, a run killed mid-way resumes bit-identically, two torchrun ranks stay identical, export works."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from train_corpus import prepared_corpus
+
+from vocalis.train.checkpointing import checkpoint_path, load_checkpoint
+from vocalis.train.config import TrainConfig, load_config
+from vocalis.train.run import train
+
+REPO = Path(__file__).resolve().parents[1]
+BASE = ["trainer.max_epochs=0", "trainer.log_every=1", "trainer.save_every=1000", "trainer.num_threads=1",
+        "scheduler.name=constant", "scheduler.warmup_steps=0", "data.shuffle_buffer=4", "data.max_frames_in_batch=300"]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return prepared_corpus(tmp_path_factory.mktemp("corpus"), n=8)
+
+
+@pytest.fixture(scope="module")
+def equal_corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return prepared_corpus(tmp_path_factory.mktemp("equal"), n=8, equal=True)
+
+
+def _config(task: str, data: Path, out: Path, *overrides: str) -> TrainConfig:
+    return load_config(None, [f"data.train=[{data}]", f"trainer.out_dir={out}", *BASE, *overrides], task=task)
+
+
+def _losses(out: Path) -> list[float]:
+    return [json.loads(line)["loss"] for line in (out / "train_log.jsonl").read_text().splitlines()]
+
+
+def _weights(path: Path, name: str) -> dict[str, torch.Tensor]:
+    return load_checkpoint(path)["models"][name]
+
+
+@pytest.mark.parametrize("task", ["llm", "flow", "tokenizer"])
+def test_loss_goes_down(task: str, corpus: Path, tmp_path: Path) -> None:
+    out = tmp_path / task
+    summary = train(_config(task, corpus, out, "trainer.max_steps=12", "optim.lr=3e-3"))
+    losses = _losses(out)
+    assert summary["step"] == 12 and len(losses) == 12
+    first, last = sum(losses[:3]) / 3, sum(losses[-3:]) / 3
+    assert last < 0.85 * first, losses
+    assert checkpoint_path(out, 12).is_file()
+    if task == "llm":
+        assert summary["metrics_backend"] == "tensorboard+jsonl"
+        assert list((out / "tensorboard").glob("events.out.tfevents.*"))
+        record = json.loads((out / "train_log.jsonl").read_text().splitlines()[-1])
+        assert {"grad_norm", "lr", "samples_per_s", "frames_per_s", "acc"} <= set(record)
+
+
+def test_accumulation_of_two_equals_a_batch_twice_as_large(equal_corpus: Path, tmp_path: Path) -> None:
+    # Equal-length utterances and no shuffling: batches of 2 (k=2) cover exactly the batches of 4 (k=1). The
+    # LM loss is deterministic with bistream_prob=0. Adam with a large eps is near-linear in the gradient, so
+    # the tolerance checks the gradients rather than Adam's sign-like first steps.
+    from vocalis.config import PRESETS
+    from vocalis.models.speech_lm import Qwen2LM
+    from vocalis.train.data import ShardDataset, resolve_shards
+
+    probe = ShardDataset(resolve_shards([str(equal_corpus)]), _config("llm", equal_corpus, tmp_path).data, "llm")
+    length = next(iter(probe.examples())).length
+    common = ["data.shuffle_buffer=0", "data.sort_buffer=0", "llm.bistream_prob=0", "trainer.max_steps=2",
+              "optim.lr=0.5", "optim.eps=1.0"]
+    small = train(_config("llm", equal_corpus, tmp_path / "k2", *common, "trainer.accum_grad=2",
+                          f"data.max_frames_in_batch={2 * length}"))
+    large = train(_config("llm", equal_corpus, tmp_path / "k1", *common, "trainer.accum_grad=1",
+                          f"data.max_frames_in_batch={4 * length}"))
+    assert small["step"] == large["step"] == 2
+    a = _weights(checkpoint_path(tmp_path / "k2", 2), "llm")
+    b = _weights(checkpoint_path(tmp_path / "k1", 2), "llm")
+    torch.manual_seed(0)  # the trainer seeds trainer.seed (0) before building: the same initial weights
+    init = Qwen2LM(PRESETS["tiny"].llm).state_dict()
+    moved = max(float((b[k] - init[k]).abs().max()) for k in b)
+    worst = max(float((a[k] - b[k]).abs().max()) for k in a)
+    assert moved > 1e-3 and worst < 1e-4 * moved, (moved, worst)
+
+
+def test_killed_run_resumes_bit_identically(corpus: Path, tmp_path: Path) -> None:
+    common = ["trainer.save_every=2", "optim.lr=2e-3", "scheduler.name=noam_hold", "scheduler.warmup_steps=2",
+              "scheduler.hold_steps=1", "data.num_workers=0"]
+    # a separate process, killed (SIGKILL) once its step-4 checkpoint exists; meanwhile the reference run
+    # (6 steps in one go) trains here
+    killed = tmp_path / "killed"
+    cmd = [sys.executable, "-m", "vocalis", "train", "flow", "--data", str(corpus), "--out", str(killed),
+           "--max-steps", "1000", *[a for o in BASE + common for a in ("--set", o)]]
+    log = tmp_path / "killed.log"
+    with open(log, "wb") as err:
+        proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=err)
+        try:
+            train(_config("flow", corpus, tmp_path / "ref", *common, "trainer.max_steps=6"))
+            deadline = time.monotonic() + 120
+            while not checkpoint_path(killed, 4).is_file():
+                assert proc.poll() is None, log.read_text()[-2000:]
+                assert time.monotonic() < deadline, "no step-4 checkpoint in time: " + log.read_text()[-2000:]
+                time.sleep(0.05)
+            os.kill(proc.pid, signal.SIGKILL)
+        finally:
+            proc.kill()
+            proc.wait()
+    # the step-4 checkpoint of the killed process matches the reference run's weights at step 4
+    resumed_from = checkpoint_path(killed, 4)
+    ref4 = _weights(checkpoint_path(tmp_path / "ref", 4), "flow")
+    assert all(torch.equal(v, ref4[k]) for k, v in _weights(resumed_from, "flow").items())
+    # resume it to step 6 (a fresh run folder, so nothing of the killed run's later steps is reused)
+    summary = train(_config("flow", corpus, tmp_path / "resumed", *common, "trainer.max_steps=6",
+                            f"trainer.resume={resumed_from}"))
+    assert summary["step"] == 6
+    ref, res = _weights(checkpoint_path(tmp_path / "ref", 6), "flow"), _weights(checkpoint_path(tmp_path / "resumed", 6), "flow")
+    assert all(torch.equal(ref[k], res[k]) for k in ref)
+    ref_state, res_state = load_checkpoint(checkpoint_path(tmp_path / "ref", 6)), load_checkpoint(checkpoint_path(tmp_path / "resumed", 6))
+    assert (ref_state["epoch"], ref_state["batches_in_epoch"]) == (res_state["epoch"], res_state["batches_in_epoch"])
+    assert ref_state["schedulers"] == res_state["schedulers"]
+
+
+def test_two_torchrun_ranks_on_gloo_end_identical(corpus: Path, tmp_path: Path) -> None:
+    out = tmp_path / "ddp"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           "-m", "vocalis", "train", "llm", "--data", str(corpus), "--out", str(out), "--max-steps", "3",
+           "--device", "cpu", *[a for o in BASE + ["optim.lr=3e-3", "trainer.accum_grad=2"] for a in ("--set", o)]]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=180, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["step"] == 3
+    assert summary["replicas_identical"] and len(set(summary["param_digests"])) == 1
+    state = load_checkpoint(checkpoint_path(out, 3))
+    assert len(state["rng"]) == 2  # one RNG record per rank
+
+
+def test_average_and_export_to_a_loadable_model_dir(corpus: Path, tmp_path: Path) -> None:
+    from vocalis.cli import main
+    from vocalis.model_dir import load_model
+
+    out = tmp_path / "run"
+    train(_config("flow", corpus, out, "trainer.max_steps=3", "trainer.save_every=1"))
+    avg = tmp_path / "avg.pt"
+    assert main(["average", "--run", str(out), "--last", "2", "-o", str(avg)]) == 0
+    a, b = (_weights(checkpoint_path(out, s), "flow") for s in (2, 3))
+    mean = _weights(avg, "flow")
+    key = next(k for k in mean if mean[k].is_floating_point() and not torch.equal(a[k], b[k]))
+    assert torch.allclose(mean[key], (a[key] + b[key]) / 2, atol=1e-7)
+    model_dir = tmp_path / "exported"
+    assert main(["export", str(avg), "--out", str(model_dir)]) == 0
+    loaded = load_model(model_dir)
+    assert all(torch.equal(loaded.flow.state_dict()[k], v) for k, v in mean.items())
+    assert main(["export", str(avg), "--out", str(model_dir)]) == 2  # refuses to overwrite
