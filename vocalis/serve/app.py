@@ -71,6 +71,9 @@ def install_error_handlers(app: FastAPI) -> None:
         if status == 503:
             headers = {"Retry-After": str(ctx.config.retry_after_s)}
         route = getattr(request.scope.get("route"), "path", "unmatched")
+        if isinstance(exc, Aborted):  # the client left before the first chunk: nobody reads this answer
+            ctx.metrics.aborted.inc()
+            return _json_error(status, str(exc))
         ctx.metrics.errors.labels(route, type(exc).__name__).inc()
         if status >= 500 and status != 503:
             log.error("%s %s: %s", request.method, request.url.path, exc)

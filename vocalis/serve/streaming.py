@@ -72,7 +72,7 @@ class JobStream:
 
     async def chunks(self) -> AsyncIterator[AudioChunk]:
         """Every chunk, first included; aborts the job unless it ran to the end."""
-        finished = False
+        finished = failed = False
         self.metrics.active_streams.inc()
         try:
             self.audio_samples += len(self.first.samples)
@@ -84,6 +84,7 @@ class JobStream:
             self._record()
         except VocalisError as exc:
             if not isinstance(exc, Aborted):
+                failed = True
                 self.metrics.errors.labels(self.route, type(exc).__name__).inc()
                 log.warning("stream %d failed after %d samples: %s", self.handle.id, self.audio_samples, exc)
             raise
@@ -91,8 +92,9 @@ class JobStream:
             self.metrics.active_streams.dec()
             if not finished:
                 self.handle.abort()
-                self.metrics.aborted.inc()
-                log.info("stream %d ended early (client gone or error); job aborted", self.handle.id)
+                if not failed:
+                    self.metrics.aborted.inc()
+                    log.info("stream %d ended early (client gone); job aborted", self.handle.id)
 
     def _record(self) -> None:
         seconds = self.audio_samples / self.sample_rate
