@@ -55,6 +55,11 @@ class HiFTTaskConfig:
     feature_weight: float = 2.0
     tpr_weight: float = 1.0
     f0_weight: float = 1.0
+    adversarial: str = "lsgan"  # lsgan (official) | hinge
+    # discriminator sizes (defaults: the official recipe; tests shrink them)
+    periods: tuple[int, ...] = (2, 3, 5, 7, 11)
+    period_channels: tuple[int, ...] = (32, 128, 512, 1024, 1024)
+    spec_channels: int = 32
 
 
 @dataclass(frozen=True, slots=True)
