@@ -209,8 +209,10 @@ def test_client_disconnect_aborts_the_job(server) -> None:
     with httpx.Client(base_url=server.url, timeout=120) as c, \
             c.stream("POST", "/v1/audio/speech", json={"input": LONG_TEXT * 3, "response_format": "pcm"}) as r:
         assert r.status_code == 200
-        next(r.iter_raw())
-        assert backend.active == 1
+        raw = r.iter_raw()  # keep the iterator: dropping it closes the connection
+        next(raw)
+        time.sleep(0.3)
+        assert backend.active == 1 and backend.aborted == aborted  # still streaming while we hold on
     # leaving the block closed the connection mid-stream
     deadline = time.monotonic() + 30
     while backend.aborted == aborted:
@@ -251,21 +253,36 @@ def test_api_key_everywhere_but_health(tts) -> None:
 def test_full_queue_answers_503_with_retry_after(tts) -> None:
     with serve(tts, backend_opts={"max_queue": 1}) as srv:
         backend = srv.backend
-        with httpx.Client(base_url=srv.url, timeout=120) as c1, httpx.Client(base_url=srv.url, timeout=120) as c2:
-            with c1.stream("POST", "/v1/audio/speech", json={"input": LONG_TEXT * 3, "response_format": "pcm"}) as r1:
-                next(r1.iter_raw())  # job 1 runs
-                queued = threading.Thread(target=lambda: c2.post("/v1/audio/speech",
-                                                                 json={"input": "Hi.", "response_format": "pcm"}))
-                queued.start()  # job 2 waits in the queue (size 1)
-                deadline = time.monotonic() + 30
-                while backend.queue_depth < 1:
-                    assert time.monotonic() < deadline
-                    time.sleep(0.02)
-                r3 = httpx.post(srv.url + "/v1/audio/speech", json={"input": "Hi."}, timeout=30)
-                assert r3.status_code == 503 and r3.headers["retry-after"] == "2"
-                assert "busy" in r3.json()["error"]["message"]
-            queued.join(120)  # leaving job 1 early lets job 2 run
+        completed, aborted = backend.completed, backend.aborted
+        with httpx.Client(base_url=srv.url, timeout=120) as c1, \
+                c1.stream("POST", "/v1/audio/speech", json={"input": LONG_TEXT * 3, "response_format": "pcm"}) as r1:
+            raw1 = r1.iter_raw()  # keep the iterator: dropping it closes the connection
+            next(raw1)  # job 1 runs
+
+            def impatient() -> None:  # job 2 waits in the queue (size 1); its client gives up before any audio
+                with pytest.raises(httpx.ReadTimeout):
+                    httpx.post(srv.url + "/v1/audio/speech", json={"input": "Hi."}, timeout=1.5)
+
+            queued = threading.Thread(target=impatient)
+            queued.start()
+            deadline = time.monotonic() + 30
+            while backend.queue_depth < 1:
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+            r3 = httpx.post(srv.url + "/v1/audio/speech", json={"input": "Hi."}, timeout=30)
+            assert r3.status_code == 503 and r3.headers["retry-after"] == "2"
+            assert "busy" in r3.json()["error"]["message"]
+            queued.join(30)
+        # leaving job 1 mid-stream aborts it (at its next chunk, which can take a while on a loaded machine);
+        # job 2 was aborted while queued and never runs
+        deadline = time.monotonic() + 120
+        while backend.aborted < aborted + 2:
+            assert time.monotonic() < deadline, (backend.aborted, aborted)
+            time.sleep(0.05)
         wait_idle(backend)
+        assert backend.completed == completed
+        metrics = httpx.get(srv.url + "/metrics").text
+        assert "vocalis_aborted_total 2.0" in metrics and 'status="503"} 1.0' in metrics
 
 
 def test_job_timeout_is_504(tts) -> None:
