@@ -12,8 +12,8 @@ import soundfile as sf
 from tiny_assets import make_tiny_model_dir, write_voice_like_wav
 
 from vocalis.cli import main
-from vocalis.train.features import FeatureConfig
 from vocalis.train.f0 import yin_f0
+from vocalis.train.features import FeatureConfig
 from vocalis.train.prepare import PrepareConfig, prepare
 
 

@@ -9,6 +9,8 @@ Legend: N samples, T frames, W window, L lags.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import soxr
 
@@ -49,14 +51,14 @@ def yin_f0(
     if sample_rate != ANALYSIS_RATE:
         x = soxr.resample(x, sample_rate, ANALYSIS_RATE).astype(np.float32, copy=False)
     hop = hop_samples * ANALYSIS_RATE / sample_rate  # 160 at 8 kHz
-    max_lag = int(np.ceil(ANALYSIS_RATE / f0_min))  # 160
+    max_lag = math.ceil(ANALYSIS_RATE / f0_min)  # 160
     min_lag = int(np.floor(ANALYSIS_RATE / f0_max))  # 13
     window = max_lag * 2  # two periods of the lowest pitch
 
     # Frames of window + max_lag samples centred on each mel frame's centre.
     centre = (np.arange(num_frames) + 0.5) * hop
     if float(hop).is_integer():
-        frames = _frames(x, num_frames, int(hop), window + max_lag, int(round(centre[0])) - (window + max_lag) // 2)
+        frames = _frames(x, num_frames, int(hop), window + max_lag, int(np.rint(centre[0])) - (window + max_lag) // 2)
     else:  # non-integer hop (other rates): gather per frame
         starts = np.round(centre).astype(np.int64) - (window + max_lag) // 2
         padded = np.pad(x, (window + max_lag, window + max_lag))

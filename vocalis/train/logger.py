@@ -24,7 +24,7 @@ class MetricsLogger:
         if not enabled:
             return
         out_dir.mkdir(parents=True, exist_ok=True)
-        self.jsonl = open(out_dir / JSONL, "a", encoding="utf-8")
+        self.jsonl = open(out_dir / JSONL, "a", encoding="utf-8")  # noqa: SIM115 - open for the whole run
         if tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter

@@ -278,8 +278,8 @@ def _summarize(out: Path, indices: list[int], elapsed: float) -> dict[str, Any]:
 
 def format_summary(summary: dict[str, Any]) -> str:
     lines = [
-        f"prepared {summary['utterances']} utterances, {summary['hours']:.3f} h, {summary['speakers']} speakers "
-        f"in {summary['shards']} shards ({summary['data_list']})",
+        (f"prepared {summary['utterances']} utterances, {summary['hours']:.3f} h, {summary['speakers']} speakers "
+         f"in {summary['shards']} shards ({summary['data_list']})"),
     ]
     if summary["skipped"]:
         reasons = ", ".join(f"{k}: {v}" for k, v in sorted(summary["skipped_by_reason"].items()))
