@@ -69,7 +69,7 @@ class Voice:
 
     @classmethod
     def load(cls, path: Path) -> Voice:
-        from safetensors import safe_open
+        from safetensors import SafetensorError, safe_open
 
         try:
             with safe_open(str(path), framework="pt") as f:
@@ -83,7 +83,7 @@ class Voice:
                 prompt_mel=tensors["prompt_mel"],
                 embedding=tensors["embedding"],
             )
-        except (OSError, KeyError, ValueError) as exc:
+        except (OSError, KeyError, ValueError, SafetensorError) as exc:
             raise ModelLoadError(f"cannot read voice file {path}: {exc}") from exc
 
 
