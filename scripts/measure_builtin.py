@@ -8,7 +8,8 @@ voice (a fixed prompt sentence synthesised here). Printed table:
   (the "nothing" floor: 100 %);
 - resemblyzer cosine of output vs prompt, next to the same-speaker baseline (the teacher's own rendering of the
   sentence vs the prompt) and the cross-speaker baseline (another teacher's rendering vs the prompt);
-- real-time factor of the model on this CPU.
+- real-time factor of the model on this CPU;
+- a vocoder check: WER of the teachers' own mel resynthesised by the model's HiFT (copy synthesis).
 
     python scripts/measure_builtin.py [--model DIR] [-n 50] [--out /work/runs/builtin/measure] [--json out.json]
 
@@ -84,9 +85,22 @@ def main() -> int:
         audio_s += len(wav) / tts.sample_rate
         sf.write(str(path), wav, tts.sample_rate)
 
+    # vocoder check: the teacher's own mel through the model's HiFT (copy synthesis), isolating the vocoder
+    import torch
+
+    from vocalis.frontend.audio import load_wav, prompt_mel
+
+    for i, _ in enumerate(texts):
+        v = voices[i % len(voices)]
+        wav24 = load_wav(out / f"teacher-{v.speaker}-{i:03d}.wav", tts.sample_rate, max_seconds=None)
+        mel = prompt_mel(wav24).transpose(0, 1).unsqueeze(0)  # (1, 80, T)
+        with torch.inference_mode():
+            voc, _ = tts.model.hift.inference(mel)
+        sf.write(str(out / f"vocoded-{i:03d}.wav"), voc[0].numpy(), tts.sample_rate)
+
     asr, emb = PocketsphinxTranscriber(), ResemblyzerEmbedder()
     prompt_emb = {v.speaker: emb.embed(load16(out / f"prompt-{v.speaker}.wav")) for v in voices}
-    wer_model, wer_teacher = EditCounts(0, 0, 0, 0), EditCounts(0, 0, 0, 0)
+    wer_model, wer_teacher, wer_vocoded = EditCounts(0, 0, 0, 0), EditCounts(0, 0, 0, 0), EditCounts(0, 0, 0, 0)
     sim_model, sim_same, sim_cross, rows = [], [], [], []
     for i, text in enumerate(texts):
         v, other = voices[i % len(voices)], voices[(i + 1) % len(voices)]
@@ -94,6 +108,7 @@ def main() -> int:
         hyp_m, hyp_t = asr(model_wav, 16000), asr(teacher_wav, 16000)
         wer_model += word_counts(text, hyp_m, "en")
         wer_teacher += word_counts(text, hyp_t, "en")
+        wer_vocoded += word_counts(text, asr(load16(out / f"vocoded-{i:03d}.wav"), 16000), "en")
         try:
             sim_model.append(cosine(emb.embed(model_wav), prompt_emb[v.speaker]))
         except ValueError:  # no voiced audio at all: as dissimilar as it gets
@@ -106,6 +121,7 @@ def main() -> int:
     figures = {
         "sentences": len(texts),
         "wer_model": wer_model.rate, "wer_teacher": wer_teacher.rate, "wer_silence": 1.0,
+        "wer_vocoder_copy_synthesis": wer_vocoded.rate,
         "wer_ratio": wer_model.rate / wer_teacher.rate if wer_teacher.rate > 0 else None,
         "sim_model_vs_prompt": float(np.mean(sim_model)), "sim_same_speaker": float(np.mean(sim_same)),
         "sim_cross_speaker": float(np.mean(sim_cross)),
@@ -118,6 +134,7 @@ def main() -> int:
     print(f"| WER model (pocketsphinx) | {wer_model.rate:.1%} ({ratio}; target <= 1.5x) |")
     print(f"| WER festival teachers | {wer_teacher.rate:.1%} |")
     print("| WER silence (nothing) | 100.0% |")
+    print(f"| WER teacher mel -> our HiFT (vocoder alone) | {wer_vocoded.rate:.1%} |")
     print(f"| resemblyzer cos(model output, prompt) | {figures['sim_model_vs_prompt']:.3f} |")
     print(f"| same-speaker baseline (teacher, prompt) | {figures['sim_same_speaker']:.3f} |")
     print(f"| cross-speaker baseline (other teacher, prompt) | {figures['sim_cross_speaker']:.3f} |")
