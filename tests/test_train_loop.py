@@ -16,6 +16,7 @@ import pytest
 import torch
 from train_corpus import prepared_corpus
 
+from vocalis.errors import InputError
 from vocalis.train.checkpointing import checkpoint_path, load_checkpoint
 from vocalis.train.config import TrainConfig, load_config
 from vocalis.train.run import train
@@ -220,3 +221,16 @@ def test_precisions_and_gradient_checkpointing(corpus: Path, tmp_path: Path) -> 
         loss.backward()
         calls.append(count[0])
     assert calls == [2, 4]  # each layer's MLP runs again during backward
+
+
+def test_deepspeed_zero2_trains_and_resumes_exactly(corpus: Path, tmp_path: Path) -> None:
+    pytest.importorskip("deepspeed", reason="the optional `deepspeed` extra is not installed")
+    common = ["trainer.engine=deepspeed", "trainer.save_every=2", "trainer.accum_grad=2", "trainer.tensorboard=false"]
+    summary = train(_config("llm", corpus, tmp_path / "ds", *common, "trainer.max_steps=4"))
+    assert summary["step"] == 4 and (tmp_path / "ds" / "deepspeed" / "step_00000002").is_dir()
+    train(_config("llm", corpus, tmp_path / "ds-resumed", *common, "trainer.max_steps=4",
+                  f"trainer.resume={checkpoint_path(tmp_path / 'ds', 2)}"))
+    a, b = (_weights(checkpoint_path(tmp_path / d, 4), "llm") for d in ("ds", "ds-resumed"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    with pytest.raises(InputError, match="one optimizer"):
+        train(_config("hift", corpus, tmp_path / "ds-gan", *common, *HIFT, "trainer.max_steps=1"))

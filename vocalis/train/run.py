@@ -35,7 +35,8 @@ def train(config: TrainConfig) -> dict[str, Any]:
             trainer = Trainer(config, info)
         return trainer.run()
     finally:
-        cleanup()
+        if info.distributed:  # a 1-rank group made for DeepSpeed stays: DeepSpeed caches it per process
+            cleanup()
 
 
 if __name__ == "__main__":  # pragma: no cover - convenience for `python -m vocalis.train.run`

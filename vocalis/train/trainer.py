@@ -100,19 +100,19 @@ class Trainer:
             log.info("gradient checkpointing on %d layers", n)
         for m in self.task.modules.values():
             m.to(info.device)
-        self.ddp: list[DistributedDataParallel] = []
-        if info.distributed:
-            self.task.wrap(self._wrap_ddp)
         self.groups: dict[str, Group] = {}
         for name, params in self.task.groups().items():
             lr = self.task.group_lr(name, config)
             opt = build_optimizer(params, config, lr)
             self.groups[name] = Group(params, opt, Scheduler(opt, config.scheduler, lr),
                                       torch.amp.GradScaler(info.device.type, enabled=t.precision == "fp16"))
+        self.ddp: list[DistributedDataParallel] = []
+        self._wrap_modules()
         # Per-rank random streams (dropout, objective draws), different on each rank.
         torch.manual_seed(t.seed + 1 + info.rank)
         self.py_rng = random.Random(f"{t.seed}-{info.rank}-objective")
         self.generator = torch.Generator(device=info.device).manual_seed(t.seed * 1000 + info.rank)
+        self.resumed_from: Path | None = None
         self.step = 0
         self.epoch = 0
         self.batches_in_epoch = 0
@@ -125,6 +125,10 @@ class Trainer:
                                     target_encoder=self.task.target_encoder())
 
     # ---- set-up ------------------------------------------------------------------------------------------
+    def _wrap_modules(self) -> None:
+        if self.info.distributed:
+            self.task.wrap(self._wrap_ddp)
+
     def _wrap_ddp(self, module: nn.Module) -> nn.Module:
         dev = self.info.device
         # Buffers are synced once at construction only: none holds running statistics (rand_noise is constant).
@@ -143,12 +147,14 @@ class Trainer:
         else:
             path = Path(where)
         state = ckpt.load_checkpoint(path)
+        self.resumed_from = path
         if state.get("task") != self.config.task:
             raise InputError(f"{path} is a {state.get('task')!r} checkpoint, this run trains {self.config.task!r}")
         for name, module in self.task.modules.items():
             load_strict(module, state["models"][name], f"{path}:{name}")
         for name, g in self.groups.items():
-            g.optimizer.load_state_dict(state["optimizers"][name])
+            if name in state.get("optimizers", {}):  # absent with DeepSpeed: its own checkpoint holds them
+                g.optimizer.load_state_dict(state["optimizers"][name])
             g.scheduler.load_state_dict(state["schedulers"][name])
             g.scaler.load_state_dict(state["scalers"][name])
         self.task.load_extra_state(state.get("extra", {}))
