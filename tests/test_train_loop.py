@@ -234,3 +234,37 @@ def test_deepspeed_zero2_trains_and_resumes_exactly(corpus: Path, tmp_path: Path
     assert all(torch.equal(a[k], b[k]) for k in a)
     with pytest.raises(InputError, match="one optimizer"):
         train(_config("hift", corpus, tmp_path / "ds-gan", *common, *HIFT, "trainer.max_steps=1"))
+
+
+def test_fine_tune_an_official_directory_and_export(compat_dir: Path, tmp_path: Path) -> None:
+    """`model.init_from` = an unchanged official-layout directory (the tiny compatibility fixture: 300 text ids,
+    100 speech ids); the export keeps its untouched parts and carries the fine-tuned LLM."""
+    import numpy as np
+
+    from vocalis.cli import main
+    from vocalis.model_dir import load_model
+    from vocalis.train.prepare import write_shard
+
+    rng = np.random.default_rng(0)
+    rows = []
+    for i in range(6):
+        n_tok = int(rng.integers(20, 40))
+        rows.append({"utt": f"c{i}", "wav": "", "text": "x", "speaker": "s", "language": "en", "duration": n_tok / 25,
+                     "text_token": rng.integers(0, 300, 6).astype(np.int32),
+                     "speech_token": rng.integers(0, 100, n_tok).astype(np.int32),
+                     "embedding": rng.standard_normal(192).astype(np.float32), "num_frames": 2 * n_tok,
+                     "mel": rng.standard_normal(2 * n_tok * 80).astype(np.float32),
+                     "f0": np.zeros(2 * n_tok, np.float32), "audio": b""})
+    (tmp_path / "data").mkdir()
+    write_shard(rows, tmp_path / "data" / "shard-000000.parquet")
+    shard = str(tmp_path / "data" / "shard-000000.parquet")
+    out = tmp_path / "run"
+    train(load_config(None, [f"data.train=[{shard}]", f"trainer.out_dir={out}", *BASE, "trainer.max_steps=2",
+                             f"model.init_from={compat_dir}"], task="llm"))
+    official = load_model(compat_dir)
+    trained = _weights(checkpoint_path(out, 2), "llm")
+    assert any(not torch.equal(trained[k], v) for k, v in official.llm.state_dict().items())
+    assert main(["export", str(checkpoint_path(out, 2)), "--out", str(tmp_path / "exported")]) == 0
+    exported = load_model(tmp_path / "exported")
+    assert all(torch.equal(exported.llm.state_dict()[k], v) for k, v in trained.items())
+    assert all(torch.equal(exported.flow.state_dict()[k], v) for k, v in official.flow.state_dict().items())

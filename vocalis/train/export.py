@@ -81,7 +81,13 @@ def export(checkpoints: list[Path], out: Path, base: str | None = None) -> Path:
                 raise InputError(f"{path} was trained with another architecture than the base model's; "
                                  "pass --base with the directory the run started from")
             load_strict(getattr(model, name), state["models"][name], f"{path}:{name}")
-        tok_src = find_tokenizer_dir(base_dir) if base_dir is not None else BUNDLED_TOKENIZER
+        tok_src = BUNDLED_TOKENIZER
+        if base_dir is not None:
+            try:
+                tok_src = find_tokenizer_dir(base_dir)
+            except InputError:  # a token-level model directory: the export has no text tokenizer either
+                log.warning("%s has no text tokenizer files; the export has none", base_dir)
+                tok_src = base_dir
         save_vocalis(model, out, tokenizer_src=tok_src, frontend_src=base_dir)
         log.info("exported %s (trained: %s) -> %s", model.describe(), ", ".join(tts), out)
     if "tokenizer" in trained:
