@@ -174,10 +174,19 @@ def test_average_and_export_to_a_loadable_model_dir(corpus: Path, tmp_path: Path
     mean = _weights(avg, "flow")
     key = next(k for k in mean if mean[k].is_floating_point() and not torch.equal(a[k], b[k]))
     assert torch.allclose(mean[key], (a[key] + b[key]) / 2, atol=1e-7)
+    # a trained speech tokenizer goes in beside the TTS parts and is what the loaded model tokenizes with
+    tok_run = tmp_path / "tok"
+    train(_config("tokenizer", corpus, tok_run, "trainer.max_steps=1"))
     model_dir = tmp_path / "exported"
-    assert main(["export", str(avg), "--out", str(model_dir)]) == 0
+    assert main(["export", str(avg), str(checkpoint_path(tok_run, 1)), "--out", str(model_dir)]) == 0
     loaded = load_model(model_dir)
     assert all(torch.equal(loaded.flow.state_dict()[k], v) for k, v in mean.items())
+    from vocalis.models.speech_tokenizer import TorchSpeechTokenizer
+
+    assert isinstance(loaded.speech_tokenizer, TorchSpeechTokenizer)
+    tok_weights = _weights(checkpoint_path(tok_run, 1), "tokenizer")
+    assert all(torch.equal(loaded.speech_tokenizer.model.state_dict()[k], v) for k, v in tok_weights.items())
+    assert len(loaded.speech_tokenizer.tokenize(torch.randn(16000).numpy() * 0.1)) == 25
     assert main(["export", str(avg), "--out", str(model_dir)]) == 2  # refuses to overwrite
 
 
