@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 
 import numpy as np
 import pytest
@@ -94,6 +95,58 @@ def test_cancelled_consumer_aborts_its_request(model: LoadedModel) -> None:
             await handle.aclose()
             bm = eng.llm.block_manager
             assert bm.num_free_blocks == bm.num_blocks and eng.stats()["jobs"] == 0
+
+    asyncio.run(run())
+
+
+PIECES = ["Sure, ", "", "here it ", "is."]  # few text ids: random weights rarely say eos, so 20x text is the length
+
+
+def _pieces_request(model: LoadedModel, pieces: object, seed: int) -> SynthesisRequest:
+    return SynthesisRequest(model.voices["default"], Mode.SFT, pieces, seed=seed)  # type: ignore[arg-type]
+
+
+def test_text_in_pieces_equals_the_reference_bistream(model: LoadedModel) -> None:
+    """Bi-streaming: a blocking iterable and an async one (pieces trickling in) give the reference's audio."""
+
+    async def slow_pieces() -> AsyncIterator[str]:
+        for p in PIECES:
+            await asyncio.sleep(0.02)
+            yield p
+
+    async def run() -> tuple[list[AudioChunk], list[AudioChunk], float]:
+        with AsyncEngine.from_model(model, token2wav_config=Token2WavConfig(final_attention="full")) as eng:
+            a = eng.submit(_pieces_request(model, iter(PIECES), seed=4))
+            b = eng.submit(_pieces_request(model, slow_pieces(), seed=4))
+            got_a, got_b = await asyncio.gather(_collect(a), _collect(b))
+            return got_a, got_b, eng.stats()["llm_steps"]
+
+    got_a, got_b, _ = asyncio.run(run())
+    ref = list(Synthesizer(model).run(_pieces_request(model, iter(PIECES), seed=4), stream=True))
+    want = np.concatenate([c.samples for c in ref])
+    for got in (got_a, got_b):
+        assert got[-1].final
+        np.testing.assert_allclose(np.concatenate([c.samples for c in got]), want, atol=ATOL, rtol=0)
+
+
+def test_waiting_for_text_does_not_spin(model: LoadedModel) -> None:
+    async def run() -> None:
+        gate = asyncio.Event()
+
+        async def pieces() -> AsyncIterator[str]:
+            yield "Hello there, "
+            await gate.wait()
+            yield "and goodbye."
+
+        with AsyncEngine.from_model(model) as eng:
+            handle = eng.submit(_pieces_request(model, pieces(), seed=0))
+            await asyncio.sleep(0.3)
+            steps = eng.stats()["llm_steps"]
+            await asyncio.sleep(0.3)  # the stream waits for text: the loop sleeps, no steps, no polling
+            assert eng.stats()["llm_steps"] == steps
+            gate.set()
+            chunks = await _collect(handle)
+            assert chunks[-1].final and eng.stats()["llm_steps"] > steps
 
     asyncio.run(run())
 

@@ -16,6 +16,7 @@ EOS, STOPS = 37, (37, 38, 39)
 def _req(params: SamplingParams, outputs: list[int] = ()) -> Request:  # type: ignore[assignment]
     r = Request([1, 2, 3], params)
     r.token_ids.extend(outputs)
+    r.output_ids.extend(outputs)
     return r
 
 

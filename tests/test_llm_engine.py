@@ -79,7 +79,7 @@ def test_paged_logits_equal_dense_path(lm: Qwen2LM) -> None:
     for r in reqs:
         eng.add_request(r)
     rows: dict[str, list[torch.Tensor]] = {r.request_id: [] for r in reqs}
-    while eng.has_unfinished():
+    while eng.scheduler.has_unfinished():
         out = eng.scheduler.schedule()
         sampled = out.sampled
         logp = eng.runner.execute(out.scheduled)

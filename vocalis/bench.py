@@ -59,15 +59,19 @@ def run(cfg: Any) -> dict[str, Any]:
 
     from vocalis.bench_measure import measure_bandwidth
 
+    load_before = os.getloadavg()
     bandwidth = measure_bandwidth()
     log.info("memory bandwidth (numpy copy, read+write): %.1f GB/s", bandwidth["copy_gbps"])
     reference = _side("reference", cfg, None)
     engines = {p: _side("engine", cfg, p) for p in cfg.precisions}
+    load_after = os.getloadavg()
     for eng in engines.values():
         eng["decode_limit_tps"] = bandwidth["copy_gbps"] * 1e9 / eng["bytes_per_token"]
     report = {
         "machine": {"cpus": os.cpu_count(), "threads": cfg.threads, "torch": torch.__version__,
-                    "processor": platform.processor() or platform.machine(), **bandwidth},
+                    "processor": platform.processor() or platform.machine(), **bandwidth,
+                    # other processes share the cores: 1-minute load averages around the run, for context
+                    "loadavg_before": load_before[0], "loadavg_after": load_after[0]},
         "config": cfg.to_json(),
         "reference": reference,
         "engine": engines,
@@ -97,8 +101,9 @@ def targets(report: dict[str, Any]) -> dict[str, Any]:
 
 def summary(report: dict[str, Any]) -> str:
     ref, engines = report["reference"], report["engine"]
-    lines = [(f"memory bandwidth (numpy copy): {report['machine']['copy_gbps']:.1f} GB/s; "
-              f"threads {report['machine']['threads']}")]
+    m = report["machine"]
+    lines = [(f"memory bandwidth (numpy copy): {m['copy_gbps']:.1f} GB/s; threads {m['threads']}; "
+              f"load average {m['loadavg_before']:.1f} before, {m['loadavg_after']:.1f} after")]
     lines.append(f"{'':34}{'reference':>12}" + "".join(f"{'engine ' + p:>14}" for p in engines))
 
     def row(label: str, ref_value: float | None, values: list[float | None], fmt: str = "{:.2f}") -> None:
@@ -208,12 +213,14 @@ def config_from_args(args: argparse.Namespace) -> Any:
         if value:
             kw[name] = tuple(int(v) for v in value.split(","))
     from vocalis.config import PRESETS
-    from vocalis.engine.backends import resolve
 
     if args.preset not in PRESETS:
         raise InputError(f"unknown preset {args.preset!r}; choose one of {', '.join(PRESETS)}")
-    # resolve "auto" and fail with a clear message now rather than from a side process
-    kw["precisions"] = tuple(dict.fromkeys(resolve(args.backend, p)[1] for p in kw["precisions"]))
+    if kw["precisions"] != ("fp32",) or args.backend != "torch":
+        from vocalis.engine.backends import resolve
+
+        # resolve "auto" and fail with a clear message now rather than from a side process
+        kw["precisions"] = tuple(dict.fromkeys(resolve(args.backend, p)[1] for p in kw["precisions"]))
     if kw.get("tokens", 1) < 1 or any(v < 1 for v in kw.get("batches", ()) + kw.get("concurrency", ())):
         raise InputError("--tokens, --batches and --concurrency must be positive")
     return BenchConfig(**kw)

@@ -136,6 +136,8 @@ def build(cfg: BenchConfig, precision: str | None) -> tuple[LoadedModel, str]:
     model = random_model(cfg.preset, seed=cfg.seed)
     if precision is None:
         return model, "reference path, fp32 torch"
+    if precision == "fp32" and cfg.backend == "torch":
+        return model, "backend torch, precision fp32"
     from vocalis.engine.backends import apply_backend
 
     return model, apply_backend(model, cfg.backend, precision).describe()

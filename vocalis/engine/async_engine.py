@@ -11,6 +11,9 @@ One iteration: take the inbox; one LLM step (all running requests, prefill chunk
 step over the requests with a chunk ready (first chunks first). A job speaks its sentences in order: sentence
 k + 1's LLM request starts when sentence k's ends (they share the request's RNG, as on the reference path);
 only the oldest unfinished sentence of a job is vocoded, so chunks arrive in order.
+Text given in pieces (bi-streaming) is read on the caller's event loop (an async iterable is awaited; a
+blocking iterable is waited on in a small reader pool, the one place a thread waits per request, since
+only a thread can wait on a blocking iterator) and posted to the loop piece by piece.
 Abort (explicit, or the consumer cancelled) frees the job's KV blocks and token2wav caches on the loop's next
 iteration boundary: at once when idle, after the step in flight otherwise.
 """
@@ -23,6 +26,7 @@ import logging
 import threading
 import time
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Self
 
@@ -55,10 +59,11 @@ class _Job:
 
     job_id: str
     handle: StreamHandle
-    segments: list[list[int]]  # text ids per sentence; [] for voice conversion
+    segments: list[list[int]]  # text ids per sentence; [] for voice conversion and bi-streams
     llm_prompt: tuple[list[int], list[int]]  # (prompt text ids, prompt speech ids)
     states: list[StreamState]  # one per sentence, created as its LLM request starts
     llm_gen: torch.Generator
+    text: Any = None  # a bi-stream's pieces (an iterable or async iterable of str), read by `_pump`
     llm_request: Request | None = None
     next_segment: int = 0  # next sentence whose LLM request has not started
     emitting: int = 0  # sentence whose audio is being emitted
@@ -81,6 +86,7 @@ class StreamHandle:
         self._done = False
         self.submitted = time.monotonic()
         self.first_chunk_latency: float | None = None
+        self._pump: asyncio.Task[None] | None = None  # reads a bi-stream's text pieces
 
     def _put(self, item: object) -> None:  # any thread
         if item is _END or isinstance(item, BaseException):
@@ -95,6 +101,8 @@ class StreamHandle:
         if not self._done and not self._aborted:
             self._aborted = True
             self.engine._post(("abort", self.request_id))
+            if self._pump is not None:
+                self._loop.call_soon_threadsafe(self._pump.cancel)
 
     async def aclose(self) -> None:
         """Abort (if still running) and wait until the engine has released everything the request held."""
@@ -143,6 +151,7 @@ class AsyncEngine:
         self._jobs: dict[str, _Job] = {}  # loop thread only
         self._handles: dict[str, StreamHandle] = {}  # under _cond: handles not yet ended, for abort by id
         self._thread: threading.Thread | None = None
+        self._readers: ThreadPoolExecutor | None = None  # waits on blocking bi-stream text iterables
         self._closing = False
         self.num_llm_steps = 0
         self.num_token2wav_steps = 0
@@ -171,6 +180,9 @@ class AsyncEngine:
         if self._thread is not None:
             self._thread.join(timeout_s)
             self._thread = None
+        if self._readers is not None:
+            self._readers.shutdown(wait=False, cancel_futures=True)
+            self._readers = None
 
     def __enter__(self) -> Self:
         return self.start()
@@ -201,7 +213,10 @@ class AsyncEngine:
             elif f.exception() is not None:
                 handle._put(f.exception())
             else:
-                self._post(("add", f.result()))
+                job = f.result()
+                self._post(("add", job))
+                if job.text is not None:
+                    handle._pump = loop.create_task(self._pump(job.job_id, job.text, loop))
 
         future.add_done_callback(posted)
         return handle
@@ -231,25 +246,53 @@ class AsyncEngine:
     # ---- preparing a job (executor thread; touches no engine state) ------------------------------------
     def _prepare(self, request: SynthesisRequest, stream: bool, handle: StreamHandle) -> _Job:
         fe = self.frontend
-        if request.bistream:
-            # [not yet] the LLM engine takes whole prompts; text pieces are joined and spoken as one text
-            request = SynthesisRequest(request.voice, request.mode, "".join(request.text), request.instruct,
-                                       (), request.speed, request.seed, request.language, False)
         llm_gen, voc_gen = fe._generators(request.seed)
         prompt = fe._flow_prompt(request)
-        if request.mode is Mode.VC:
+        if request.bistream:
+            segments, llm_prompt = [], fe._llm_prompt(request)
+            fe.tokenizer  # noqa: B018 -- a model without a tokenizer fails here, with its message
+        elif request.mode is Mode.VC:
             segments: list[list[int]] = []
             llm_prompt: tuple[list[int], list[int]] = ([], [])
         else:
             segments = fe._segments(request)
             llm_prompt = fe._llm_prompt(request)
-        count = max(1, len(segments))
+        count = max(1, len(segments))  # VC and bi-streams: one
         states = [self.token2wav.new_stream(f"{handle.request_id}/{i}", prompt, streaming=stream,
                                             speed=request.speed, generator=voc_gen) for i in range(count)]
         if request.mode is Mode.VC:
             states[0].add_tokens(request.source_speech_ids)
             states[0].end_input()
-        return _Job(handle.request_id, handle, segments, llm_prompt, states, llm_gen)
+        return _Job(handle.request_id, handle, segments, llm_prompt, states, llm_gen,
+                    text=request.text if request.bistream else None)
+
+    async def _pump(self, job_id: str, pieces: Any, loop: asyncio.AbstractEventLoop) -> None:
+        """Read a bi-stream's text pieces and post them, tokenised, to the engine loop (caller's loop)."""
+        encode = self.frontend.tokenizer.encode
+        try:
+            if hasattr(pieces, "__aiter__"):
+                async for piece in pieces:
+                    if piece:
+                        self._post(("text", (job_id, encode(piece))))
+            else:
+                it = iter(pieces)
+                while True:
+                    piece = await loop.run_in_executor(self._reader_pool(), next, it, _END)
+                    if piece is _END:
+                        break
+                    if piece:
+                        self._post(("text", (job_id, encode(piece))))
+            self._post(("text_end", job_id))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 -- any failure of the caller's text source fails its request
+            self._post(("fail", (job_id, exc)))
+
+    def _reader_pool(self) -> ThreadPoolExecutor:
+        with self._cond:
+            if self._readers is None:
+                self._readers = ThreadPoolExecutor(max_workers=64, thread_name_prefix="vocalis-text")
+            return self._readers
 
     # ---- the loop (engine thread) -----------------------------------------------------------------------
     def _run(self) -> None:
@@ -260,10 +303,7 @@ class AsyncEngine:
                 inbox, self._inbox = self._inbox, []
                 closing = self._closing
             for kind, payload in inbox:
-                if kind == "add":
-                    self._add(payload)
-                else:
-                    self._abort(payload, None)
+                self._handle(kind, payload)
             if closing:
                 for job_id in list(self._jobs):
                     self._abort(job_id, EngineClosed("the engine was closed"))
@@ -275,11 +315,28 @@ class AsyncEngine:
                 for job_id in list(self._jobs):
                     self._abort(job_id, exc)
 
+    def _handle(self, kind: str, payload: Any) -> None:
+        if kind == "add":
+            self._add(payload)
+        elif kind == "abort":
+            self._abort(payload, None)
+        elif kind == "fail":
+            self._abort(*payload)
+        else:  # "text" / "text_end" of a bi-stream (dropped if the job is gone)
+            job_id = payload[0] if kind == "text" else payload
+            job = self._jobs.get(job_id)
+            if job is None or job.llm_request is None:
+                return
+            if kind == "text":
+                self.llm.add_text(job.llm_request.request_id, payload[1])
+            else:
+                self.llm.end_text(job.llm_request.request_id)
+
     def _has_work(self) -> bool:
-        return self.llm.has_unfinished() or any(self._vocodable(j) is not None for j in self._jobs.values())
+        return self.llm.has_work() or any(self._vocodable(j) is not None for j in self._jobs.values())
 
     def _iteration(self) -> None:
-        if self.llm.has_unfinished():
+        if self.llm.has_work():
             self.llm.step()
             self.num_llm_steps += 1
             for job in list(self._jobs.values()):
@@ -305,11 +362,16 @@ class AsyncEngine:
             job.handle._put(_END)
             return
         self._jobs[job.job_id] = job
-        if job.segments:
+        if job.segments or job.text is not None:
             self._start_llm(job)
 
     def _start_llm(self, job: _Job) -> None:
-        """Start the next sentence's LLM request, if any."""
+        """Start the next sentence's LLM request, if any (a bi-stream's one request at once)."""
+        if job.text is not None:
+            if job.next_segment == 0:
+                job.next_segment = 1
+                self._start_bistream(job)
+            return
         if job.next_segment >= len(job.segments):
             return
         i = job.next_segment
@@ -332,6 +394,20 @@ class AsyncEngine:
             engine.add_request(req)
         except InputError as exc:
             self._abort(job.job_id, exc)
+
+    def _start_bistream(self, job: _Job) -> None:
+        state = job.states[0]
+
+        def sink(req: Request, token: int | None, finished: bool) -> None:
+            if token is not None:
+                state.add_tokens((token,))
+            if finished:
+                state.end_input()
+
+        req = self.llm.make_bistream_request(*job.llm_prompt, self.llm_params([]), request_id=f"{job.job_id}/0",
+                                             sink=sink, generator=job.llm_gen)
+        job.llm_request = req
+        self.llm.add_request(req)
 
     def llm_params(self, text_ids: list[int]) -> SamplingParams:
         """Sampling of one sentence: the model's RAS settings and length bounds (the bench forces a count)."""

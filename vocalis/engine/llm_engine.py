@@ -14,10 +14,11 @@ from collections.abc import Iterable, Sequence
 import torch
 
 from vocalis.config import SamplingConfig
+from vocalis.engine.bistream import BistreamInput
 from vocalis.engine.block_manager import BlockManager
 from vocalis.engine.config import EngineConfig
 from vocalis.engine.id_space import IdSpace
-from vocalis.engine.model_runner import ModelRunner, kv_bytes_per_block
+from vocalis.engine.model_runner import ModelRunner, kv_bytes_per_block, use_column_major_weights
 from vocalis.engine.request import Request, RequestStatus, SamplingParams, TokenSink
 from vocalis.engine.sampler import Sampler
 from vocalis.engine.scheduler import Scheduler
@@ -32,6 +33,9 @@ class LLMEngine:
         self.config = cfg = config or EngineConfig()
         self.llm = llm
         self.ids = IdSpace.for_config(llm.config)
+        if cfg.column_major_weights and llm.speech_embedding.weight.device.type == "cpu":
+            use_column_major_weights(llm.llm)
+            use_column_major_weights(llm.llm_decoder)
         num_blocks = cfg.num_kv_blocks or self._blocks_for_budget()
         self.max_model_len = min(cfg.max_model_len, llm.config.qwen.max_position_embeddings,
                                  num_blocks * cfg.block_size)
@@ -41,6 +45,7 @@ class LLMEngine:
                                    llm.config.stop_token_ids)
         self.sampler = Sampler(llm.config.eos_token, llm.config.stop_token_ids)
         self._requests: dict[str, Request] = {}
+        self._idle: dict[str, Request] = {}  # bi-streams that have not had input to compute yet
 
     def _blocks_for_budget(self) -> int:
         cfg = self.config
@@ -73,9 +78,59 @@ class LLMEngine:
         params = params or self.sampling_params(len(text_ids))
         return Request(prompt, params, request_id, sink, generator)
 
+    def make_bistream_request(self, prompt_text_ids: Sequence[int] = (), prompt_speech_ids: Sequence[int] = (),
+                              params: SamplingParams | None = None, *, max_len: int | None = None,
+                              request_id: str | None = None, sink: TokenSink | None = None,
+                              generator: torch.Generator | None = None) -> Request:
+        """A request whose text arrives later in pieces (`add_text`, `end_text`); see `bistream.py`.
+        max_len bounds the speech ids after the text ended (default: max_token_text_ratio x text ids)."""
+        params = params or self.sampling_params(0)
+        state = BistreamInput(self.llm.config, prompt_text_ids, prompt_speech_ids, max_len)
+        return Request([], params, request_id, sink, generator, bistream=state)
+
+    def add_text(self, request_id: str, text_ids: Sequence[int]) -> None:
+        """One more piece of a bi-stream's text (Qwen text ids)."""
+        req = self._bistream(request_id)
+        if req is not None:
+            assert req.bistream is not None
+            req.bistream.push(text_ids)
+            self._feed(req)
+
+    def end_text(self, request_id: str) -> None:
+        """A bi-stream's text is complete: it decodes to eos after the rest of its text."""
+        req = self._bistream(request_id)
+        if req is not None:
+            assert req.bistream is not None
+            req.bistream.end()
+            self._feed(req)
+
+    def _bistream(self, request_id: str) -> Request | None:
+        req = self._requests.get(request_id)
+        if req is None:
+            return None  # finished or aborted meanwhile: late text is dropped
+        if req.bistream is None:
+            raise ValueError(f"request {request_id!r} is not a bi-stream")
+        return req
+
+    def _feed(self, req: Request) -> None:
+        if req.sample_at_end or not self.scheduler.feed_bistream(req):
+            return  # decoding (the text is taken at its next fill), or still waiting for more text
+        assert req.bistream is not None
+        if req.bistream.over_limit or req.num_tokens > self.max_model_len:
+            if req.num_tokens > self.max_model_len:
+                log.warning("bi-stream %s reached max_model_len %d", req.request_id, self.max_model_len)
+            self._drop(req.request_id, RequestStatus.FINISHED_LENGTH)
+        elif self._idle.pop(req.request_id, None) is not None:
+            self.scheduler.add(req)
+
     def add_request(self, request: Request) -> None:
         if request.request_id in self._requests:
             raise ValueError(f"request id {request.request_id!r} is already running")
+        if request.bistream is not None:
+            self._requests[request.request_id] = request
+            self._idle[request.request_id] = request
+            self._feed(request)
+            return
         room = self.max_model_len - request.num_tokens
         if room < 1:
             raise InputError(f"the prompt has {request.num_tokens} positions; the engine holds at most "
@@ -95,16 +150,25 @@ class LLMEngine:
 
     def abort(self, request_id: str) -> bool:
         """Stop a request now and free its KV blocks; False if it is not running here."""
-        req = self.scheduler.abort(request_id)
+        return self._drop(request_id, RequestStatus.FINISHED_ABORTED)
+
+    def _drop(self, request_id: str, status: RequestStatus) -> bool:
+        req = self.scheduler.abort(request_id, status) or self._idle.pop(request_id, None)
         self._requests.pop(request_id, None)
         if req is None:
             return False
+        req.status = status
         if req.sink is not None:
             req.sink(req, None, True)
         return True
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished()
+        """Requests not finished, including bi-streams waiting for text."""
+        return bool(self._requests)
+
+    def has_work(self) -> bool:
+        """Whether `step()` would compute anything now."""
+        return self.scheduler.has_work()
 
     @property
     def num_unfinished(self) -> int:
@@ -126,6 +190,10 @@ class LLMEngine:
                 self._requests.pop(req.request_id, None)
             if req.sink is not None:
                 req.sink(req, tok, req.finished)
+        for req in sampled:  # a bi-stream's length is not known in advance: stop where positions run out
+            if req.bistream is not None and not req.finished and req.num_tokens > self.max_model_len:
+                log.warning("bi-stream %s reached max_model_len %d", req.request_id, self.max_model_len)
+                self._drop(req.request_id, RequestStatus.FINISHED_LENGTH)
         return events
 
     def generate(self, requests: Iterable[Request]) -> dict[str, list[int]]:
@@ -133,6 +201,6 @@ class LLMEngine:
         reqs = list(requests)
         for r in reqs:
             self.add_request(r)
-        while self.has_unfinished():
+        while self.has_work():
             self.step()
         return {r.request_id: r.output_ids for r in reqs}

@@ -9,6 +9,8 @@ attention reshapes queries into their key/value groups instead of repeating keys
 
 The weights are `Qwen2LM`'s own modules, called as modules (so a precision backend may swap a Linear for a
 quantised one); Qwen's 151,936-way lm_head is never computed, only `llm_decoder` on rows that sample.
+Everything is plain device-agnostic torch, so it runs on CUDA as is; there is no flash/paged CUDA kernel and
+no CUDA-graph capture yet (untested here: no GPU).
 
 Legend: N scheduled positions, B single-query rows, L layers, Lmax longest context, n/c a prefill chunk's
 new positions / context, H query heads, Hkv key/value heads, G = H / Hkv, Dh head width, D hidden, V speech ids.
@@ -29,6 +31,20 @@ from vocalis.models.qwen2 import rotary_cos_sin
 from vocalis.models.speech_lm import Qwen2LM
 
 log = logging.getLogger(__name__)
+
+
+def use_column_major_weights(module: torch.nn.Module) -> int:
+    """Store every plain fp32 `nn.Linear` weight below `module` as (in, out) contiguous, presented as the same
+    (out, in) parameter (a transposed view): F.linear then runs a plain NN GEMM, which MKL does faster for the
+    few-row inputs of decoding (measured on the 2-core CPU at 896 x 4864: 1.3-1.9x at batch 1, equal or better
+    at 4 and 16). Values and shapes are unchanged; returns how many weights were re-laid. In place, once.
+    """
+    count = 0
+    for m in module.modules():
+        if type(m) is torch.nn.Linear and m.weight.dtype == torch.float32 and m.weight.is_contiguous():
+            m.weight.data = m.weight.data.t().contiguous().t()
+            count += 1
+    return count
 
 
 def kv_bytes_per_block(llm: Qwen2LM, block_size: int) -> int:
@@ -122,7 +138,8 @@ class ModelRunner:
             row_of[id(r)] = start + n - 1
             ctx_slots = torch.tensor(self._slots(r.block_table, 0, c0 + n), device=dev)
             prefills.append(_Prefill(start, n, c0, ctx_slots))
-        sample_rows = [row_of[id(r)] for r, n in scheduled if r.num_computed_tokens + n == r.num_tokens]
+        sample_rows = [row_of[id(r)] for r, n in scheduled
+                       if r.sample_at_end and r.num_computed_tokens + n == r.num_tokens]  # as SchedulerOutput.sampled
         return StepInputs(
             ids=torch.tensor(ids, device=dev),
             positions=torch.tensor(positions, device=dev),

@@ -12,8 +12,12 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from vocalis.engine.bistream import BistreamInput
 
 _ids = itertools.count()
 
@@ -65,24 +69,30 @@ TokenSink = Callable[["Request", int | None, bool], None]
 
 
 class Request:
-    """One sequence the LLM extends. `token_ids` = prompt (engine ids, see `IdSpace`) + generated speech ids.
+    """One sequence the LLM extends. `token_ids`: every id fed, in order (engine ids, see `IdSpace`): the prompt,
+    then each generated speech id (with bi-streaming also the text blocks fed between them).
+    `output_ids`: the ids sampled so far (bi-streaming: fill ids included, as the repetition window sees them).
 
     num_computed_tokens counts positions whose K/V sit in the cache; the last generated id is fed (and so
     computed) on the next step. block_table lists the KV blocks covering positions 0.. in order.
+    sample_at_end: computing the last fed position yields an id (False while a bi-stream waits for text).
     """
 
-    __slots__ = ("arrival_time", "block_hashes", "block_table", "generator", "num_cached_tokens",
-                 "num_computed_tokens", "num_preemptions", "num_prompt_tokens", "params", "request_id", "sink",
-                 "status", "token_ids")
+    __slots__ = ("arrival_time", "bistream", "block_hashes", "block_table", "generator", "num_cached_tokens",
+                 "num_computed_tokens", "num_preemptions", "num_prompt_tokens", "output_ids", "params",
+                 "request_id", "sample_at_end", "sink", "status", "token_ids")
 
     def __init__(self, prompt_ids: Sequence[int], params: SamplingParams | None = None,
                  request_id: str | None = None, sink: TokenSink | None = None,
-                 generator: torch.Generator | None = None) -> None:
-        if not prompt_ids:
+                 generator: torch.Generator | None = None, bistream: BistreamInput | None = None) -> None:
+        if not prompt_ids and bistream is None:
             raise ValueError("a request needs at least one prompt id")
         self.request_id = request_id if request_id is not None else f"req-{next(_ids)}"
         self.token_ids: list[int] = list(prompt_ids)
+        self.output_ids: list[int] = []
         self.num_prompt_tokens = len(self.token_ids)
+        self.bistream = bistream
+        self.sample_at_end = bistream is None
         self.params = params or SamplingParams()
         self.status = RequestStatus.WAITING
         self.num_computed_tokens = 0
@@ -99,12 +109,8 @@ class Request:
         return len(self.token_ids)
 
     @property
-    def output_ids(self) -> list[int]:
-        return self.token_ids[self.num_prompt_tokens:]
-
-    @property
     def num_output_tokens(self) -> int:
-        return len(self.token_ids) - self.num_prompt_tokens
+        return len(self.output_ids)
 
     @property
     def finished(self) -> bool:

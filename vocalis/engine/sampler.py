@@ -33,24 +33,36 @@ class Sampler:
 
     def _sample(self, logp: torch.Tensor, requests: Sequence[Request]) -> list[int]:
         scores = logp.float()
-        mask_rows = [i for i, r in enumerate(requests) if r.num_output_tokens < r.params.min_len]
-        if mask_rows:
+        masks = [(i, ids) for i, r in enumerate(requests) if (ids := self._masked_ids(r))]
+        if masks:
             scores = scores.clone()
-            for i in mask_rows:  # [min_len] the released model masks eos only; stop_all_masked forces a count
-                ids = self.stop_ids if requests[i].params.stop_all_masked else [self.eos_id]
+            for i, ids in masks:
                 scores[i, ids] = float("-inf")
         out = [0] * len(requests)
-        greedy = [i for i, r in enumerate(requests) if r.params.greedy]
+        forced = [r.bistream.forced(r.num_output_tokens) if r.bistream is not None else None for r in requests]
+        for i, f in enumerate(forced):
+            if f is not None:  # [bistream] a fill by position: no draw, like the reference
+                out[i] = f
+        greedy = [i for i, r in enumerate(requests) if r.params.greedy and forced[i] is None]
         if greedy:
             top = scores[greedy].argmax(dim=-1).tolist()  # first index wins ties, like greedy_sampling
             for i, t in zip(greedy, top):
                 out[i] = t
-        ras = [i for i, r in enumerate(requests) if not r.params.greedy]
+        ras = [i for i, r in enumerate(requests) if not r.params.greedy and forced[i] is None]
         if ras:
             rows = scores if len(ras) == len(requests) else scores[ras]
             for i, t in zip(ras, self._ras([requests[i] for i in ras], rows)):
                 out[i] = t
         return out
+
+    def _masked_ids(self, req: Request) -> list[int]:
+        """Ids a row may not draw now: below min_len eos (the released model's rule; stop_all_masked: every stop
+        id, to force a count); a bi-stream's own rule."""
+        if req.bistream is not None:
+            return req.bistream.masked_ids
+        if req.num_output_tokens < req.params.min_len:
+            return self.stop_ids if req.params.stop_all_masked else [self.eos_id]
+        return []
 
     def _ras(self, requests: Sequence[Request], scores: torch.Tensor) -> list[int]:
         device = scores.device

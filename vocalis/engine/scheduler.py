@@ -35,7 +35,7 @@ class SchedulerOutput:
 
     @property
     def sampled(self) -> list[Request]:
-        return [r for r, n in self.scheduled if r.num_computed_tokens + n == r.num_tokens]
+        return [r for r, n in self.scheduled if r.sample_at_end and r.num_computed_tokens + n == r.num_tokens]
 
     @property
     def empty(self) -> bool:
@@ -60,16 +60,20 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def abort(self, request_id: str) -> Request | None:
+    def has_work(self) -> bool:
+        """Whether a step would compute anything (a bi-stream waiting for text has nothing to compute)."""
+        return bool(self.waiting) or any(r.num_tokens > r.num_computed_tokens for r in self.running)
+
+    def abort(self, request_id: str, status: RequestStatus = RequestStatus.FINISHED_ABORTED) -> Request | None:
         """Remove the request and free its blocks now; None if it is not here (finished or unknown)."""
         for req in self.running:
             if req.request_id == request_id:
                 self.running.remove(req)
-                return self._finish(req, RequestStatus.FINISHED_ABORTED)
+                return self._finish(req, status)
         for req in self.waiting:
             if req.request_id == request_id:
                 self.waiting.remove(req)
-                return self._finish(req, RequestStatus.FINISHED_ABORTED)
+                return self._finish(req, status)
         return None
 
     def _finish(self, req: Request, status: RequestStatus) -> Request:
@@ -94,6 +98,9 @@ class Scheduler:
         while i < len(self.running) and budget > 0:
             req = self.running[i]
             n = min(req.num_tokens - req.num_computed_tokens, budget)
+            if n == 0:  # a bi-stream waiting for text: nothing to compute, keeps its blocks
+                i += 1
+                continue
             while not bm.allocate_slots(req, n):
                 victim = self.running.pop()  # [preempt] the latest admitted; never one scheduled above
                 self._preempt(victim)
@@ -123,7 +130,8 @@ class Scheduler:
 
     def update(self, out: SchedulerOutput, sampled_ids: Sequence[int]) -> list[tuple[Request, int | None]]:
         """Record a computed step. `sampled_ids` aligns with `out.sampled` (computed before this call).
-        Returns (request, new speech id or None when it stopped) for every sampled request."""
+        Returns (request, new speech id, or None when it finished without one) for every request that got an
+        id to pass on or finished; a bi-stream's fill ids are recorded but not passed on."""
         sampled = out.sampled
         if len(sampled) != len(sampled_ids):
             raise ValueError(f"{len(sampled)} requests sampled but {len(sampled_ids)} ids given")
@@ -132,14 +140,48 @@ class Scheduler:
             self.block_manager.cache_full_blocks(req)
         events: list[tuple[Request, int | None]] = []
         for req, tok in zip(sampled, sampled_ids):
+            if req.bistream is not None:
+                self._bistream_token(req, tok, events)
+                continue
             if tok in self.stop_ids:
                 self.running.remove(req)
                 self._finish(req, RequestStatus.FINISHED_STOPPED)
                 events.append((req, None))
                 continue
             req.token_ids.append(tok)
+            req.output_ids.append(tok)
             events.append((req, tok))
             if req.num_output_tokens >= req.params.max_len:
                 self.running.remove(req)
                 self._finish(req, RequestStatus.FINISHED_LENGTH)
         return events
+
+    def _bistream_token(self, req: Request, tok: int, events: list[tuple[Request, int | None]]) -> None:
+        bs = req.bistream
+        assert bs is not None
+        emit, feed, done = bs.accept(tok, req.num_output_tokens)
+        req.output_ids.append(tok)
+        if feed:
+            req.token_ids.append(tok)
+        elif not done:  # a fill: the next text block decides what is fed (it may have arrived already)
+            req.sample_at_end = False
+            self.feed_bistream(req)
+        if emit:
+            events.append((req, tok))
+        if done or bs.over_limit:
+            self.running.remove(req)
+            status = RequestStatus.FINISHED_LENGTH if emit or bs.over_limit else RequestStatus.FINISHED_STOPPED
+            self._finish(req, status)
+            if not emit:
+                events.append((req, None))
+
+    def feed_bistream(self, req: Request) -> bool:
+        """Let a waiting bi-stream take the text that arrived; True if it has input to compute again."""
+        bs = req.bistream
+        assert bs is not None
+        ids = bs.advance(req.output_ids)
+        if ids is None:
+            return False
+        req.token_ids.extend(ids)
+        req.sample_at_end = True
+        return True
