@@ -63,10 +63,13 @@ def mark(run: Path, name: str) -> None:
     (run / f".done-{name}").write_text(time.strftime("%Y-%m-%d %H:%M:%S") + "\n")
 
 
+DEVICE = "cpu"  # --device
+
+
 def common_train_args(run_dir: Path, steps: int, threads: int, extra: list[str]) -> list[str]:
     sets = ["trainer.max_epochs=0", "trainer.save_every=100", "trainer.keep_checkpoints=3", "trainer.log_every=10",
             f"trainer.num_threads={threads}", "data.num_workers=0", "trainer.tensorboard=false", *extra]
-    out = ["--out", str(run_dir), "--max-steps", str(steps), "--resume", "auto", "--device", "cpu"]
+    out = ["--out", str(run_dir), "--max-steps", str(steps), "--resume", "auto", "--device", DEVICE]
     for s in sets:
         out += ["--set", s]
     return out
@@ -111,9 +114,12 @@ def main() -> int:
     ap.add_argument("--llm-steps", type=int, default=4000)
     ap.add_argument("--flow-steps", type=int, default=4000)
     ap.add_argument("--hift-steps", type=int, default=4000)
+    ap.add_argument("--device", default="cpu", help="cpu or cuda (every trainer)")
     ap.add_argument("--only", nargs="*", help="run only these stages (others must be done already)")
     ap.add_argument("--install", action="store_true", help="copy the export to vocalis/assets/model")
     args = ap.parse_args()
+    global DEVICE
+    DEVICE = args.device
     run: Path = args.run.resolve()
     run.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
