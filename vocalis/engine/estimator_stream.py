@@ -57,8 +57,10 @@ class EstimatorCache:
 class _ChunkRun:
     """Walks the estimator for one call, pairing each conv/attention with its slot in the per-request caches."""
 
-    def __init__(self, caches: list[EstimatorCache], lens: list[int], keeps: list[bool], chunk: int) -> None:
+    def __init__(self, caches: list[EstimatorCache], lens: list[int], keeps: list[bool], chunk: int,
+                 cache_dtype: torch.dtype | None = None) -> None:
         self.caches = caches
+        self.cache_dtype = cache_dtype
         self.lens = lens
         self.keeps = keeps
         self.chunk = chunk
@@ -100,8 +102,8 @@ class _ChunkRun:
             m = self.lens[r]
             pair = [r, num + r]
             if len(c.keys) == i:  # first chunk of this request
-                c.keys.append(k.new_zeros(2, h, 0, e))
-                c.values.append(v.new_zeros(2, h, 0, e))
+                c.keys.append(k.new_zeros(2, h, 0, e, dtype=self.cache_dtype or k.dtype))
+                c.values.append(v.new_zeros(2, h, 0, e, dtype=self.cache_dtype or v.dtype))
             a = c.keys[i].shape[2]
             keys = torch.cat([c.keys[i].to(k.dtype), k[pair, :, :m]], dim=2)  # (2, H, a + m, E)
             values = torch.cat([c.values[i].to(v.dtype), v[pair, :, :m]], dim=2)
@@ -110,8 +112,11 @@ class _ChunkRun:
             hidden = torch.arange(a + m, device=x.device)[None, :] >= limit[:, None]  # (m, a + m)
             bias = hidden.to(q.dtype) * _MASK_BIAS
             out[pair, :, :m] = F.scaled_dot_product_attention(q[pair, :, :m], keys, values, attn_mask=bias)
-            if self.keeps[r]:
+            if self.keeps[r] and self.cache_dtype is None:
                 c.keys[i], c.values[i] = keys, values
+            elif self.keeps[r]:  # stored reduced; this chunk itself attended to its own keys at full precision
+                c.keys[i] = torch.cat([c.keys[i], k[pair, :, :m].to(self.cache_dtype)], dim=2)
+                c.values[i] = torch.cat([c.values[i], v[pair, :, :m].to(self.cache_dtype)], dim=2)
         out = out.transpose(1, 2).reshape(rows, n, h * e)  # (2R, n, H*E)
         return attn.to_out[1](attn.to_out[0](out))
 
@@ -181,10 +186,12 @@ def solve_chunk(
     caches: list[list[EstimatorCache]],
     keeps: list[bool],
     n_timesteps: int,
+    cache_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """Euler + CFG on new frames. mu, cond (R, 80, n), spks (R, 80); row r covers absolute frames
     [starts[r], starts[r] + lens[r]); caches[r] holds one `EstimatorCache` per Euler step (created on first use)
-    and is extended when keeps[r] (a cached chunk must end on a block boundary).
+    and is extended when keeps[r] (a cached chunk must end on a block boundary); cache_dtype stores the cached
+    keys/values reduced (e.g. bf16: half the memory, upcast when read).
     Returns mel (R, 80, n) float32 (zeros on padding)."""
     num, _, n = mu.shape
     dev, dtype = mu.device, mu.dtype
@@ -217,7 +224,7 @@ def solve_chunk(
     t = t_span[0]
     dt = t_span[1] - t_span[0]
     for step in range(1, len(t_span)):
-        run = _ChunkRun([per_step[step - 1] for per_step in caches], lens, keeps, chunk)
+        run = _ChunkRun([per_step[step - 1] for per_step in caches], lens, keeps, chunk, cache_dtype)
         v = estimator_chunk(estimator, torch.cat([x, x]), mask_in, mu_in, t.expand(2 * num), spks_in, cond_in, run)
         x = x + dt * ((1.0 + cfg) * v[:num] - cfg * v[num:])
         t = t + dt

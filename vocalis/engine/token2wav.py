@@ -15,6 +15,10 @@ encoder and only the new frames through the 10 Euler steps, reading earlier chun
 prefix (its first 25 * floor((P - 3) / 25) tokens, which neither look ahead into nor share an attention block
 with generated tokens) is computed once per voice and shared.
 
+Memory. The caches cost ~4.4 MiB per token (2 mel frames) at the 0.5B shapes with the default bf16 storage
+(twice that exact, `cache_dtype=None`); `max_cache_mib` bounds the total: over it, requests fall back to
+recomputing their chunks (the reference path's cost, same output) instead of running out of memory.
+
 The final chunk. The reference runs its last call with full attention over the whole utterance. Here
 `Token2WavConfig.final_attention` chooses:
 - "causal" (default): the final chunk continues the block-causal computation (look-ahead zero-padded, like any
@@ -34,6 +38,8 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
+import os
+import weakref
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -63,17 +69,28 @@ class Token2WavConfig:
     voice_cache_size: prompt prefixes kept (LRU); 0 disables. One costs ~4.6 MB per prompt mel frame at
     the 0.5B shapes in fp32 (half in bf16).
     max_batch: most requests in one step (the rest wait for the next step, oldest first as given).
+    cache_dtype: "bf16" (default) / "fp16" store the estimator's cached keys/values reduced: half the memory,
+    mel max rel error 3.6e-5 at the 0.5B shapes (random weights); None keeps the compute dtype (exact).
+    max_cache_mib: budget for all requests' flow caches. When a step would exceed it, the growing requests with
+    the largest caches drop them and compute their later chunks from the voice prefix like the reference path
+    (same output, reference cost). None: a quarter of the device's memory; 0: never cache.
     """
 
     final_attention: str = "causal"
     voice_cache_size: int = 4
     max_batch: int = 16
+    cache_dtype: str | None = "bf16"
+    max_cache_mib: int | None = None
 
     def __post_init__(self) -> None:
         if self.final_attention not in FINAL_ATTENTION:
             raise ValueError(f"final_attention must be one of {FINAL_ATTENTION}, got {self.final_attention!r}")
         if self.voice_cache_size < 0 or self.max_batch < 1:
             raise ValueError("voice_cache_size must be >= 0 and max_batch >= 1")
+        if self.cache_dtype not in (None, "bf16", "fp16"):
+            raise ValueError(f"cache_dtype must be None, 'bf16' or 'fp16', got {self.cache_dtype!r}")
+        if self.max_cache_mib is not None and self.max_cache_mib < 0:
+            raise ValueError("max_cache_mib must be >= 0 (or None for a quarter of the device memory)")
 
 
 @dataclass(eq=False)
@@ -92,6 +109,7 @@ class StreamState:
     chunks_done: int = 0
     hops: list[int] = field(default_factory=list)
     finished: bool = False
+    cached: bool = True  # False once the cache budget made it recompute its chunks
     estimator_frames: int = 0  # frames x Euler steps this request put through the estimator (cost counter)
     encoder_tokens: int = 0
     enc_cache: EncoderCache | None = None
@@ -140,6 +158,7 @@ class Token2WavStats:
     estimator_frames: int = 0  # frames x Euler steps, all requests, voice prefixes included
     voice_cache_hits: int = 0
     voice_cache_misses: int = 0
+    cache_fallbacks: int = 0  # requests that dropped their caches to stay within max_cache_mib
 
 
 @dataclass
@@ -174,10 +193,14 @@ class Token2WavEngine:
         self.estimator = getattr(est, "torch_module", getattr(est, "_orig_mod", est))
         self.encoder = EncoderStreamer(flow)
         self.n_timesteps = flow.config.cfm.n_timesteps
+        self.cache_dtype = {None: None, "bf16": torch.bfloat16, "fp16": torch.float16}[self.config.cache_dtype]
         self.ratio = flow.config.token_mel_ratio
         self.window = torch.from_numpy(np.hamming(2 * self.stream.source_cache_len))  # float64, as the reference
         self.stats = Token2WavStats()
         self._voices: OrderedDict[str, _VoicePrefix] = OrderedDict()
+        self._live: weakref.WeakSet[StreamState] = weakref.WeakSet()
+        mib = self.config.max_cache_mib
+        self.cache_budget = self._default_budget() if mib is None else mib * 2**20
 
     # ---- requests -----------------------------------------------------------------------------------
     def new_stream(
@@ -189,7 +212,9 @@ class Token2WavEngine:
         speed: float = 1.0,
         generator: torch.Generator | None = None,
     ) -> StreamState:
-        return StreamState(request_id, prompt, streaming, speed, generator, hop=self.stream.token_hop_len)
+        state = StreamState(request_id, prompt, streaming, speed, generator, hop=self.stream.token_hop_len)
+        self._live.add(state)
+        return state
 
     def abort(self, state: StreamState) -> None:
         state.finished = True
@@ -270,21 +295,27 @@ class Token2WavEngine:
 
     def _flow_incremental(self, items: list[tuple[StreamState, bool]]) -> dict[int, torch.Tensor]:
         """Streaming-mask flow on each request's new tokens -> emitted mel (80, frames) per state."""
-        rows, emit_from = [], []
+        self._enforce_budget(items)
+        rows, emit_from, caches = [], [], []
         for s, final in items:
-            if s.enc_cache is None:
-                self._start_caches(s)
-            assert s.enc_cache is not None
+            if s.cached:
+                if s.enc_cache is None:
+                    s.enc_cache, s.est_caches = self._prefix_caches(s)
+                enc, est, keep = s.enc_cache, s.est_caches, not final
+            else:  # over budget: this chunk runs from the voice prefix and keeps nothing
+                enc, est = self._prefix_caches(s)
+                keep = False
             p = s.num_prompt_tokens
             end = p + len(s.tokens) if final else p + s.token_offset + self.this_hop(s)
-            rows.append(EncoderRow(self._all_ids(s), s.enc_cache.num_tokens, end, final, s.enc_cache, keep=not final))
+            rows.append(EncoderRow(self._all_ids(s), enc.num_tokens, end, final, enc, keep=keep))
+            caches.append(est)
             emit_from.append(p + s.token_offset)
         mu, lens = self.encoder.forward(rows)
         mu = mu.transpose(1, 2)  # (R, 80, n)
         spks, cond = self._conditions([s for s, _ in items], [r.start for r in rows], mu)
         starts = [r.start * self.ratio for r in rows]
         mel = solve_chunk(self.flow.decoder, self.estimator, mu, spks, cond, starts, lens,
-                          [s.est_caches for s, _ in items], [r.keep for r in rows], self.n_timesteps)
+                          caches, [r.keep for r in rows], self.n_timesteps, self.cache_dtype)
         out = {}
         for i, (s, _) in enumerate(items):
             s.estimator_frames += lens[i] * self.n_timesteps
@@ -334,11 +365,11 @@ class Token2WavEngine:
         chunk, look = self.encoder.chunk, self.stream.pre_lookahead_len
         return chunk * ((num_prompt_tokens - look) // chunk) if num_prompt_tokens > look else 0
 
-    def _start_caches(self, s: StreamState) -> None:
+    def _prefix_caches(self, s: StreamState) -> tuple[EncoderCache, list[EstimatorCache]]:
+        """Caches to start a request from: its voice's shared prefix (computed on first use), or empty."""
         pc = self.cacheable_prefix(s.num_prompt_tokens)
         if pc == 0 or self.config.voice_cache_size == 0:
-            s.enc_cache, s.est_caches = EncoderCache(), []
-            return
+            return EncoderCache(), []
         key = _voice_key(s.prompt)
         entry = self._voices.get(key)
         if entry is None:
@@ -350,8 +381,7 @@ class Token2WavEngine:
         else:
             self.stats.voice_cache_hits += 1
             self._voices.move_to_end(key)
-        s.enc_cache = entry.enc.copy()
-        s.est_caches = [c.copy() for c in entry.est]
+        return entry.enc.copy(), [c.copy() for c in entry.est]
 
     def _compute_prefix(self, prompt: FlowPrompt, pc: int) -> _VoicePrefix:
         enc = EncoderCache()
@@ -361,12 +391,66 @@ class Token2WavEngine:
         holder = StreamState("voice-prefix", prompt)
         spks, cond = self._conditions([holder], [0], mu)
         est: list[EstimatorCache] = []
-        solve_chunk(self.flow.decoder, self.estimator, mu, spks, cond, [0], lens, [est], [True], self.n_timesteps)
+        solve_chunk(self.flow.decoder, self.estimator, mu, spks, cond, [0], lens, [est], [True], self.n_timesteps,
+                    self.cache_dtype)
         self.stats.estimator_frames += lens[0] * self.n_timesteps
         return _VoicePrefix(pc, enc, est)
 
     def voice_cache_bytes(self) -> int:
         return sum(v.enc.nbytes() + sum(c.nbytes() for c in v.est) for v in self._voices.values())
+
+    # ---- cache memory budget --------------------------------------------------------------------------------
+    def _default_budget(self) -> int:
+        dev = self.flow.input_embedding.weight.device
+        if dev.type == "cuda":
+            return torch.cuda.get_device_properties(dev).total_memory // 4
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 4
+
+    def cache_bytes_per_token(self) -> int:
+        """Flow cache bytes one cached token adds (estimator keys/values of its frames + encoder keys/values)."""
+        e, c = self.estimator.config, self.flow.encoder.config
+        blocks = e.n_blocks * (2 + e.num_mid_blocks)
+        item = torch.empty(0, dtype=self.cache_dtype or torch.float32).element_size()
+        est = 2 * blocks * 2 * e.num_heads * e.attention_head_dim * self.n_timesteps * item * self.ratio
+        enc = 2 * (c.num_blocks + c.num_up_blocks * c.up_stride) * c.output_size * 4
+        return est + enc
+
+    def live_cache_bytes(self) -> int:
+        """Flow cache bytes held by live requests and voice prefixes (shared tensors counted once)."""
+        seen: set[int] = set()
+        total = 0
+        holders = [(s.enc_cache, s.est_caches) for s in list(self._live)]
+        holders += [(v.enc, v.est) for v in self._voices.values()]
+        for enc, est in holders:
+            tensors = [*enc.keys, *enc.values] if enc is not None else []
+            for c in est:
+                tensors += [*c.keys, *c.values, *c.tails]
+            for t in tensors:
+                if t.numel() and t.data_ptr() not in seen:
+                    seen.add(t.data_ptr())
+                    total += t.numel() * t.element_size()
+        return total
+
+    def _enforce_budget(self, items: list[tuple[StreamState, bool]]) -> None:
+        """Make the growing requests with the largest caches recompute instead, until the step fits."""
+        growing = [s for s, final in items if s.cached and not final]
+        if not growing:
+            return
+        per_token = self.cache_bytes_per_token()
+
+        def growth(s: StreamState) -> int:
+            start = s.enc_cache.num_tokens if s.enc_cache is not None else 0
+            return (s.num_prompt_tokens + s.token_offset + self.this_hop(s) - start) * per_token
+
+        total = self.live_cache_bytes() + sum(growth(s) for s in growing)
+        for s in sorted(growing, key=lambda s: s.cache_bytes(), reverse=True):
+            if total <= self.cache_budget:
+                return
+            total -= growth(s) + s.cache_bytes()
+            s.cached, s.enc_cache, s.est_caches = False, None, []
+            self.stats.cache_fallbacks += 1
+            log.warning("token2wav cache budget (%d MiB) reached: request %s recomputes its chunks from now on",
+                        self.cache_budget // 2**20, s.request_id)
 
     # ---- HiFT ---------------------------------------------------------------------------------------------
     def _vocode(self, items: list[tuple[StreamState, bool]], mels: list[torch.Tensor]) -> list[np.ndarray]:
