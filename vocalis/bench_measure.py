@@ -20,9 +20,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from vocalis.config import TOKEN_RATE, SamplingConfig
+from vocalis.config import TOKEN_RATE, SamplingConfig, SpeechLMConfig
 from vocalis.inference.request import Mode, SynthesisRequest
 from vocalis.model_dir import LoadedModel, random_model
+from vocalis.models.speech_lm import Qwen2LM
 from vocalis.sampling import make_sampler
 from vocalis.voice import Voice
 
@@ -92,10 +93,13 @@ def measure_bandwidth(mib: int = 256, repeats: int = 5) -> dict[str, float]:
     return {"copy_gbps_1_thread": one, "copy_gbps_2_threads": two, "copy_gbps": max(one, two)}
 
 
-def llm_bytes_per_token(model: LoadedModel, precision: str) -> int:
-    """Weight bytes one decode step reads: the Qwen2 layers, final norm and speech head (not the embeddings)."""
+def llm_bytes_per_token(config: SpeechLMConfig, precision: str) -> int:
+    """Weight bytes one decode step reads: the Qwen2 layers' Linear weights and biases and the speech head at the
+    precision's width, the norms in fp32 (not the embedding tables: a step reads one row). Counted on a meta-device
+    model, since a quantised module no longer lists its weights as parameters."""
     per = {"fp32": 4, "bf16": 2, "fp16": 2, "int8": 1}[precision]
-    llm = model.llm
+    with torch.device("meta"):
+        llm = Qwen2LM(config)
     linear = sum(p.numel() for n, p in llm.qwen.layers.named_parameters() if "layernorm" not in n)
     linear += sum(p.numel() for p in llm.llm_decoder.parameters())
     norms = sum(p.numel() for n, p in llm.qwen.named_parameters() if "norm" in n)
@@ -195,7 +199,18 @@ def run_reference(cfg: BenchConfig) -> dict[str, Any]:
         fn = forced_sampler(sampling or SamplingConfig(), generator, stops)
         return generate(*args, min_len=cfg.tokens, max_len=cfg.tokens, sample_fn=fn)
 
+    # the reference yields a chunk only once the next one exists (to mark the last one final), so the caller's
+    # first chunk comes after the second is computed; when the first was computed is recorded too
+    computed: list[float] = []
+    stream_step = synth.token2wav.stream_step
+
+    def timed_step(*args: Any, **kw: Any) -> torch.Tensor:
+        out = stream_step(*args, **kw)
+        computed.append(time.perf_counter())
+        return out
+
     lm.generate = fixed_generate  # type: ignore[method-assign]
+    synth.token2wav.stream_step = timed_step  # type: ignore[method-assign]
     try:
         request = SynthesisRequest(voice, Mode.ZERO_SHOT, bench_text(cfg, 1), seed=0, text_frontend=False)
         start = time.perf_counter()
@@ -207,7 +222,8 @@ def run_reference(cfg: BenchConfig) -> dict[str, Any]:
     finally:
         del lm.generate
     out["e2e"] = {"first_chunk_s": first_chunk, "rtf": wall / audio, "audio_s": audio, "wall_s": wall,
-                  "audio_s_per_s": audio / wall}
+                  "audio_s_per_s": audio / wall,
+                  "first_chunk_computed_s": computed[0] - start if computed else None}
     log.info("reference end to end: %s", out["e2e"])
     out["peak_rss_mib"] = peak_rss_mib()
     return out
@@ -228,7 +244,12 @@ def run_engine(cfg: BenchConfig, precision: str) -> dict[str, Any]:
     voice = bench_voice(model, cfg)
     tok = model.tokenizer
     assert tok is not None
-    out: dict[str, Any] = {"runtime": runtime, "bytes_per_token": llm_bytes_per_token(model, precision)}
+    out: dict[str, Any] = {"runtime": runtime, "bytes_per_token": llm_bytes_per_token(model.config.llm, precision)}
+    # bandwidth again right before decoding, in this process, with as many copy threads as decode threads:
+    # on a shared machine the limit then reflects the conditions the decode ran under
+    bw = measure_bandwidth(mib=128, repeats=3)
+    out["bandwidth_gbps"] = bw["copy_gbps_1_thread"] if cfg.threads == 1 else bw["copy_gbps"]
+    out["decode_limit_tps"] = out["bandwidth_gbps"] * 1e9 / out["bytes_per_token"]
     n = cfg.decode_tokens + 1
     eng = LLMEngine(model.llm, EngineConfig(enable_prefix_caching=False, max_num_seqs=max(cfg.batches)))
     eng.generate([eng.make_request([5, 6], params=SamplingParams(min_len=2, max_len=2))])  # warm-up
@@ -288,7 +309,7 @@ async def _engine_e2e(cfg: BenchConfig, model: LoadedModel, voice: Voice) -> dic
     from vocalis.engine.config import EngineConfig
     from vocalis.engine.llm_engine import LLMEngine
     from vocalis.engine.request import SamplingParams
-    from vocalis.engine.token2wav import Token2WavConfig, Token2WavEngine
+    from vocalis.engine.token2wav import Token2WavEngine
 
     class FixedLengthEngine(AsyncEngine):
         def llm_params(self, text_ids: list[int]) -> SamplingParams:
@@ -297,7 +318,7 @@ async def _engine_e2e(cfg: BenchConfig, model: LoadedModel, voice: Voice) -> dic
 
     top = max(cfg.concurrency)
     engine = FixedLengthEngine(model, LLMEngine(model.llm, EngineConfig(max_num_seqs=max(top, 1))),
-                               Token2WavEngine(model.flow, model.hift, Token2WavConfig(max_batch=max(top, 1))))
+                               Token2WavEngine(model.flow, model.hift))  # the engines' defaults otherwise
     results: dict[str, Any] = {}
     with engine:
         await _engine_batch(engine, voice, cfg, 1, salt=100)  # warm-up (text path, caches)
@@ -325,4 +346,5 @@ async def _engine_batch(engine: Any, voice: Voice, cfg: BenchConfig, c: int, sal
     audio = sum(d[1] for d in done)
     firsts = [d[0] for d in done]
     return {"first_chunk_s": float(np.mean(firsts)), "first_chunk_max_s": max(firsts), "audio_s": audio,
-            "wall_s": wall, "audio_s_per_s": audio / wall, "rtf": wall / (audio / c)}
+            "wall_s": wall, "audio_s_per_s": audio / wall, "rtf": wall / (audio / c),
+            "peak_rss_mib_so_far": peak_rss_mib()}

@@ -208,7 +208,9 @@ class AsyncEngine:
         future = loop.run_in_executor(None, self._prepare, request, stream, handle)
 
         def posted(f: asyncio.Future[_Job]) -> None:
-            if f.cancelled():
+            if self._closing:
+                handle._put(EngineClosed("the engine was closed"))
+            elif f.cancelled():
                 handle._put(EngineClosed("the request was cancelled before it started"))
             elif f.exception() is not None:
                 handle._put(f.exception())
@@ -238,6 +240,7 @@ class AsyncEngine:
             self._cond.notify()
 
     def stats(self) -> dict[str, float]:
+        """Live counters (read from any thread; values may be one step old)."""
         bm = self.llm.block_manager
         return {"jobs": len(self._jobs), "llm_requests": self.llm.num_unfinished,
                 "kv_usage": 1.0 - bm.num_free_blocks / bm.num_blocks, "llm_steps": self.num_llm_steps,
@@ -250,7 +253,7 @@ class AsyncEngine:
         prompt = fe._flow_prompt(request)
         if request.bistream:
             segments, llm_prompt = [], fe._llm_prompt(request)
-            fe.tokenizer  # noqa: B018 -- a model without a tokenizer fails here, with its message
+            _ = fe.tokenizer  # a model without a text tokenizer fails here, with its message
         elif request.mode is Mode.VC:
             segments: list[list[int]] = []
             llm_prompt: tuple[list[int], list[int]] = ([], [])
