@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from tests.conftest import load_reference
-from vocalis.config import CFMConfig, EstimatorConfig, FlowConfig, FlowEncoderConfig
+from vocalis.config import CFMConfig, EstimatorConfig, FlowConfig, FlowEncoderConfig, tiny_config
 from vocalis.models.flow.encoder import UpsampleConformerEncoder
 
 ATOL = 1e-4
@@ -217,3 +217,27 @@ def test_training_loss_is_finite_reproducible_and_trains_both_modes() -> None:
     grads = [p.grad for p in flow.parameters() if p.requires_grad]
     assert flow.input_embedding.weight.grad is not None and flow.input_embedding.weight.grad.abs().sum() > 0
     assert sum(g is None for g in grads) == 0
+
+
+def test_flow_loss_excludes_prompt_frames_by_default() -> None:
+    from vocalis.models.flow.flow import CausalMaskedDiffWithXvec
+    from vocalis.models.flow.flow_train import flow_matching_loss, random_prompt_condition
+
+    torch.manual_seed(0)
+    flow = CausalMaskedDiffWithXvec(tiny_config().flow).eval()
+    gen = torch.Generator().manual_seed(3)
+    token = torch.randint(0, 50, (2, 30), generator=gen)
+    token_len = torch.tensor([30, 30])
+    feat = torch.randn(2, 60, 80, generator=gen)
+    embedding = torch.randn(2, 192, generator=gen)
+    seed = next(s for s in range(100) if any(random_prompt_condition(feat, 2 * token_len,
+                                                                     torch.Generator().manual_seed(s))[1]))
+
+    def loss(exclude: bool) -> float:
+        return flow_matching_loss(flow, token, token_len, feat, 2 * token_len, embedding,
+                                  torch.Generator().manual_seed(seed), False, exclude_prompt=exclude).item()
+
+    # the same draws, the same prediction: only which frames are counted differs
+    assert loss(True) != loss(False)
+    cond, lens = random_prompt_condition(feat, 2 * token_len, torch.Generator().manual_seed(seed))
+    assert any(lens) and all(torch.equal(cond[i, :n], feat[i, :n]) for i, n in enumerate(lens))

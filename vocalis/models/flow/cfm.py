@@ -123,8 +123,12 @@ class CausalConditionalCFM(nn.Module):
         cond: torch.Tensor,
         streaming: bool = False,
         generator: torch.Generator | None = None,
+        loss_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Conditional flow-matching loss (scalar) for target mel x1 (B, 80, T), mask (B, 1, T).
+
+        `loss_mask` (B, 1, T) selects the frames the loss counts (default: `mask`); attention still sees every
+        valid frame, so a prompt prefix can condition the model without being a target.
 
         Draws, in order from `generator`: t ~ U(0, 1) per sample (cosine-warped, as the released weights were
         trained), noise x0 ~ N(0, I) like x1, and the per-sample guidance dropout that zeroes mu, spks and cond
@@ -144,4 +148,5 @@ class CausalConditionalCFM(nn.Module):
             spks = spks * keep.view(-1, 1)
             cond = cond * keep.view(-1, 1, 1)
         pred = self.estimator(y, mask, mu, t.view(b), spks, cond, streaming)
-        return F.mse_loss(pred * mask, u * mask, reduction="sum") / (mask.sum() * u.shape[1])
+        counted = mask if loss_mask is None else loss_mask * mask
+        return F.mse_loss(pred * counted, u * counted, reduction="sum") / (counted.sum().clamp(min=1) * u.shape[1])

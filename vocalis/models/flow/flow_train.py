@@ -31,17 +31,19 @@ def _uniform(generator: torch.Generator | None) -> float:
 
 def random_prompt_condition(
     feat: torch.Tensor, feat_lens: torch.Tensor, generator: torch.Generator | None = None
-) -> torch.Tensor:
-    """Condition (B, T, 80): per sample, zeros, or (probability 1/2) a prefix of its mel of length
-    uniform in [0, int(0.3 * len)] followed by zeros."""
+) -> tuple[torch.Tensor, list[int]]:
+    """Condition (B, T, 80) and prompt lengths: per sample, zeros, or (probability 1/2) a prefix of its mel of
+    length uniform in [0, int(0.3 * len)] followed by zeros."""
     cond = torch.zeros_like(feat)
+    prompt_lens = []
     for i, length in enumerate(feat_lens.tolist()):
-        if _uniform(generator) < PROMPT_PROB:
-            continue
-        n = int(torch.randint(0, int(MAX_PROMPT_FRACTION * length) + 1, (), generator=generator,
-                              device=_device(generator)))
+        n = 0
+        if _uniform(generator) >= PROMPT_PROB:
+            n = int(torch.randint(0, int(MAX_PROMPT_FRACTION * length) + 1, (), generator=generator,
+                                  device=_device(generator)))
         cond[i, :n] = feat[i, :n]
-    return cond
+        prompt_lens.append(n)
+    return cond, prompt_lens
 
 
 def flow_matching_loss(
@@ -53,6 +55,7 @@ def flow_matching_loss(
     embedding: torch.Tensor,
     generator: torch.Generator | None = None,
     streaming: bool | None = None,
+    exclude_prompt: bool = True,
 ) -> torch.Tensor:
     """Scalar flow-matching loss for a batch.
 
@@ -61,7 +64,8 @@ def flow_matching_loss(
     `generator` (streaming flag, prompts, then the CFM's time, noise and guidance dropout), so a seeded
     generator makes a step reproducible.
 
-    As in the official CosyVoice 2 recipe the loss covers every valid frame, the prompt prefix included.
+    The loss counts the non-prompt frames only (`exclude_prompt`): the prompt is given, not predicted. The
+    official CosyVoice 2 recipe counts every valid frame; `exclude_prompt=False` does that.
     """
     ratio = flow.config.token_mel_ratio
     if feat.size(1) != ratio * token.size(1):
@@ -70,7 +74,12 @@ def flow_matching_loss(
         streaming = _uniform(generator) < STREAMING_PROB
     spks = flow.speaker_projection(embedding)  # (B, 80)
     mu, mask = flow.encode(token, token_len, streaming=streaming)  # (B, T, 80), (B, 1, T)
-    cond = random_prompt_condition(feat, feat_len, generator)  # (B, T, 80)
+    cond, prompt_lens = random_prompt_condition(feat, feat_len, generator)  # (B, T, 80)
+    loss_mask = None
+    if exclude_prompt and any(prompt_lens):
+        loss_mask = mask.to(feat.dtype).clone()  # (B, 1, T)
+        for i, n in enumerate(prompt_lens):
+            loss_mask[i, :, :n] = 0
     return flow.decoder.compute_loss(
         feat.transpose(1, 2).contiguous(),
         mask.to(feat.dtype),
@@ -79,4 +88,5 @@ def flow_matching_loss(
         cond.transpose(1, 2).contiguous(),
         streaming=streaming,
         generator=generator,
+        loss_mask=loss_mask,
     )
