@@ -273,16 +273,14 @@ def test_full_queue_answers_503_with_retry_after(tts) -> None:
             assert r3.status_code == 503 and r3.headers["retry-after"] == "2"
             assert "busy" in r3.json()["error"]["message"]
             queued.join(30)
-        # leaving job 1 mid-stream aborts it (at its next chunk, which can take a while on a loaded machine);
-        # job 2 was aborted while queued and never runs
-        deadline = time.monotonic() + 120
-        while backend.aborted < aborted + 2:
-            assert time.monotonic() < deadline, (backend.aborted, aborted)
-            time.sleep(0.05)
-        wait_idle(backend)
-        assert backend.completed == completed
+        # job 2 was aborted while queued and never runs. Leaving job 1 mid-stream aborts it once the server
+        # notices the closed connection, which on loopback can be only after the socket buffers (minutes of pcm)
+        # fill; on a loaded machine job 1 may finish first. Either way both jobs end and nothing stays behind.
+        wait_idle(backend, timeout=600)
+        ended = (backend.aborted - aborted) + (backend.completed - completed)
+        assert ended == 2 and backend.aborted - aborted >= 1, (backend.aborted, backend.completed)
         metrics = httpx.get(srv.url + "/metrics").text
-        assert "vocalis_aborted_total 2.0" in metrics and 'status="503"} 1.0' in metrics
+        assert f"vocalis_aborted_total {float(backend.aborted)}" in metrics and 'status="503"} 1.0' in metrics
 
 
 def test_job_timeout_is_504(tts) -> None:
