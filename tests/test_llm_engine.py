@@ -145,3 +145,22 @@ def test_length_limits(lm: Qwen2LM) -> None:
     done = eng.make_request(TEXTS[0], params=SamplingParams(max_len=0))
     eng.add_request(done)
     assert done.status is RequestStatus.FINISHED_LENGTH and done.output_ids == []
+
+
+def test_packed_weights_are_views_with_the_same_values() -> None:
+    torch.manual_seed(1)
+    lm = Qwen2LM(PRESETS["tiny"].llm).eval().requires_grad_(False)
+    before = {k: v.clone() for k, v in lm.state_dict().items()}
+    x = lm.prefill_embeddings([5, 6, 7])
+    with torch.inference_mode():
+        want = lm(x)
+    eng = LLMEngine(lm, EngineConfig(num_kv_blocks=8))
+    after = lm.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    layer, packed = lm.qwen.layers[0], eng.runner.packed[0]
+    assert packed is not None  # the modules now read views into the fused storage: no copy kept
+    assert layer.self_attn.q_proj.weight.data_ptr() == packed.qkv_t.data_ptr()
+    assert layer.mlp.gate_proj.weight.data_ptr() == packed.gate_up_t.data_ptr()
+    with torch.inference_mode():
+        torch.testing.assert_close(lm(x), want, atol=1e-5, rtol=0)
+    assert LLMEngine(lm, EngineConfig(num_kv_blocks=8)).runner.packed[0] is packed  # packed once per model

@@ -45,12 +45,21 @@ def _side(kind: str, cfg: Any, precision: str | None) -> dict[str, Any]:
         cmd = [sys.executable, "-m", "vocalis.bench", "--_side", kind, "--_config", json.dumps(cfg.to_json()),
                "--_out", str(out)] + (["--_precision", precision] if precision else [])
         start = time.perf_counter()
-        proc = subprocess.run(cmd, check=False, stdin=subprocess.DEVNULL)
+        proc = subprocess.run(cmd, check=False, stdin=subprocess.DEVNULL, env=_side_env())
         if proc.returncode != 0:
             raise RuntimeError(f"bench side {kind} {precision or ''} failed with exit code {proc.returncode}")
         result = json.loads(out.read_text())
         result["side_wall_s"] = time.perf_counter() - start
         return result
+
+
+def _side_env() -> dict[str, str]:
+    """The sides' environment. OpenMP workers that wait passively (sleep, not spin) unless the caller chose:
+    on a shared 2-core machine a spinning worker holds the core its descheduled sibling needs, and few-row
+    GEMMs with 2 threads ran 3x slower (measured at load ~3). Both sides get the same setting."""
+    env = dict(os.environ)
+    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    return env
 
 
 def run(cfg: Any) -> dict[str, Any]:
@@ -67,6 +76,7 @@ def run(cfg: Any) -> dict[str, Any]:
     load_after = os.getloadavg()
     report = {
         "machine": {"cpus": os.cpu_count(), "threads": cfg.threads, "torch": torch.__version__,
+                    "omp_wait_policy": _side_env()["OMP_WAIT_POLICY"],
                     "processor": platform.processor() or platform.machine(), **bandwidth,
                     # other processes share the cores: 1-minute load averages around the run, for context
                     "loadavg_before": load_before[0], "loadavg_after": load_after[0]},

@@ -18,8 +18,8 @@ class EngineConfig:
     max_num_batched_tokens: token budget of one step; longer prompts are prefilled in chunks of what is left.
     max_model_len: most positions per request (prompt + generated); max_len is clamped to fit.
     enable_prefix_caching: share the KV of identical full prompt blocks (a saved voice's [sos] + prompt text).
-    column_major_weights: on CPU, re-lay the LLM's fp32 Linear weights (in, out)-contiguous, in place (same
-        values; faster few-row GEMMs; see `model_runner.use_column_major_weights`).
+    pack_weights: on CPU, fuse the LLM's q/k/v and gate/up fp32 weights into (in, out)-contiguous tensors, in
+        place (the modules keep views with the same values; see `packed_weights`).
     """
 
     block_size: int = 16
@@ -29,7 +29,7 @@ class EngineConfig:
     max_num_batched_tokens: int = 512
     max_model_len: int = 4096
     enable_prefix_caching: bool = True
-    column_major_weights: bool = True
+    pack_weights: bool = True
 
     def __post_init__(self) -> None:
         if self.block_size < 1:

@@ -18,7 +18,8 @@ from vocalis.engine.bistream import BistreamInput
 from vocalis.engine.block_manager import BlockManager
 from vocalis.engine.config import EngineConfig
 from vocalis.engine.id_space import IdSpace
-from vocalis.engine.model_runner import ModelRunner, kv_bytes_per_block, use_column_major_weights
+from vocalis.engine.model_runner import ModelRunner, kv_bytes_per_block
+from vocalis.engine.packed_weights import pack_llm
 from vocalis.engine.request import Request, RequestStatus, SamplingParams, TokenSink
 from vocalis.engine.sampler import Sampler
 from vocalis.engine.scheduler import Scheduler
@@ -33,13 +34,11 @@ class LLMEngine:
         self.config = cfg = config or EngineConfig()
         self.llm = llm
         self.ids = IdSpace.for_config(llm.config)
-        if cfg.column_major_weights and llm.speech_embedding.weight.device.type == "cpu":
-            use_column_major_weights(llm.llm)
-            use_column_major_weights(llm.llm_decoder)
+        packed = pack_llm(llm) if cfg.pack_weights and llm.speech_embedding.weight.device.type == "cpu" else None
         num_blocks = cfg.num_kv_blocks or self._blocks_for_budget()
         self.max_model_len = min(cfg.max_model_len, llm.config.qwen.max_position_embeddings,
                                  num_blocks * cfg.block_size)
-        self.runner = ModelRunner(llm, num_blocks, cfg.block_size, self.max_model_len)
+        self.runner = ModelRunner(llm, num_blocks, cfg.block_size, self.max_model_len, packed)
         self.block_manager = BlockManager(num_blocks, cfg.block_size, cfg.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, cfg.max_num_seqs, cfg.max_num_batched_tokens,
                                    llm.config.stop_token_ids)

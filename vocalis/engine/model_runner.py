@@ -23,28 +23,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from vocalis.engine.id_space import IdSpace
+from vocalis.engine.packed_weights import PackedLayer
 from vocalis.engine.request import Request
-from vocalis.engine.threads import single_thread
 from vocalis.models.qwen2 import rotary_cos_sin
 from vocalis.models.speech_lm import Qwen2LM
 
 log = logging.getLogger(__name__)
-
-
-def use_column_major_weights(module: torch.nn.Module) -> int:
-    """Store every plain fp32 `nn.Linear` weight below `module` as (in, out) contiguous, presented as the same
-    (out, in) parameter (a transposed view): F.linear then runs a plain NN GEMM, which MKL does faster for the
-    few-row inputs of decoding (measured on the 2-core CPU at 896 x 4864: 1.3-1.9x at batch 1, equal or better
-    at 4 and 16). Values and shapes are unchanged; returns how many weights were re-laid. In place, once.
-    """
-    count = 0
-    for m in module.modules():
-        if type(m) is torch.nn.Linear and m.weight.dtype == torch.float32 and m.weight.is_contiguous():
-            m.weight.data = m.weight.data.t().contiguous().t()
-            count += 1
-    return count
 
 
 def kv_bytes_per_block(llm: Qwen2LM, block_size: int) -> int:
@@ -77,7 +64,9 @@ class StepInputs:
 
 
 class ModelRunner:
-    def __init__(self, llm: Qwen2LM, num_blocks: int, block_size: int, max_positions: int) -> None:
+    def __init__(self, llm: Qwen2LM, num_blocks: int, block_size: int, max_positions: int,
+                 packed: Sequence[PackedLayer | None] | None = None) -> None:
+        """packed: fused weights per layer (`packed_weights.pack_llm`); None or a None entry: call the modules."""
         q = llm.config.qwen
         self.llm = llm
         self.block_size = block_size
@@ -86,6 +75,7 @@ class ModelRunner:
         self.device = llm.speech_embedding.weight.device
         self.dtype = llm.speech_embedding.weight.dtype
         self.num_heads, self.num_kv_heads, self.head_dim = q.num_attention_heads, q.num_key_value_heads, q.head_dim
+        self.packed = list(packed) if packed is not None else [None] * q.num_hidden_layers
         shape = (q.num_hidden_layers, num_blocks * block_size, q.num_key_value_heads, q.head_dim)
         # [empty] never-written slots are only ever read as masked padding, which repeats a written slot
         self.k_cache = torch.empty(shape, dtype=self.dtype, device=self.device)
@@ -180,18 +170,26 @@ class ModelRunner:
         sin = self._sin.index_select(0, inp.positions)[:, None, :]
         n_tok = x.shape[0]
         for layer_idx, layer in enumerate(qwen.layers):
-            attn = layer.self_attn
+            attn, pk = layer.self_attn, self.packed[layer_idx]
             h = layer.input_layernorm(x)
-            q = _rope(attn.q_proj(h).view(n_tok, self.num_heads, self.head_dim), cos, sin)  # (N, H, Dh)
-            k = _rope(attn.k_proj(h).view(n_tok, self.num_kv_heads, self.head_dim), cos, sin)  # (N, Hkv, Dh)
-            v = attn.v_proj(h).view(n_tok, self.num_kv_heads, self.head_dim)
+            if pk is not None:  # one GEMM for q, k, v
+                q, k, v = torch.addmm(pk.qkv_bias, h, pk.qkv_t).split([pk.q_dim, pk.kv_dim, pk.kv_dim], dim=-1)
+            else:
+                q, k, v = attn.q_proj(h), attn.k_proj(h), attn.v_proj(h)
+            q = _rope(q.reshape(n_tok, self.num_heads, self.head_dim), cos, sin)  # (N, H, Dh)
+            k = _rope(k.reshape(n_tok, self.num_kv_heads, self.head_dim), cos, sin)  # (N, Hkv, Dh)
+            v = v.reshape(n_tok, self.num_kv_heads, self.head_dim)
             k_cache, v_cache = self.k_cache[layer_idx], self.v_cache[layer_idx]  # (slots, Hkv, Dh)
             k_cache.index_copy_(0, inp.write_slots, k.to(self.dtype))
             v_cache.index_copy_(0, inp.write_slots, v.to(self.dtype))
-            with single_thread(self.device):
-                o = self._attention(q, k_cache, v_cache, inp)  # (N, H*Dh)
+            o = self._attention(q, k_cache, v_cache, inp)  # (N, H*Dh)
             x = x + attn.o_proj(o)
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            h = layer.post_attention_layernorm(x)
+            if pk is not None:  # one GEMM for gate and up
+                gate, up = torch.mm(h, pk.gate_up_t).chunk(2, dim=-1)  # (N, I) each
+                x = x + layer.mlp.down_proj(F.silu(gate) * up)
+            else:
+                x = x + layer.mlp(h)
         hidden = qwen.norm(x.index_select(0, inp.sample_rows))  # (R, D)
         return self.llm.llm_decoder(hidden).float().log_softmax(dim=-1)  # (R, V)
 
