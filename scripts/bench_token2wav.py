@@ -125,13 +125,15 @@ def _run_streams(engine: Token2WavEngine, args: argparse.Namespace, count: int) 
             "cpu_rtf": cpu / seconds, "audio_s_per_s": seconds / total, "audio_s_per_cpu_s": seconds / cpu,
             "first_chunk_s_mean": sum(first.values()) / len(first), "first_chunk_s_max": max(first.values()),
             "first_chunk_cpu_s_mean": sum(first_cpu.values()) / len(first_cpu), "steps": steps,
-            "estimator_frames": sum(s.estimator_frames for s in states), "peak_cache_mib": peak_cache / 2**20}
+            "estimator_frames": sum(s.estimator_frames for s in states), "peak_cache_mib": peak_cache / 2**20,
+            "cache_fallbacks": engine.stats.cache_fallbacks}
 
 
 def run_engine(args: argparse.Namespace, precision: str) -> dict[str, Any]:
     model = build(args.preset)
     runtime = apply_backend(model, args.backend, precision)
-    cfg = Token2WavConfig(cache_dtype=args.cache_dtype, final_attention=args.final_attention)
+    cfg = Token2WavConfig(cache_dtype=None if args.cache_dtype == "none" else args.cache_dtype,
+                          final_attention=args.final_attention, max_cache_mib=args.max_cache_mib)
     with torch.inference_mode():
         one = _run_streams(Token2WavEngine(model.flow, model.hift, cfg), args, 1)
         log.info("engine %s, 1 stream: %s", precision, one)
@@ -147,6 +149,7 @@ def run_engine(args: argparse.Namespace, precision: str) -> dict[str, Any]:
 def side_main(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
     result = run_reference(args) if args.side == "reference" else run_engine(args, args.side_precision)
+    log.info("%s %s: %s", args.side, args.side_precision, json.dumps(result))
     Path(args.out).write_text(json.dumps(result, indent=1))
 
 
@@ -158,7 +161,8 @@ def main() -> int:
     p.add_argument("--streams", type=int, default=8)
     p.add_argument("--precisions", default="fp32,bf16,int8")
     p.add_argument("--backend", default="torch")
-    p.add_argument("--cache-dtype", default=None, help="engine K/V cache storage: bf16 or fp16 (default exact)")
+    p.add_argument("--cache-dtype", default="bf16", help="engine K/V cache storage: bf16, fp16 or none (exact)")
+    p.add_argument("--max-cache-mib", type=int, default=None, help="engine cache budget (default: 1/4 of RAM)")
     p.add_argument("--final-attention", default="causal")
     p.add_argument("--same-voice", action="store_true", help="all streams share one prompt (voice cache hits)")
     p.add_argument("--no-reference", action="store_true")
