@@ -66,6 +66,28 @@ def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def _status_mib(field: str) -> float | None:
+    """A /proc/self/status memory field (VmRSS, VmHWM) in MiB; None off Linux."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
+def reset_peak_rss() -> float | None:
+    """Restart the kernel's peak-RSS mark (VmHWM) at the current RSS (Linux: clear_refs 5); returns that RSS."""
+    try:
+        with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
+            f.write("5")
+    except OSError:
+        return None
+    return _status_mib("VmRSS")
+
+
 def run_reference(args: argparse.Namespace) -> dict[str, Any]:
     model = build(args.preset)
     t2w = Token2Wav(model.flow, model.hift)
@@ -109,7 +131,8 @@ def _run_streams(engine: Token2WavEngine, args: argparse.Namespace, count: int) 
     first: dict[str, float] = {}
     samples = 0
     first_cpu: dict[str, float] = {}
-    peak_cache = 0
+    peak_cache = peak_own = 0
+    rss_before = reset_peak_rss()
     start, cpu0 = time.perf_counter(), time.process_time()
     steps = 0
     while not all(s.finished for s in states):
@@ -118,14 +141,21 @@ def _run_streams(engine: Token2WavEngine, args: argparse.Namespace, count: int) 
             first_cpu.setdefault(c.request_id, time.process_time() - cpu0)
             samples += c.samples.size
         steps += 1
-        peak_cache = max(peak_cache, sum(s.cache_bytes() for s in states) + engine.voice_cache_bytes())
+        own = [s.cache_bytes() for s in states]
+        peak_own = max(peak_own, max(own))
+        peak_cache = max(peak_cache, sum(own) + engine.voice_cache_bytes())
     total, cpu = time.perf_counter() - start, time.process_time() - cpu0
     seconds = samples / SAMPLE_RATE
-    return {"streams": count, "wall_s": total, "cpu_s": cpu, "audio_seconds": seconds, "rtf": total / seconds,
+    peak = _status_mib("VmHWM")
+    # RSS growth over the run per stream: the streams' caches, the voice prefix (first run only) and transients
+    rss = {} if rss_before is None or peak is None else {
+        "rss_before_mib": rss_before, "rss_peak_mib": peak, "rss_growth_per_stream_mib": (peak - rss_before) / count}
+    return {**rss, "streams": count, "wall_s": total, "cpu_s": cpu, "audio_seconds": seconds, "rtf": total / seconds,
             "cpu_rtf": cpu / seconds, "audio_s_per_s": seconds / total, "audio_s_per_cpu_s": seconds / cpu,
             "first_chunk_s_mean": sum(first.values()) / len(first), "first_chunk_s_max": max(first.values()),
             "first_chunk_cpu_s_mean": sum(first_cpu.values()) / len(first_cpu), "steps": steps,
             "estimator_frames": sum(s.estimator_frames for s in states), "peak_cache_mib": peak_cache / 2**20,
+            "peak_own_cache_mib_per_stream": peak_own / 2**20, "voice_cache_mib": engine.voice_cache_bytes() / 2**20,
             "cache_fallbacks": engine.stats.cache_fallbacks}
 
 
@@ -196,7 +226,8 @@ def main() -> int:
 def table(report: dict[str, Any]) -> str:
     """CPU seconds are the comparable figures on a shared machine; wall seconds in brackets."""
     rows = [(f"{'side':<16}{'1 stream CPU-RTF (wall)':>26}{'first chunk CPU s (wall)':>26}"
-             f"{'S streams CPU-RTF (wall)':>26}{'peak cache MiB':>16}{'RSS MiB':>9}  error vs fp32")]
+             f"{'S streams CPU-RTF (wall)':>26}{'peak cache MiB':>16}{'RSS +MiB/stream':>17}{'RSS MiB':>9}"
+             "  error vs fp32")]
     for r in report["results"]:
         one, many = r["one_stream"], r["multi_stream"]
         name = "reference fp32" if r["side"] == "reference" else "engine " + r["precision"]
@@ -205,6 +236,7 @@ def table(report: dict[str, Any]) -> str:
         rows.append(f"{name:<16}{one['cpu_rtf']:>17.2f} ({one['rtf']:5.2f})"
                     f"{one['first_chunk_cpu_s_mean']:>17.2f} ({one['first_chunk_s_mean']:5.1f})"
                     f"{many['cpu_rtf']:>17.2f} ({many['rtf']:5.2f}){many.get('peak_cache_mib', 0):>16.0f}"
+                    f"{many.get('rss_growth_per_stream_mib', float('nan')):>17.0f}"
                     f"{r['peak_rss_mib']:>9.0f}  {err}")
     return "\n".join(rows)
 

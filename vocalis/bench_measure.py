@@ -175,7 +175,7 @@ def run_reference(cfg: BenchConfig) -> dict[str, Any]:
     log.info("reference LLM: %s", out["llm"])
 
     t2w = Token2Wav(model.flow, model.hift)
-    prompt = synth._flow_prompt(SynthesisRequest(voice, Mode.ZERO_SHOT, "x"))
+    prompt = synth.flow_prompt(SynthesisRequest(voice, Mode.ZERO_SHOT, "x"))
     tokens = torch.randint(0, model.config.llm.speech_token_size, (1, cfg.tokens),
                            generator=torch.Generator().manual_seed(1), dtype=torch.int32)
     seconds = cfg.tokens / TOKEN_RATE
@@ -291,7 +291,7 @@ def run_engine(cfg: BenchConfig, precision: str) -> dict[str, Any]:
 def _flow_prompt(model: LoadedModel, voice: Voice):  # -> FlowPrompt
     from vocalis.inference.synthesizer import Synthesizer
 
-    return Synthesizer(model)._flow_prompt(SynthesisRequest(voice, Mode.ZERO_SHOT, "x"))
+    return Synthesizer(model).flow_prompt(SynthesisRequest(voice, Mode.ZERO_SHOT, "x"))
 
 
 def _t2w_run(t2w: Any, prompt: Any, tokens: list[int], streaming: bool) -> float:

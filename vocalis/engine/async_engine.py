@@ -249,17 +249,17 @@ class AsyncEngine:
     # ---- preparing a job (executor thread; touches no engine state) ------------------------------------
     def _prepare(self, request: SynthesisRequest, stream: bool, handle: StreamHandle) -> _Job:
         fe = self.frontend
-        llm_gen, voc_gen = fe._generators(request.seed)
-        prompt = fe._flow_prompt(request)
+        llm_gen, voc_gen = fe.generators(request.seed)
+        prompt = fe.flow_prompt(request)
         if request.bistream:
-            segments, llm_prompt = [], fe._llm_prompt(request)
+            segments, llm_prompt = [], fe.llm_prompt(request)
             _ = fe.tokenizer  # a model without a text tokenizer fails here, with its message
         elif request.mode is Mode.VC:
             segments: list[list[int]] = []
             llm_prompt: tuple[list[int], list[int]] = ([], [])
         else:
-            segments = fe._segments(request)
-            llm_prompt = fe._llm_prompt(request)
+            segments = fe.segments(request)
+            llm_prompt = fe.llm_prompt(request)
         count = max(1, len(segments))  # VC and bi-streams: one
         states = [self.token2wav.new_stream(f"{handle.request_id}/{i}", prompt, streaming=stream,
                                             speed=request.speed, generator=voc_gen) for i in range(count)]

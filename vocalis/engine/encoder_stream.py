@@ -41,13 +41,19 @@ class EncoderCache:
     keys: list[torch.Tensor] = field(default_factory=list)  # per layer (encoders, then up_encoders): (H, T, Dh)
     values: list[torch.Tensor] = field(default_factory=list)
     tail: torch.Tensor | None = None  # (2, D) conformer output of the two tokens before num_tokens
-    num_tokens: int = 0
+    num_tokens: int = 0  # positions covered, the prefix's included
+    # A voice's shared prompt prefix (read only); then keys/values hold only positions [prefix.num_tokens, ...).
+    prefix: EncoderCache | None = None
 
-    def copy(self) -> EncoderCache:
-        """A new cache sharing the (never mutated) tensors, so a shared prefix can be extended per request."""
-        return EncoderCache(list(self.keys), list(self.values), self.tail, self.num_tokens)
+    @classmethod
+    def on_prefix(cls, prefix: EncoderCache) -> EncoderCache:
+        """An empty per-request cache continuing a shared prefix (which must not itself have one)."""
+        if prefix.prefix is not None:
+            raise ValueError("a shared prefix cache cannot itself continue a prefix")
+        return cls([], [], prefix.tail, prefix.num_tokens, prefix)
 
     def nbytes(self) -> int:
+        """This cache's own bytes (a shared prefix is not counted)."""
         return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))
 
 
@@ -158,8 +164,11 @@ class EncoderStreamer:
             a, m = starts[r], lens[r]
             b = a + m
             cache = row.cache
-            keys = torch.cat([cache.keys[cache_index].to(k.dtype), k[r, :, :m]], dim=1)  # (H, b, Dh)
-            values = torch.cat([cache.values[cache_index].to(v.dtype), v[r, :, :m]], dim=1)
+            shared = cache.prefix
+            head_k = [shared.keys[cache_index].to(k.dtype)] if shared is not None else []
+            head_v = [shared.values[cache_index].to(v.dtype)] if shared is not None else []
+            keys = torch.cat([*head_k, cache.keys[cache_index].to(k.dtype), k[r, :, :m]], dim=1)  # (H, b, Dh)
+            values = torch.cat([*head_v, cache.values[cache_index].to(v.dtype), v[r, :, :m]], dim=1)
             qr = q[r, :m]  # (m, H, Dh)
             content = torch.matmul((qr + attn.pos_bias_u).transpose(0, 1), keys.transpose(-2, -1))  # (H, m, b)
             # rows of the relative positions b-1 down to a-b+1 (row = L-1-rel); then pick rel = i - j
@@ -175,8 +184,11 @@ class EncoderStreamer:
             scores = scores.masked_fill(blocked, -float("inf"))
             weights = torch.softmax(scores, dim=-1).masked_fill(blocked, 0.0)
             out[r, :m] = torch.matmul(weights.to(values.dtype), values).transpose(0, 1).reshape(m, -1)
-            if row.keep:
+            if row.keep and shared is None:
                 cache.keys[cache_index], cache.values[cache_index] = keys, values
+            elif row.keep:  # own positions only
+                cache.keys[cache_index] = torch.cat([cache.keys[cache_index], k[r, :, :m]], dim=1)
+                cache.values[cache_index] = torch.cat([cache.values[cache_index], v[r, :, :m]], dim=1)
         x = x + attn.linear_out(out)
         return x + layer.feed_forward(layer.norm_ff(x))
 
@@ -234,4 +246,5 @@ class EncoderStreamer:
             empty = torch.zeros(attn.h, 0, attn.d_k, dtype=dtype, device=w.device)
             cache.keys.append(empty)
             cache.values.append(empty)
-        cache.tail = torch.zeros(_UP_TAIL_TOKENS, enc.output_size, dtype=dtype, device=w.device)
+        if cache.tail is None:  # a cache continuing a prefix starts with the prefix's tail
+            cache.tail = torch.zeros(_UP_TAIL_TOKENS, enc.output_size, dtype=dtype, device=w.device)

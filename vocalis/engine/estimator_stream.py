@@ -8,7 +8,7 @@ final, and the new frames need from it only, per step and guidance row:
 - the last `kernel - 1` input frames of every causal conv.
 `EstimatorCache` holds exactly that, one per Euler step. Memory per cached frame, at the 0.5B shapes:
 56 blocks x (K + V = 2 x 512) x 2 guidance rows x 10 steps = 1.15 M values (4.6 MB in fp32); a request's
-cache is dropped when it finishes, and a voice's prompt prefix is shared, never copied.
+cache is dropped when it finishes, and a voice's prompt prefix is shared (`EstimatorCache.prefix`), never copied.
 
 Batching: rows are [conditional of each request, then unconditional of each], like the reference solver; new
 frames are right-padded to the longest request (harmless: everything but attention is position-wise or causal,
@@ -38,19 +38,27 @@ _MASK_BIAS = -1.0e10  # the estimator's additive mask value
 class EstimatorCache:
     """One request at one Euler step: keys/values per transformer block and input tails per causal conv.
 
-    Tensors are (2, ...) with the conditional row first; they are replaced, never written in place, so a
-    cache copied from a shared voice prefix leaves the prefix intact.
+    Tensors are (2, ...) with the conditional row first; they are replaced, never written in place.
+    A request that starts from a voice's shared prompt prefix points at it (`prefix`, read only, shared by every
+    request of that voice) and holds only its own frames [prefix.num_frames, num_frames) in `keys`/`values`,
+    so its memory is its own frames, not the prompt's again.
     """
 
-    keys: list[torch.Tensor] = field(default_factory=list)  # per block (2, H, frames, E)
+    keys: list[torch.Tensor] = field(default_factory=list)  # per block (2, H, own frames, E)
     values: list[torch.Tensor] = field(default_factory=list)
     tails: list[torch.Tensor] = field(default_factory=list)  # per causal conv (2, C_in, kernel - 1)
-    num_frames: int = 0
+    num_frames: int = 0  # frames covered, the prefix's included
+    prefix: EstimatorCache | None = None
 
-    def copy(self) -> EstimatorCache:
-        return EstimatorCache(list(self.keys), list(self.values), list(self.tails), self.num_frames)
+    @classmethod
+    def on_prefix(cls, prefix: EstimatorCache) -> EstimatorCache:
+        """An empty per-request cache continuing a shared prefix (which must not itself have one)."""
+        if prefix.prefix is not None:
+            raise ValueError("a shared prefix cache cannot itself continue a prefix")
+        return cls([], [], list(prefix.tails), prefix.num_frames, prefix)
 
     def nbytes(self) -> int:
+        """This cache's own bytes (a shared prefix is not counted)."""
         return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values, *self.tails))
 
 
@@ -104,19 +112,24 @@ class _ChunkRun:
             if len(c.keys) == i:  # first chunk of this request
                 c.keys.append(k.new_zeros(2, h, 0, e, dtype=self.cache_dtype or k.dtype))
                 c.values.append(v.new_zeros(2, h, 0, e, dtype=self.cache_dtype or v.dtype))
-            a = c.keys[i].shape[2]
-            keys = torch.cat([c.keys[i].to(k.dtype), k[pair, :, :m]], dim=2)  # (2, H, a + m, E)
-            values = torch.cat([c.values[i].to(v.dtype), v[pair, :, :m]], dim=2)
+            a = c.num_frames  # the chunk's first absolute frame (prefix + own frames so far)
+            shared = c.prefix
+            k_new, v_new = k[pair, :, :m], v[pair, :, :m]
+            keys = torch.cat(([shared.keys[i].to(k.dtype)] if shared is not None else [])
+                             + [c.keys[i].to(k.dtype), k_new], dim=2)  # (2, H, a + m, E)
+            values = torch.cat(([shared.values[i].to(v.dtype)] if shared is not None else [])
+                               + [c.values[i].to(v.dtype), v_new], dim=2)
             qi = torch.arange(a, a + m, device=x.device)
             limit = (qi // self.chunk + 1) * self.chunk
             hidden = torch.arange(a + m, device=x.device)[None, :] >= limit[:, None]  # (m, a + m)
             bias = hidden.to(q.dtype) * _MASK_BIAS
             out[pair, :, :m] = F.scaled_dot_product_attention(q[pair, :, :m], keys, values, attn_mask=bias)
-            if self.keeps[r] and self.cache_dtype is None:
+            if self.keeps[r] and shared is None and self.cache_dtype is None:
                 c.keys[i], c.values[i] = keys, values
-            elif self.keeps[r]:  # stored reduced; this chunk itself attended to its own keys at full precision
-                c.keys[i] = torch.cat([c.keys[i], k[pair, :, :m].to(self.cache_dtype)], dim=2)
-                c.values[i] = torch.cat([c.values[i], v[pair, :, :m].to(self.cache_dtype)], dim=2)
+            elif self.keeps[r]:  # own frames only; a reduced dtype is for storage: this chunk attended at full
+                store = self.cache_dtype or k.dtype
+                c.keys[i] = torch.cat([c.keys[i], k_new.to(store)], dim=2)
+                c.values[i] = torch.cat([c.values[i], v_new.to(store)], dim=2)
         out = out.transpose(1, 2).reshape(rows, n, h * e)  # (2R, n, H*E)
         return attn.to_out[1](attn.to_out[0](out))
 

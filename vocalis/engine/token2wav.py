@@ -13,11 +13,15 @@ Cost. Non-final chunks use the streaming (block-causal) flow incrementally: only
 encoder and only the new frames through the 10 Euler steps, reading earlier chunks' keys/values from caches
 (`encoder_stream`, `estimator_stream`), so a request's flow work is linear in its length. A voice's prompt
 prefix (its first 25 * floor((P - 3) / 25) tokens, which neither look ahead into nor share an attention block
-with generated tokens) is computed once per voice and shared.
+with generated tokens) is computed once per voice and shared: every request of that voice reads the same
+read-only keys/values (`EstimatorCache.prefix`, `EncoderCache.prefix`) and stores only its own frames.
+A prefix is reference-counted by the live requests using it: it stays while one does, and once idle it is kept
+only among the `voice_cache_size` most recently used (a saved voice's next request skips it again).
 
 Memory. The caches cost ~4.4 MiB per token (2 mel frames) at the 0.5B shapes with the default bf16 storage
-(twice that exact, `cache_dtype=None`); `max_cache_mib` bounds the total: over it, requests fall back to
-recomputing their chunks (the reference path's cost, same output) instead of running out of memory.
+(twice that exact, `cache_dtype=None`): per request, only its own tokens (the prompt's last P - prefix tokens
+and its generated ones), plus each voice's prefix once. `max_cache_mib` bounds the total: over it, requests
+fall back to recomputing their chunks (the reference path's cost, same output) instead of running out of memory.
 
 The final chunk. The reference runs its last call with full attention over the whole utterance. Here
 `Token2WavConfig.final_attention` chooses:
@@ -66,8 +70,9 @@ class Token2WavConfig:
     """Runtime knobs of the token2wav engine.
 
     final_attention: "causal" (linear cost) or "full" (the reference's last call, exactly); see module doc.
-    voice_cache_size: prompt prefixes kept (LRU); 0 disables. One costs ~4.6 MB per prompt mel frame at
-    the 0.5B shapes in fp32 (half in bf16).
+    voice_cache_size: idle prompt prefixes kept (LRU; one in use by a live request is always kept and shared);
+    0 disables prefix reuse altogether (every request computes its prompt). One costs ~4.6 MB per prompt mel
+    frame at the 0.5B shapes in fp32 (half in bf16).
     max_batch: most requests in one step (the rest wait for the next step, oldest first as given).
     cache_dtype: "bf16" (default) / "fp16" store the estimator's cached keys/values reduced: half the memory,
     mel max rel error 3.6e-5 at the 0.5B shapes (random weights); None keeps the compute dtype (exact).
@@ -114,6 +119,7 @@ class StreamState:
     encoder_tokens: int = 0
     enc_cache: EncoderCache | None = None
     est_caches: list[EstimatorCache] = field(default_factory=list)
+    voice: _VoicePrefix | None = None  # the shared prompt prefix its caches continue (counts as a user of it)
     cache_mel: torch.Tensor | None = None  # (80, mel_cache_len)
     cache_source: torch.Tensor | None = None  # (1, 1, source_cache_len)
     cache_speech: torch.Tensor | None = None  # (source_cache_len,)
@@ -131,12 +137,18 @@ class StreamState:
         return int(self.prompt.speech_ids.shape[1])
 
     def release(self) -> None:
-        """Drop every cache (finish or abort)."""
-        self.enc_cache = None
-        self.est_caches = []
+        """Drop every cache (finish or abort) and the reference to the voice prefix."""
+        self.drop_flow_caches()
         self.cache_mel = self.cache_source = self.cache_speech = None
 
+    def drop_flow_caches(self) -> None:
+        """Drop the flow caches and the voice prefix reference (the HiFT seam caches stay)."""
+        self.voice = None
+        self.enc_cache = None
+        self.est_caches = []
+
     def cache_bytes(self) -> int:
+        """Bytes of this request's own flow caches (the shared voice prefix not counted)."""
         n = self.enc_cache.nbytes() if self.enc_cache is not None else 0
         return n + sum(c.nbytes() for c in self.est_caches)
 
@@ -161,11 +173,17 @@ class Token2WavStats:
     cache_fallbacks: int = 0  # requests that dropped their caches to stay within max_cache_mib
 
 
-@dataclass
+@dataclass(eq=False)
 class _VoicePrefix:
+    """A voice's prompt-prefix caches: computed once, read only, shared by every request of the voice."""
+
+    key: str
     num_tokens: int
     enc: EncoderCache
-    est: list[EstimatorCache]
+    est: list[EstimatorCache]  # one per Euler step
+
+    def nbytes(self) -> int:
+        return self.enc.nbytes() + sum(c.nbytes() for c in self.est)
 
 
 class Token2WavEngine:
@@ -218,7 +236,11 @@ class Token2WavEngine:
 
     def abort(self, state: StreamState) -> None:
         state.finished = True
+        self._release(state)
+
+    def _release(self, state: StreamState) -> None:
         state.release()
+        self._trim_voices()
 
     def this_hop(self, state: StreamState) -> int:
         if state.chunks_done == 0:
@@ -279,7 +301,7 @@ class Token2WavEngine:
         index = s.chunks_done
         if final:
             s.finished = True
-            s.release()
+            self._release(s)
         else:
             hop = self.this_hop(s)
             s.hops.append(hop)
@@ -300,10 +322,11 @@ class Token2WavEngine:
         for s, final in items:
             if s.cached:
                 if s.enc_cache is None:
-                    s.enc_cache, s.est_caches = self._prefix_caches(s)
+                    s.voice = self._voice_prefix(s)
+                    s.enc_cache, s.est_caches = _start_caches(s.voice)
                 enc, est, keep = s.enc_cache, s.est_caches, not final
             else:  # over budget: this chunk runs from the voice prefix and keeps nothing
-                enc, est = self._prefix_caches(s)
+                enc, est = _start_caches(self._voice_prefix(s))
                 keep = False
             p = s.num_prompt_tokens
             end = p + len(s.tokens) if final else p + s.token_offset + self.this_hop(s)
@@ -365,25 +388,46 @@ class Token2WavEngine:
         chunk, look = self.encoder.chunk, self.stream.pre_lookahead_len
         return chunk * ((num_prompt_tokens - look) // chunk) if num_prompt_tokens > look else 0
 
-    def _prefix_caches(self, s: StreamState) -> tuple[EncoderCache, list[EstimatorCache]]:
-        """Caches to start a request from: its voice's shared prefix (computed on first use), or empty."""
+    def _voice_prefix(self, s: StreamState) -> _VoicePrefix | None:
+        """The shared prompt prefix a request starts from (computed on its voice's first use), or None."""
         pc = self.cacheable_prefix(s.num_prompt_tokens)
         if pc == 0 or self.config.voice_cache_size == 0:
-            return EncoderCache(), []
+            return None
         key = _voice_key(s.prompt)
         entry = self._voices.get(key)
         if entry is None:
             self.stats.voice_cache_misses += 1
-            entry = self._compute_prefix(s.prompt, pc)
+            entry = self._compute_prefix(key, s.prompt, pc)
             self._voices[key] = entry
-            while len(self._voices) > self.config.voice_cache_size:
-                self._voices.popitem(last=False)
         else:
             self.stats.voice_cache_hits += 1
             self._voices.move_to_end(key)
-        return entry.enc.copy(), [c.copy() for c in entry.est]
+        self._trim_voices(keep=entry)
+        return entry
 
-    def _compute_prefix(self, prompt: FlowPrompt, pc: int) -> _VoicePrefix:
+    def _trim_voices(self, keep: _VoicePrefix | None = None) -> None:
+        """Forget the least recently used idle prefixes beyond `voice_cache_size`; a prefix some live request
+        uses stays (its tensors are referenced by that request anyway, and its next request shares it)."""
+        excess = len(self._voices) - self.config.voice_cache_size
+        if excess <= 0:
+            return
+        in_use = {id(s.voice) for s in list(self._live) if s.voice is not None}
+        for key, entry in list(self._voices.items()):
+            if excess <= 0:
+                break
+            if entry is not keep and id(entry) not in in_use:
+                del self._voices[key]
+                excess -= 1
+
+    def voice_users(self) -> dict[str, int]:
+        """Live requests per held voice prefix (key -> count): the prefixes' reference counts."""
+        counts = {key: 0 for key in self._voices}
+        for s in list(self._live):
+            if s.voice is not None:
+                counts[s.voice.key] = counts.get(s.voice.key, 0) + 1
+        return counts
+
+    def _compute_prefix(self, key: str, prompt: FlowPrompt, pc: int) -> _VoicePrefix:
         enc = EncoderCache()
         row = EncoderRow(prompt.speech_ids.reshape(-1).long(), 0, pc, False, enc, keep=True)
         mu, lens = self.encoder.forward([row])
@@ -394,10 +438,11 @@ class Token2WavEngine:
         solve_chunk(self.flow.decoder, self.estimator, mu, spks, cond, [0], lens, [est], [True], self.n_timesteps,
                     self.cache_dtype)
         self.stats.estimator_frames += lens[0] * self.n_timesteps
-        return _VoicePrefix(pc, enc, est)
+        return _VoicePrefix(key, pc, enc, est)
 
     def voice_cache_bytes(self) -> int:
-        return sum(v.enc.nbytes() + sum(c.nbytes() for c in v.est) for v in self._voices.values())
+        """Bytes of the voice prefixes held (each once, however many requests share it)."""
+        return sum(v.nbytes() for v in self._voices.values())
 
     # ---- cache memory budget --------------------------------------------------------------------------------
     def _default_budget(self) -> int:
@@ -416,20 +461,11 @@ class Token2WavEngine:
         return est + enc
 
     def live_cache_bytes(self) -> int:
-        """Flow cache bytes held by live requests and voice prefixes (shared tensors counted once)."""
-        seen: set[int] = set()
-        total = 0
-        holders = [(s.enc_cache, s.est_caches) for s in list(self._live)]
-        holders += [(v.enc, v.est) for v in self._voices.values()]
-        for enc, est in holders:
-            tensors = [*enc.keys, *enc.values] if enc is not None else []
-            for c in est:
-                tensors += [*c.keys, *c.values, *c.tails]
-            for t in tensors:
-                if t.numel() and t.data_ptr() not in seen:
-                    seen.add(t.data_ptr())
-                    total += t.numel() * t.element_size()
-        return total
+        """Flow cache bytes held by live requests (their own frames) and voice prefixes (each once)."""
+        live = list(self._live)
+        voices = {id(v): v for v in self._voices.values()}
+        voices.update({id(s.voice): s.voice for s in live if s.voice is not None})
+        return sum(s.cache_bytes() for s in live) + sum(v.nbytes() for v in voices.values())
 
     def _enforce_budget(self, items: list[tuple[StreamState, bool]]) -> None:
         """Make the growing requests with the largest caches recompute instead, until the step fits."""
@@ -439,7 +475,10 @@ class Token2WavEngine:
         per_token = self.cache_bytes_per_token()
 
         def growth(s: StreamState) -> int:
-            start = s.enc_cache.num_tokens if s.enc_cache is not None else 0
+            if s.enc_cache is not None:
+                start = s.enc_cache.num_tokens
+            else:  # a new request stores only what follows its voice's shared prefix
+                start = self.cacheable_prefix(s.num_prompt_tokens) if self.config.voice_cache_size else 0
             return (s.num_prompt_tokens + s.token_offset + self.this_hop(s) - start) * per_token
 
         total = self.live_cache_bytes() + sum(growth(s) for s in growing)
@@ -447,7 +486,8 @@ class Token2WavEngine:
             if total <= self.cache_budget:
                 return
             total -= growth(s) + s.cache_bytes()
-            s.cached, s.enc_cache, s.est_caches = False, None, []
+            s.cached = False
+            s.drop_flow_caches()
             self.stats.cache_fallbacks += 1
             log.warning("token2wav cache budget (%d MiB) reached: request %s recomputes its chunks from now on",
                         self.cache_budget // 2**20, s.request_id)
@@ -479,6 +519,13 @@ class Token2WavEngine:
             s.cache_speech = speech[-n:].clone()
             out.append(speech[:-n].numpy())
         return out
+
+
+def _start_caches(voice: _VoicePrefix | None) -> tuple[EncoderCache, list[EstimatorCache]]:
+    """Fresh per-request caches: continuing a voice's shared prefix (nothing copied), or empty."""
+    if voice is None:
+        return EncoderCache(), []
+    return EncoderCache.on_prefix(voice.enc), [EstimatorCache.on_prefix(c) for c in voice.est]
 
 
 def _voice_key(prompt: FlowPrompt) -> str:

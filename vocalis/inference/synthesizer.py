@@ -90,7 +90,8 @@ class Synthesizer:
         return text_fe.normalize(text, language=language, split=split,
                                  token_len=lambda s: len(self.tokenizer.encode(s)))
 
-    def _segments(self, request: SynthesisRequest) -> list[list[int]]:
+    # ---- request preparation: public, so other front ends (the async engine) follow the same rules -----------
+    def segments(self, request: SynthesisRequest) -> list[list[int]]:
         """Text -> token ids per sentence; no sentence dropped, none repeated."""
         assert isinstance(request.text, str)
         if request.text_frontend:
@@ -103,7 +104,7 @@ class Synthesizer:
             raise InputError("text has nothing to say after normalisation (only punctuation or symbols?)")
         return ids
 
-    def _llm_prompt(self, request: SynthesisRequest) -> tuple[list[int], list[int]]:
+    def llm_prompt(self, request: SynthesisRequest) -> tuple[list[int], list[int]]:
         """(prompt text ids, prompt speech ids) the LLM sees before the text."""
         voice = request.voice
         if request.mode is Mode.ZERO_SHOT:
@@ -115,7 +116,8 @@ class Synthesizer:
             return self.tokenizer.encode(instruct), []
         return [], []
 
-    def _flow_prompt(self, request: SynthesisRequest) -> FlowPrompt:
+    def flow_prompt(self, request: SynthesisRequest) -> FlowPrompt:
+        """The flow's prompt (speech ids (1, P), mel (1, 2P, 80), speaker embedding (1, E)); empty for SFT."""
         voice = request.voice
         emb = voice.embedding.reshape(1, -1)
         if request.mode is Mode.SFT or not voice.has_prompt_speech:
@@ -127,7 +129,7 @@ class Synthesizer:
         )
 
     # ---- synthesis -----------------------------------------------------------------------------------
-    def _generators(self, seed: int | None) -> tuple[torch.Generator, torch.Generator]:
+    def generators(self, seed: int | None) -> tuple[torch.Generator, torch.Generator]:
         """Separate streams for LLM sampling and the vocoder's source noise, so streaming and non-streaming
         draw the same speech tokens for the same seed."""
         base = seed if seed is not None else random.SystemRandom().randrange(2**62)
@@ -142,21 +144,21 @@ class Synthesizer:
         if request.mode is Mode.VC:
             yield iter(request.source_speech_ids)
             return
-        prompt_text_ids, prompt_speech_ids = self._llm_prompt(request)
+        prompt_text_ids, prompt_speech_ids = self.llm_prompt(request)
         sampling = self.model.config.sampling
         if request.bistream:
             pieces = (self.tokenizer.encode(p) for p in request.text if p)
             yield self.model.llm.generate_bistream(pieces, prompt_text_ids, prompt_speech_ids, sampling=sampling,
                                                    generator=gen)
             return
-        for text_ids in self._segments(request):
+        for text_ids in self.segments(request):
             yield self.model.llm.generate(text_ids, prompt_text_ids, prompt_speech_ids, sampling=sampling,
                                           generator=gen)
 
     def run(self, request: SynthesisRequest, stream: bool = False) -> Iterator[AudioChunk]:
         """Audio for `request`: one chunk per segment, or several per segment when streaming."""
-        llm_gen, voc_gen = self._generators(request.seed)
-        prompt = self._flow_prompt(request)
+        llm_gen, voc_gen = self.generators(request.seed)
+        prompt = self.flow_prompt(request)
         pending: AudioChunk | None = None
         for segment, tokens in enumerate(self._speech_token_streams(request, llm_gen)):
             for wav in self._token_audio(tokens, prompt, request.speed, stream, voc_gen):
