@@ -13,10 +13,11 @@ Stages (each one a `vocalis` command, printed before it runs):
   base       a random `builtin`-preset model directory with speaker_encoder.json (resemblyzer): the frontend
              source of every later stage
   prep_tok   vocalis prepare ... --no-speech-tokens --no-speaker-embeddings  (mel, F0, audio; tokenizer + HiFT data)
-  tokenizer  vocalis train tokenizer (preset `builtin`: FSQ 3^6 = 729 ids, CTC on characters) -> exported into base
+  tokenizer  vocalis train tokenizer twice (preset `builtin`: FSQ 3^6 = 729 ids, CTC on `latin` characters):
+             RUN/tok_warm with the FSQ unrounded, then RUN/tokenizer from it with rounding -> exported into base
   prep       vocalis prepare ... --speech-tokenizer base/speech_tokenizer.safetensors (speech ids, resemblyzer x-vectors)
   llm, flow  vocalis train llm|flow --set model.preset=builtin        (run concurrently, one thread each)
-  hift       vocalis train hift on prep_tok                            (needs vocalis/train/task_hift.py)
+  hift       vocalis train hift on prep_tok, RUN/hift_warm: mel + F0 losses, no critic (concurrently with the rest)
   export     vocalis export (newest checkpoints) --base RUN/base, plus a default voice from a festival SLT clip
   install    (only with --install) copy the export to vocalis/assets/model
 """
@@ -80,6 +81,14 @@ def newest_checkpoint(run_dir: Path) -> Path | None:
     return found[-1] if found else None
 
 
+def export_tokenizer(run_dir: Path) -> Path:
+    """Export a tokenizer run's newest checkpoint to RUN_DIR/export (speech_tokenizer.safetensors + .json)."""
+    out = run_dir / "export"
+    shutil.rmtree(out, ignore_errors=True)
+    vocalis("export", str(newest_checkpoint(run_dir)), "--out", str(out))
+    return out
+
+
 def make_base(run: Path) -> Path:
     from vocalis.frontend.speaker_resemblyzer import write_speaker_encoder_json
     from vocalis.model_dir import BUNDLED_TOKENIZER, random_model, save_vocalis
@@ -110,10 +119,11 @@ def main() -> int:
     ap.add_argument("run", type=Path, help="run folder (outside the repository), e.g. /work/runs/builtin")
     ap.add_argument("--hours", type=float, default=1.5, help="corpus size")
     ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--tokenizer-steps", type=int, default=1500)
+    ap.add_argument("--tokenizer-warm-steps", type=int, default=1500)
+    ap.add_argument("--tokenizer-steps", type=int, default=600)
     ap.add_argument("--llm-steps", type=int, default=4000)
     ap.add_argument("--flow-steps", type=int, default=4000)
-    ap.add_argument("--hift-steps", type=int, default=4000)
+    ap.add_argument("--hift-warm-steps", type=int, default=4000)
     ap.add_argument("--device", default="cpu", help="cpu or cuda (every trainer)")
     ap.add_argument("--only", nargs="*", help="run only these stages (others must be done already)")
     ap.add_argument("--install", action="store_true", help="copy the export to vocalis/assets/model")
@@ -136,26 +146,30 @@ def main() -> int:
         mark(run, "prep_tok")
 
     hift_proc = None
-    if want("hift") and (REPO / "vocalis" / "train" / "task_hift.py").is_file():
+    if want("hift"):
         hift_proc = vocalis("train", "hift", "--data", str(run / "prep_tok"), *common_train_args(
-            run / "hift", args.hift_steps, 1,
-            ["model.preset=builtin", "optim.lr=3e-4", "optim.betas=[0.8, 0.99]", "scheduler.name=constant",
-             "scheduler.warmup_steps=100", "data.max_frames_in_batch=408", "data.segment_frames=51",
-             # discriminators 8x narrower than the official ones: the official sizes are too slow on a CPU
-             "hift.period_channels=[16, 32, 64, 128, 128]", "hift.spec_channels=16"]), background=True)
-    elif want("hift"):
-        log("vocalis/train/task_hift.py is not there yet: HiFT is not trained in this run")
+            run / "hift_warm", args.hift_warm_steps, 1,
+            # warm-up without a critic (mel + F0 losses): intelligible audio in far fewer, cheaper steps than the GAN
+            ["model.preset=builtin", "hift.adversarial=none", "optim.lr=1e-3", "optim.betas=[0.8, 0.99]",
+             "scheduler.name=constant", "scheduler.warmup_steps=200", "data.max_frames_in_batch=816",
+             "data.segment_frames=51"]), background=True)
 
     if want("tokenizer") and stage(run, "tokenizer"):
+        # 1. CTC with the FSQ values unrounded: a cold start through the rounding collapsed to one constant code
+        #    (tanh saturated) before CTC left its blank plateau, at lr 1e-3 and 3e-4 alike. Targets: characters with
+        #    Hanzi as numbered-tone pinyin (`latin`), ~60 symbols shared by the five languages.
+        vocalis("train", "tokenizer", "--data", str(run / "prep_tok"), *common_train_args(
+            run / "tok_warm", args.tokenizer_warm_steps, 1,
+            ["tokenizer.preset=builtin", "tokenizer.unit=latin", "tokenizer.quantize=false", "optim.lr=1e-3",
+             "scheduler.name=constant", "scheduler.warmup_steps=300", "data.max_frames_in_batch=6000"]))
+        warm_export = export_tokenizer(run / "tok_warm")
+        # 2. the same network with the bottleneck discrete (straight-through rounding), fine-tuned from 1
         vocalis("train", "tokenizer", "--data", str(run / "prep_tok"), *common_train_args(
             run / "tokenizer", args.tokenizer_steps, 1,
-            # lr 1e-3 (warm-up 100) saturated the FSQ tanh within 60 steps (one constant code, CTC stuck at the
-            # unigram plateau); a lower peak with a long warm-up keeps the bottleneck in its linear range
-            ["tokenizer.preset=builtin", "tokenizer.unit=char", "optim.lr=3e-4", "scheduler.name=constant",
-             "scheduler.warmup_steps=500", "data.max_frames_in_batch=6000"]))
-        tok_export = run / "tokenizer" / "export"
-        shutil.rmtree(tok_export, ignore_errors=True)
-        vocalis("export", str(newest_checkpoint(run / "tokenizer")), "--out", str(tok_export))
+            ["tokenizer.preset=builtin", "tokenizer.unit=latin", f"tokenizer.init_from={warm_export}",
+             "optim.lr=3e-4", "scheduler.name=constant", "scheduler.warmup_steps=50",
+             "data.max_frames_in_batch=6000"]))
+        tok_export = export_tokenizer(run / "tokenizer")
         for f in ("speech_tokenizer.safetensors", "speech_tokenizer.json"):
             shutil.copy2(tok_export / f, base / f)
         mark(run, "tokenizer")
@@ -185,7 +199,7 @@ def main() -> int:
     if want("export"):
         export = run / "export"
         shutil.rmtree(export, ignore_errors=True)
-        ckpts = [c for c in (newest_checkpoint(run / n) for n in ("llm", "flow", "hift")) if c is not None]
+        ckpts = [c for c in (newest_checkpoint(run / n) for n in ("llm", "flow", "hift_warm")) if c is not None]
         vocalis("export", *map(str, ckpts), "--out", str(export), "--base", str(base))
         add_default_voice(export, corpus)
         log(f"exported {export} from {', '.join(map(str, ckpts))}")

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import io
 import socket
+import subprocess
 import threading
 import time
 from pathlib import Path
 
+import httpx
 import numpy as np
 import pytest
 import soundfile as sf
@@ -40,6 +42,20 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def wait_healthy(proc: subprocess.Popen, url: str, timeout_s: float, what: str = "the server") -> None:
+    """Poll `url`/health until it answers 200; fail with the process output if it exits or `timeout_s` passes."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        assert time.monotonic() < deadline, f"{what} did not come up"
+        time.sleep(0.3)
 
 
 def quick_tts(tmp_path_factory: pytest.TempPathFactory):

@@ -24,6 +24,7 @@ from vocalis.train.hift_gan import (
     generator_forward,
     generator_losses,
     generator_step_losses,
+    reconstruction_losses,
     tpr_loss,
 )
 
@@ -169,6 +170,28 @@ def test_gan_steps_reduce_mel_l1() -> None:
     print(f"[hift gan] mel L1 {mel_before:.3f} -> {mel_after:.3f}, F0 L1 {f0_before:.1f} -> {f0_after:.1f} Hz")
     assert mel_after < 0.8 * mel_before
     assert f0_after < 0.9 * f0_before
+
+
+def test_reconstruction_warmup_reduces_mel_l1() -> None:
+    """`adversarial="none"`: mel + F0 losses only (no critic); they fall and equal their terms."""
+    torch.manual_seed(0)
+    gen = HiFTGenerator(TINY_HIFT)
+    wav, mel, f0 = _clip(25)
+    config = HiFTLossConfig(adversarial="none")
+    opt = torch.optim.AdamW(gen.parameters(), 2e-3, betas=(0.8, 0.99))
+    first = None
+    for _ in range(15):
+        fake = generator_forward(gen, mel, torch.Generator().manual_seed(0))
+        total, logs = reconstruction_losses(fake, wav, f0, config)
+        assert set(logs) == {"loss_mel", "loss_f0", "loss_g"}
+        assert math.isclose(logs["loss_g"], 45.0 * logs["loss_mel"] + logs["loss_f0"], rel_tol=1e-5)
+        first = first or logs
+        opt.zero_grad()
+        total.backward()
+        opt.step()
+    assert logs["loss_mel"] < 0.8 * first["loss_mel"]
+    with pytest.raises(ValueError, match="adversarial"):
+        HiFTLossConfig(adversarial="wgan")  # type: ignore[arg-type]
 
 
 def test_bf16_autocast_steps() -> None:

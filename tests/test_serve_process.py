@@ -5,11 +5,10 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
-from serve_support import free_port, make_quick_tiny_model_dir
+from serve_support import free_port, make_quick_tiny_model_dir, wait_healthy
 
 
 def test_serve_command(tmp_path: Path) -> None:
@@ -20,16 +19,7 @@ def test_serve_command(tmp_path: Path) -> None:
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "the server did not come up"
-            time.sleep(0.2)
+        wait_healthy(proc, url, 60, "the server")
         r = httpx.post(url + "/v1/audio/speech", json={"input": "Hi.", "voice": "alloy", "response_format": "wav"},
                        headers={"Authorization": "Bearer k"}, timeout=60)
         assert r.status_code == 200 and r.content[:4] == b"RIFF"

@@ -12,12 +12,11 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import httpx
 import pytest
-from serve_support import free_port, make_quick_tiny_model_dir
+from serve_support import free_port, make_quick_tiny_model_dir, wait_healthy
 from tiny_assets import write_voice_like_wav
 
 try:
@@ -43,16 +42,7 @@ def test_ray_serve_two_replicas(tmp_path: Path) -> None:
                             start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 150
-        while True:
-            assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "Ray Serve did not come up"
-            time.sleep(0.5)
+        wait_healthy(proc, url, 150, "Ray Serve")
         pids = {httpx.get(url + "/health", timeout=10).json()["pid"] for _ in range(24)}
         assert len(pids) == 2, pids  # both replicas answer
         r = httpx.post(url + "/v1/audio/voices", data={"name": "me", "text": "hello there"},

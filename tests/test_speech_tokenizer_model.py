@@ -21,6 +21,7 @@ from vocalis.models.speech_tokenizer import (
     TorchSpeechTokenizer,
     char_units,
     greedy_ctc_decode,
+    latin_units,
     load_speech_tokenizer,
     pad_mels,
     preset_config,
@@ -89,6 +90,18 @@ def test_fsq_straight_through_gradient() -> None:
     (fsq.bounded(z2) / fsq.half_width).sum().backward()
     assert z.grad is not None and bool((z.grad.abs() > 0).all())
     assert torch.allclose(z.grad, z2.grad)
+
+
+def test_fsq_unrounded_warmup() -> None:
+    """quantize=False passes the bounded values on (same indices); the model's loss runs either way."""
+    fsq = FSQ(3, 6)
+    z = torch.randn(10, 6)
+    soft, idx_soft = fsq(z, quantize=False)
+    hard, idx_hard = fsq(z)
+    assert torch.equal(idx_soft, idx_hard)
+    assert torch.allclose(soft, fsq.bounded(z) / fsq.half_width)
+    assert torch.allclose(hard, torch.round(fsq.bounded(z)) / fsq.half_width)
+    assert not torch.allclose(soft, hard)
 
 
 def test_official_codebook_by_default() -> None:
@@ -196,6 +209,14 @@ def test_char_units_and_table() -> None:
     assert SymbolTable.from_dict(json.loads(json.dumps(table.to_dict()))).symbols == table.symbols
     with pytest.raises(ValueError, match="starts with"):
         SymbolTable(["a", "b"])
+
+
+def test_latin_units_romanise_hanzi() -> None:
+    pytest.importorskip("pypinyin")
+    assert latin_units("你好，世界 OK") == [*"ni3hao3", "|", *"shi4jie4", "|", "o", "k"]
+    assert latin_units("Hello, World!") == char_units("Hello, World!")
+    table = SymbolTable.from_texts(["你好", "hao"], unit="latin")
+    assert table.unit == "latin" and table.encode_text("好") == table.encode_text("hao3")
 
 
 @pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="espeak-ng not installed (.ci/run installs it)")

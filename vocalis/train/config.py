@@ -55,7 +55,7 @@ class HiFTTaskConfig:
     feature_weight: float = 2.0
     tpr_weight: float = 1.0
     f0_weight: float = 1.0
-    adversarial: str = "lsgan"  # lsgan (official) | hinge
+    adversarial: str = "lsgan"  # lsgan (official) | hinge | none (warm-up: mel and F0 losses only, no critic)
     # discriminator sizes (defaults: the official recipe; tests shrink them)
     periods: tuple[int, ...] = (2, 3, 5, 7, 11)
     period_channels: tuple[int, ...] = (32, 128, 512, 1024, 1024)
@@ -65,8 +65,11 @@ class HiFTTaskConfig:
 @dataclass(frozen=True, slots=True)
 class TokenizerTaskConfig:
     preset: str = "tiny"  # architecture of a new speech tokenizer ("tiny", "small")
-    unit: str = "char"  # CTC targets: "char" or "phoneme" (espeak-ng)
+    unit: str = "char"  # CTC targets: "char", "latin" (Hanzi as pinyin letters) or "phoneme" (espeak-ng)
     init_from: str | None = None  # start from a saved tokenizer (speech_tokenizer.safetensors + .json)
+    # False: FSQ values pass unrounded (a warm-up run; a later run with init_from makes them discrete). A cold
+    # start through the rounding tends to collapse to one constant code before CTC leaves its blank plateau.
+    quantize: bool = True
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,7 +18,13 @@ from vocalis.models.hift.generator import HiFTGenerator
 from vocalis.train.config import TrainConfig
 from vocalis.train.data import Batch
 from vocalis.train.discriminators import DiscriminatorConfig, HiFTDiscriminator
-from vocalis.train.hift_gan import HiFTLossConfig, discriminator_loss, generator_forward, generator_losses
+from vocalis.train.hift_gan import (
+    HiFTLossConfig,
+    discriminator_loss,
+    generator_forward,
+    generator_losses,
+    reconstruction_losses,
+)
 from vocalis.train.task import StepContext, Task, Wrap, build_part
 
 
@@ -71,6 +77,13 @@ class HiFTTask(Task):
 
     def micro_step(self, batch: Batch, ctx: StepContext) -> dict[str, float]:
         mel = batch.mel.transpose(1, 2)  # (B, 80, T)
+        if self.losses.adversarial == "none":  # warm-up: no critic turn (its optimizer state stays untouched)
+            with ctx.autocast():
+                fake = generator_forward(self.generator, mel, ctx.generator)
+                g_loss, g_logs = reconstruction_losses(fake, batch.audio, batch.f0, self.losses)
+            ctx.backward(g_loss, "generator")
+            ctx.update("generator")
+            return {"loss": g_logs["loss_mel"], **{f"g_{k[5:]}": v for k, v in g_logs.items()}}
         with ctx.autocast():
             fake = generator_forward(self.generator, mel, ctx.generator)  # wav (B, 480 T), f0 (B, T)
             d_loss, d_logs = discriminator_loss(self.critic, batch.audio, fake.wav, self.losses)

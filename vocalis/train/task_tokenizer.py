@@ -21,6 +21,7 @@ from vocalis.models.speech_tokenizer import (
     load_speech_tokenizer,
     preset_config,
 )
+from vocalis.models.speech_tokenizer.symbols import UNITS
 from vocalis.train.config import TrainConfig
 from vocalis.train.data import Batch
 from vocalis.train.task import StepContext, Task, Wrap
@@ -45,14 +46,15 @@ class TargetEncoder:
 
 
 class TokenizerObjective(nn.Module):
-    def __init__(self, model: SupervisedSpeechTokenizer) -> None:
+    def __init__(self, model: SupervisedSpeechTokenizer, quantize: bool = True) -> None:
         super().__init__()
         self.model = model
+        self.quantize = quantize
 
     def forward(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
         mel = batch.mel.transpose(1, 2)  # (B, 128, T100)
         mel_len = (batch.mel_len).clamp(min=1)
-        return self.model.loss(mel, mel_len, batch.target, batch.target_len)
+        return self.model.loss(mel, mel_len, batch.target, batch.target_len, self.quantize)
 
 
 class TokenizerTask(Task):
@@ -65,8 +67,8 @@ class TokenizerTask(Task):
             model, self.symbols = load_speech_tokenizer(c.init_from)
             model.train().requires_grad_(True)
         else:
-            if c.unit not in ("char", "phoneme"):
-                raise InputError(f"tokenizer.unit must be 'char' or 'phoneme', not {c.unit!r}")
+            if c.unit not in UNITS:
+                raise InputError(f"tokenizer.unit must be one of {UNITS}, not {c.unit!r}")
             self.symbols = SymbolTable.from_texts(transcripts(shards), unit=c.unit)  # type: ignore[arg-type]
             try:
                 model = SupervisedSpeechTokenizer(preset_config(c.preset, len(self.symbols)))
@@ -75,7 +77,7 @@ class TokenizerTask(Task):
         log.info("speech tokenizer: %d symbols (%s), codebook %d", len(self.symbols), self.symbols.unit,
                  model.codebook_size)
         self.modules = {"tokenizer": model}
-        self.objective: nn.Module = TokenizerObjective(model)
+        self.objective: nn.Module = TokenizerObjective(model, c.quantize)
 
     def wrap(self, wrap: Wrap) -> None:
         self.objective = wrap(self.objective)

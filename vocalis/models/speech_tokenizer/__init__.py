@@ -10,7 +10,7 @@ from vocalis.models.speech_tokenizer.runtime import (
     load_speech_tokenizer,
     save_speech_tokenizer,
 )
-from vocalis.models.speech_tokenizer.symbols import EspeakPhonemizer, SymbolTable, char_units
+from vocalis.models.speech_tokenizer.symbols import EspeakPhonemizer, SymbolTable, char_units, latin_units
 
 __all__ = [
     "CONFIG_FILE",
@@ -24,6 +24,7 @@ __all__ = [
     "TorchSpeechTokenizer",
     "char_units",
     "greedy_ctc_decode",
+    "latin_units",
     "load_speech_tokenizer",
     "pad_mels",
     "preset_config",

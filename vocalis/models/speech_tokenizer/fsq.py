@@ -42,12 +42,16 @@ class FSQ(nn.Module):
         """Unbounded `z` (..., D) -> values in (-L/2, L/2) before rounding."""
         return torch.tanh(z + self.shift) * self.bound - self.offset
 
-    def forward(self, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """`z` (..., D) -> (quantised (..., D) scaled to [-1, 1], indices (...))."""
+    def forward(self, z: torch.Tensor, quantize: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+        """`z` (..., D) -> (quantised (..., D) scaled to [-1, 1], indices (...)).
+
+        `quantize=False` passes the bounded values on unrounded (indices are still computed): a warm-up in
+        which the CTC decoder can read everything the encoder writes, before the bottleneck is made discrete.
+        """
         if z.shape[-1] != self.dim:
             raise ValueError(f"FSQ expects last dimension {self.dim}, got {tuple(z.shape)}")
         b = self.bounded(z)
-        rounded = b + (torch.round(b) - b).detach()  # straight-through estimator
+        rounded = b + (torch.round(b) - b).detach() if quantize else b  # straight-through estimator
         digits = torch.round(b).detach().to(torch.int64) + self.half_width  # (..., D) in [0, L)
         return rounded / self.half_width, (digits * self.powers).sum(-1)
 

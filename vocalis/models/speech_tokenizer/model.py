@@ -61,10 +61,12 @@ class SupervisedSpeechTokenizer(nn.Module):
     def codebook_size(self) -> int:
         return self.config.codebook_size
 
-    def encode(self, mel: torch.Tensor, mel_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def encode(
+        self, mel: torch.Tensor, mel_lens: torch.Tensor, quantize: bool = True
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(mel (B, n_mels, T), mel_lens (B,)) -> (codes (B, T4) int64, quantised (B, T4, D), lens (B,)).
 
-        Codes past `lens` are 0.
+        Codes past `lens` are 0. `quantize=False`: the FSQ values unrounded (training warm-up, see `FSQ`).
         """
         if mel.dim() != 3 or mel.shape[1] != self.config.n_mels:
             raise ValueError(f"expected mel (B, {self.config.n_mels}, T), got {tuple(mel.shape)}")
@@ -73,18 +75,25 @@ class SupervisedSpeechTokenizer(nn.Module):
         x, lens = self.subsample(mel, mel_lens.to(torch.int64))  # (B, T4, d)
         mask = length_mask(lens, x.shape[1])
         x = self.encoder(x, mask)
-        quantised, codes = self.fsq(self.to_fsq(x))  # (B, T4, D), (B, T4)
+        quantised, codes = self.fsq(self.to_fsq(x), quantize)  # (B, T4, D), (B, T4)
         return codes.masked_fill(~mask, 0), quantised, lens
 
-    def forward(self, mel: torch.Tensor, mel_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def forward(
+        self, mel: torch.Tensor, mel_lens: torch.Tensor, quantize: bool = True
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(mel (B, n_mels, T), mel_lens (B,)) -> (codes (B, T4), ctc_logits (B, T4, V), lens (B,))."""
-        codes, quantised, lens = self.encode(mel, mel_lens)
+        codes, quantised, lens = self.encode(mel, mel_lens, quantize)
         mask = length_mask(lens, codes.shape[1])
         h = self.decoder(self.from_fsq(quantised), mask)
         return codes, self.ctc_head(h), lens
 
     def loss(
-        self, mel: torch.Tensor, mel_lens: torch.Tensor, targets: torch.Tensor, target_lens: torch.Tensor
+        self,
+        mel: torch.Tensor,
+        mel_lens: torch.Tensor,
+        targets: torch.Tensor,
+        target_lens: torch.Tensor,
+        quantize: bool = True,
     ) -> tuple[torch.Tensor, dict[str, float]]:
         """CTC loss, averaged per target symbol over the batch.
 
@@ -93,7 +102,7 @@ class SupervisedSpeechTokenizer(nn.Module):
         Metrics: `ctc` (the loss), `code_usage` (distinct ids / valid frames in the batch),
         `code_perplexity` (exp entropy of the batch's id histogram), `ctc_infeasible`.
         """
-        codes, logits, lens = self(mel, mel_lens)
+        codes, logits, lens = self(mel, mel_lens, quantize)
         log_probs = F.log_softmax(logits.float(), dim=-1).transpose(0, 1)  # (T4, B, V)
         per_utt = F.ctc_loss(
             log_probs, targets, lens, target_lens, blank=BLANK_ID, reduction="none", zero_infinity=True

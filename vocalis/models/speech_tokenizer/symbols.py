@@ -1,4 +1,5 @@
-"""CTC targets of the speech tokenizer: text -> units (characters or espeak-ng phonemes) -> symbol ids.
+"""CTC targets of the speech tokenizer: text -> units (characters, romanised characters or espeak-ng phonemes)
+-> symbol ids.
 
 Id 0 is the CTC blank and id 1 stands for any unit missing from the table. Word boundaries are the unit
 `|`, so the table works for scripts with and without spaces.
@@ -26,7 +27,8 @@ UNK = "<unk>"
 WORD_BOUNDARY = "|"
 BLANK_ID = 0
 UNK_ID = 1
-Unit = Literal["char", "phoneme"]
+Unit = Literal["char", "latin", "phoneme"]
+UNITS = ("char", "latin", "phoneme")
 
 # ISO 639-1 code -> espeak-ng voice. Mandarin via Hanzi is read wrongly by espeak-ng: convert to pinyin
 # first and use "cmn-latn-pinyin".
@@ -37,6 +39,7 @@ ESPEAK_VOICES = {
 
 _PUNCTUATION = regex.compile(r"[^\p{L}\p{M}\p{N}]+")  # anything but letters, marks and digits
 _STRESS = str.maketrans("", "", "ˈˌ")
+_HAN = regex.compile(r"\p{Han}")
 _LANGUAGE_SWITCH = re.compile(r"\([a-z-]+\)")  # espeak-ng marks "(en)" when it switches voice mid-text
 
 
@@ -47,6 +50,30 @@ def char_units(text: str) -> list[str]:
     for word in filter(None, words):
         if units:
             units.append(WORD_BOUNDARY)
+        units.extend(word)
+    return units
+
+
+def latin_units(text: str) -> list[str]:
+    """`char_units` with Han characters romanised first: numbered-tone pinyin letters (`pypinyin`).
+
+    A few dozen letters and five tone digits instead of thousands of rare Hanzi classes: the CTC targets of
+    Mandarin then share units with the Latin-script languages, and every Hanzi's sound is learnable from data
+    a few hours long. Words are the text's (a Hanzi run stays one word).
+    """
+    if not _HAN.search(text):
+        return char_units(text)
+    try:
+        from pypinyin import Style, lazy_pinyin
+    except ImportError as exc:
+        raise InputError("romanised targets of Chinese text need pypinyin (pip install pypinyin)") from exc
+    words = _PUNCTUATION.split(unicodedata.normalize("NFKC", text).lower())
+    units: list[str] = []
+    for word in filter(None, words):
+        if units:
+            units.append(WORD_BOUNDARY)
+        if _HAN.search(word):
+            word = "".join(lazy_pinyin(word, style=Style.TONE3, neutral_tone_with_five=True))
         units.extend(word)
     return units
 
@@ -99,8 +126,8 @@ class SymbolTable:
             raise ValueError(f"a symbol table starts with {BLANK!r}, {UNK!r}; got {list(symbols[:2])}")
         if len(set(symbols)) != len(symbols):
             raise ValueError("symbol table has duplicate symbols")
-        if unit not in ("char", "phoneme"):
-            raise ValueError(f"unit must be 'char' or 'phoneme', got {unit!r}")
+        if unit not in UNITS:
+            raise ValueError(f"unit must be one of {UNITS}, got {unit!r}")
         self.symbols = tuple(symbols)
         self.unit: Unit = unit
         self.espeak_voice = espeak_voice
@@ -141,6 +168,8 @@ class SymbolTable:
         """Units of `text`: characters, or phonemes with the espeak-ng voice of `language` (else the table's)."""
         if self.unit == "char":
             return char_units(text)
+        if self.unit == "latin":
+            return latin_units(text)
         voice = ESPEAK_VOICES.get(language, language) if language else (self.espeak_voice or "en-us")
         if voice not in self._phonemizers:
             self._phonemizers[voice] = EspeakPhonemizer(voice)
