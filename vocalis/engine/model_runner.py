@@ -26,9 +26,9 @@ import torch
 import torch.nn.functional as F
 
 from vocalis.engine.id_space import IdSpace
-from vocalis.engine.packed_weights import PackedLayer
+from vocalis.engine.packed_weights import PackedLayer, gemm
 from vocalis.engine.request import Request
-from vocalis.models.qwen2 import rotary_cos_sin
+from vocalis.models.qwen2 import Qwen2RMSNorm, rotary_cos_sin
 from vocalis.models.speech_lm import Qwen2LM
 
 log = logging.getLogger(__name__)
@@ -82,8 +82,10 @@ class ModelRunner:
         self.v_cache = torch.empty(shape, dtype=self.dtype, device=self.device)
         self._offsets = torch.arange(block_size, device=self.device)
         # rotary tables for every position, from the same function as the dense path (identical values)
-        self._cos, self._sin = rotary_cos_sin(torch.arange(max_positions, device=self.device), q.head_dim,
-                                              q.rope_theta, self.dtype)  # (max_positions, Dh)
+        self._cos, sin = rotary_cos_sin(torch.arange(max_positions, device=self.device), q.head_dim,
+                                        q.rope_theta, self.dtype)  # (max_positions, Dh)
+        half = q.head_dim // 2
+        self._sin_signed = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)  # see _rope
         log.info("KV cache: %d blocks x %d positions (%.1f MiB)", num_blocks, block_size,
                  2 * self.k_cache.numel() * self.k_cache.element_size() / 2**20)
 
@@ -164,53 +166,73 @@ class ModelRunner:
 
     @torch.inference_mode()
     def forward(self, inp: StepInputs) -> torch.Tensor:
+        # [decode speed] a batch-1 decode step is ~170 weight GEMMs plus ~40 small ops per layer; at the 0.5B
+        # shapes every small op costs a dispatch and may wake the thread pool, so the loop keeps them few:
+        # fused RMSNorm (fp32 activations), one rotary pass over q and k together, SDPA for single-query rows
         qwen = self.llm.qwen
         x = self.embed(inp.ids, inp.all_speech)  # (N, D)
         cos = self._cos.index_select(0, inp.positions)[:, None, :]  # (N, 1, Dh)
-        sin = self._sin.index_select(0, inp.positions)[:, None, :]
+        sin = self._sin_signed.index_select(0, inp.positions)[:, None, :]
         n_tok = x.shape[0]
+        h_q, h_kv, dh = self.num_heads, self.num_kv_heads, self.head_dim
+        mask = self._single_mask(inp)
         for layer_idx, layer in enumerate(qwen.layers):
             attn, pk = layer.self_attn, self.packed[layer_idx]
-            h = layer.input_layernorm(x)
-            if pk is not None:  # one GEMM for q, k, v
-                q, k, v = torch.addmm(pk.qkv_bias, h, pk.qkv_t).split([pk.q_dim, pk.kv_dim, pk.kv_dim], dim=-1)
+            h = self._norm(layer.input_layernorm, x)
+            if pk is not None:  # one GEMM for q, k, v; rotary over q and k in one pass
+                qkv = gemm(h, pk.qkv_t, pk.qkv_bias)  # (N, Dq + 2 Dkv)
+                qk = _rope(qkv[:, :pk.q_dim + pk.kv_dim].view(n_tok, h_q + h_kv, dh), cos, sin)
+                q, k = qk[:, :h_q], qk[:, h_q:]  # (N, H, Dh), (N, Hkv, Dh)
+                v = qkv[:, pk.q_dim + pk.kv_dim:].view(n_tok, h_kv, dh)
             else:
-                q, k, v = attn.q_proj(h), attn.k_proj(h), attn.v_proj(h)
-            q = _rope(q.reshape(n_tok, self.num_heads, self.head_dim), cos, sin)  # (N, H, Dh)
-            k = _rope(k.reshape(n_tok, self.num_kv_heads, self.head_dim), cos, sin)  # (N, Hkv, Dh)
-            v = v.reshape(n_tok, self.num_kv_heads, self.head_dim)
+                q = _rope(attn.q_proj(h).view(n_tok, h_q, dh), cos, sin)  # (N, H, Dh)
+                k = _rope(attn.k_proj(h).view(n_tok, h_kv, dh), cos, sin)  # (N, Hkv, Dh)
+                v = attn.v_proj(h).view(n_tok, h_kv, dh)
             k_cache, v_cache = self.k_cache[layer_idx], self.v_cache[layer_idx]  # (slots, Hkv, Dh)
             k_cache.index_copy_(0, inp.write_slots, k.to(self.dtype))
             v_cache.index_copy_(0, inp.write_slots, v.to(self.dtype))
-            o = self._attention(q, k_cache, v_cache, inp)  # (N, H*Dh)
-            x = x + attn.o_proj(o)
-            h = layer.post_attention_layernorm(x)
+            o = self._attention(q, k_cache, v_cache, inp, mask)  # (N, H*Dh)
+            x = x + (gemm(o, pk.o_t) if pk is not None else attn.o_proj(o))
+            h = self._norm(layer.post_attention_layernorm, x)
             if pk is not None:  # one GEMM for gate and up
-                gate, up = torch.mm(h, pk.gate_up_t).chunk(2, dim=-1)  # (N, I) each
-                x = x + layer.mlp.down_proj(F.silu(gate) * up)
+                gate, up = gemm(h, pk.gate_up_t).chunk(2, dim=-1)  # (N, I) each
+                x = x + gemm(F.silu(gate) * up, pk.down_t)
             else:
                 x = x + layer.mlp(h)
-        hidden = qwen.norm(x.index_select(0, inp.sample_rows))  # (R, D)
+        hidden = self._norm(qwen.norm, x.index_select(0, inp.sample_rows))  # (R, D)
         return self.llm.llm_decoder(hidden).float().log_softmax(dim=-1)  # (R, V)
 
-    def _attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                   inp: StepInputs) -> torch.Tensor:
+    @staticmethod
+    def _norm(norm: Qwen2RMSNorm, x: torch.Tensor) -> torch.Tensor:
+        """The module's RMSNorm as one fused op where that is the same computation (fp32 input and weight)."""
+        if x.dtype == torch.float32 and norm.weight.dtype == torch.float32:
+            return F.rms_norm(x, norm.weight.shape, norm.weight, norm.eps)
+        return norm(x)
+
+    def _single_mask(self, inp: StepInputs) -> torch.Tensor | None:
+        """SDPA mask (B, 1, 1, Lmax) of the single-query rows' real context; None when no row is padded."""
+        if not inp.num_single or inp.valid is None or bool(inp.valid.all()):
+            return None
+        return inp.valid[:, None, None, :]
+
+    def _attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, inp: StepInputs,
+                   mask: torch.Tensor | None) -> torch.Tensor:
         n_tok = q.shape[0]
         hkv, g, dh = self.num_kv_heads, self.num_heads // self.num_kv_heads, self.head_dim
         scale = dh**-0.5
         out = torch.empty(n_tok, self.num_heads * dh, dtype=q.dtype, device=q.device)
         b = inp.num_single
         if b:
-            assert inp.gather_slots is not None and inp.valid is not None
+            assert inp.gather_slots is not None
             lmax = inp.gather_slots.shape[1]
-            flat = inp.gather_slots.reshape(-1)
             # [index_select] advanced indexing (cache[slots]) is ~1000x slower on CPU here
-            k = k_cache.index_select(0, flat).view(b, lmax, hkv, dh).permute(0, 2, 3, 1)  # (B, Hkv, Dh, Lmax)
+            flat = inp.gather_slots.reshape(-1)
+            k = k_cache.index_select(0, flat).view(b, lmax, hkv, dh).transpose(1, 2)  # (B, Hkv, Lmax, Dh)
             v = v_cache.index_select(0, flat).view(b, lmax, hkv, dh).transpose(1, 2)  # (B, Hkv, Lmax, Dh)
-            qs = q[:b].view(b, hkv, g, dh)  # (B, Hkv, G, Dh)
-            scores = torch.matmul(qs, k.to(q.dtype)) * scale  # (B, Hkv, G, Lmax)
-            scores = scores.masked_fill(~inp.valid[:, None, None, :], float("-inf"))
-            o = torch.matmul(scores.softmax(dim=-1), v.to(q.dtype))  # (B, Hkv, G, Dh)
+            qs = q[:b].reshape(b, hkv * g, 1, dh)  # (B, H, 1, Dh), query heads grouped by key/value head
+            # one op instead of matmul/mask/softmax/matmul: measured 1.4x faster at B=16 and as fast at B=1
+            o = F.scaled_dot_product_attention(qs, k.to(q.dtype), v.to(q.dtype), attn_mask=mask, scale=scale,
+                                               enable_gqa=g > 1)  # (B, H, 1, Dh)
             out[:b] = o.reshape(b, -1)
         for pf in inp.prefills:
             n, c = pf.n, pf.slots.shape[0]
@@ -227,7 +249,8 @@ class ModelRunner:
         return out
 
 
-def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: (N, heads, Dh); cos/sin: (N, 1, Dh); half-split rotary as qwen2._apply_rotary."""
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+    """x: (N, heads, Dh); cos/sin_signed: (N, 1, Dh). Half-split rotary as qwen2._apply_rotary, whose
+    cat(-x2, x1) * sin is cat(x2, x1) * sin_signed with the first half of sin negated (the same products)."""
     half = x.shape[-1] // 2
-    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+    return x * cos + torch.cat((x[..., half:], x[..., :half]), dim=-1) * sin_signed
