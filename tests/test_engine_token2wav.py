@@ -269,3 +269,53 @@ def test_cache_budget_falls_back_to_recompute(modules, alone) -> None:
     got = _drive(tight, [state], [spec[2]], [spec[5]])[spec[0]]
     assert tight.stats.cache_fallbacks == 1 and not state.cached
     _assert_chunks_equal(got, alone[spec[0]][0])
+
+
+def test_shared_prefix_streams_equal_unshared(modules) -> None:
+    """Three concurrent streams of one voice read its prompt prefix from one read-only copy (stored once, never
+    written) and hold only their own frames; their audio equals streams computing the whole prompt themselves
+    (voice_cache_size=0) within ATOL. The prefix is reference-counted by live streams: with room for one idle
+    prefix, a voice in use is kept while another is added, and dropped once its last stream ends."""
+    prompt, other = _prompt(P, 1), _prompt(P, 21)
+    tokens = [_tokens(45, 30 + i) for i in range(3)]
+    shared = Token2WavEngine(*modules, Token2WavConfig(cache_dtype=None, voice_cache_size=1))
+    plain = Token2WavEngine(*modules, Token2WavConfig(cache_dtype=None, voice_cache_size=0))
+    runs = {}
+    for name, engine in (("shared", shared), ("plain", plain)):
+        states = [engine.new_stream(f"s{i}", prompt, generator=torch.Generator().manual_seed(i)) for i in range(3)]
+        for s, t in zip(states, tokens):
+            s.add_tokens(t[:43])  # the first chunk (40 tokens + 3 look-ahead), all three in one step
+        first = engine.step(states)
+        assert [c.index for c in first] == [0, 0, 0]
+        runs[name] = (states, {c.request_id: [c.samples] for c in first}, [s.cache_bytes() for s in states])
+    (states, out, own), (_, plain_out, plain_own) = runs["shared"], runs["plain"]
+    (voice,) = shared._voices.values()
+    assert shared.voice_users() == {voice.key: 3} and all(s.voice is voice for s in states)
+    assert shared.stats.voice_cache_misses == 1 and shared.stats.voice_cache_hits == 2
+    snapshot = [t.clone() for c in voice.est for t in c.keys]
+    # own frames only: the unshared streams also hold the prefix's 25 tokens; the prefix is counted once
+    tails = sum(t.numel() * t.element_size() for c in voice.est for t in c.tails)  # per stream in both cases
+    assert all(o == p - (voice.nbytes() - tails) for o, p in zip(own, plain_own))
+    assert shared.live_cache_bytes() == sum(own) + voice.nbytes()
+
+    # another voice while the first is in use: both kept (one idle prefix fits, in-use ones do not count)
+    b = shared.new_stream("b", other, generator=torch.Generator().manual_seed(9))
+    b.add_tokens(_tokens(43, 40))
+    shared.step([b])
+    assert len(shared._voices) == 2 and shared.voice_users() == {voice.key: 3, b.voice.key: 1}
+    shared.abort(b)  # b's voice idle: the one idle prefix kept
+    assert len(shared._voices) == 2
+
+    for engine, (sts, got) in ((shared, (states, out)), (plain, (runs["plain"][0], plain_out))):
+        for s, t in zip(sts, tokens):
+            s.add_tokens(t[43:])
+            s.end_input()
+        while not all(s.finished for s in sts):
+            for chunk in engine.step(sts):
+                got[chunk.request_id].append(chunk.samples)
+    for i in range(3):
+        _assert_chunks_equal(out[f"s{i}"], plain_out[f"s{i}"])
+    assert all(torch.equal(a, b) for a, b in zip(snapshot, (t for c in voice.est for t in c.keys)))
+    # every stream ended: two idle prefixes, room for one: b's (least recently used) goes
+    assert list(shared._voices.values()) == [voice] and shared.voice_users() == {voice.key: 0}
+    assert shared.live_cache_bytes() == voice.nbytes()

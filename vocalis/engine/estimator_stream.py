@@ -10,7 +10,8 @@ final, and the new frames need from it only, per step and guidance row:
 56 blocks x (K + V = 2 x 512) x 2 guidance rows x 10 steps = 1.15 M values (4.6 MB in fp32); a request's
 cache is dropped when it finishes, and a voice's prompt prefix is shared (`EstimatorCache.prefix`), never copied.
 
-Batching: rows are [conditional of each request, then unconditional of each], like the reference solver; new
+Batching: rows are [conditional, unconditional] of request 0, then of request 1, ... (the reference solver puts
+all conditional rows first; the order of rows changes nothing in a row's arithmetic); new
 frames are right-padded to the longest request (harmless: everything but attention is position-wise or causal,
 and attention runs per request over its own keys). The arithmetic per op is the module's own, so results equal
 the module's streaming forward on the whole prefix up to float summation order.
@@ -80,56 +81,66 @@ class _ChunkRun:
         i = self.conv_index
         self.conv_index += 1
         ctx = conv.kernel_size[0] - 1
-        num = len(self.caches)
         if not all(len(c.tails) > i for c in self.caches):
             zero = x.new_zeros(2, x.shape[1], ctx)
             for c in self.caches:
                 if len(c.tails) == i:
                     c.tails.append(zero)
-        tails = [c.tails[i].to(x.dtype) for c in self.caches]  # each (2, C, ctx)
-        left = torch.cat([torch.stack([t[0] for t in tails]), torch.stack([t[1] for t in tails])])  # (2R, C, ctx)
+        left = torch.cat([c.tails[i].to(x.dtype) for c in self.caches])  # (2R, C, ctx), request-major
         full = torch.cat([left, x], dim=2)  # (2R, C, ctx + n)
         for r, c in enumerate(self.caches):
             if self.keeps[r]:
                 m = self.lens[r]
-                c.tails[i] = full[[r, num + r], :, m : m + ctx].clone()
+                c.tails[i] = full[2 * r : 2 * r + 2, :, m : m + ctx].clone()
         return F.conv1d(full, conv.weight, conv.bias)
 
     def attention(self, attn: SelfAttention, x: torch.Tensor) -> torch.Tensor:
-        """Self-attention of new frames x (2R, n, D) over cached + new keys -> (2R, n, D)."""
+        """Self-attention of new frames x (2R, n, D) over cached + new keys -> (2R, n, D).
+
+        One attention call for the whole batch: each request's keys (shared prefix, own cached frames, new
+        frames) are laid out from position 0 in a (2R, H, K, E) tensor, K the longest, and a per-row additive
+        mask hides what the block-causal mask hides plus the padding (weight exactly 0, as exp(-1e10) is).
+        A voice prefix shared by several requests is upcast once per call, not once per request."""
         i = self.block_index
         self.block_index += 1
         rows, n, _ = x.shape
-        num = len(self.caches)
         h, e = attn.num_heads, attn.head_dim
         q = attn.to_q(x).view(rows, n, h, e).transpose(1, 2)  # (2R, H, n, E)
         k = attn.to_k(x).view(rows, n, h, e).transpose(1, 2)
         v = attn.to_v(x).view(rows, n, h, e).transpose(1, 2)
-        out = torch.zeros_like(q)
+        starts = [c.num_frames for c in self.caches]  # each request's first new frame (prefix + own so far)
+        total = max(a + m for a, m in zip(starts, self.lens))
+        keys = k.new_zeros(rows, h, total, e)
+        values = v.new_zeros(rows, h, total, e)
+        bias = q.new_full((rows, 1, n, total), _MASK_BIAS)
+        upcast: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        kj = torch.arange(total, device=x.device)
         for r, c in enumerate(self.caches):
-            m = self.lens[r]
-            pair = [r, num + r]
+            a, m = starts[r], self.lens[r]
+            pair = slice(2 * r, 2 * r + 2)  # the request's conditional and unconditional rows
             if len(c.keys) == i:  # first chunk of this request
                 c.keys.append(k.new_zeros(2, h, 0, e, dtype=self.cache_dtype or k.dtype))
                 c.values.append(v.new_zeros(2, h, 0, e, dtype=self.cache_dtype or v.dtype))
-            a = c.num_frames  # the chunk's first absolute frame (prefix + own frames so far)
-            shared = c.prefix
+            p = 0
+            if c.prefix is not None:
+                shared = upcast.get(id(c.prefix))
+                if shared is None:
+                    shared = upcast[id(c.prefix)] = (c.prefix.keys[i].to(k.dtype), c.prefix.values[i].to(v.dtype))
+                p = shared[0].shape[2]
+                keys[pair, :, :p], values[pair, :, :p] = shared
+            keys[pair, :, p:a] = c.keys[i]
+            values[pair, :, p:a] = c.values[i]
             k_new, v_new = k[pair, :, :m], v[pair, :, :m]
-            keys = torch.cat(([shared.keys[i].to(k.dtype)] if shared is not None else [])
-                             + [c.keys[i].to(k.dtype), k_new], dim=2)  # (2, H, a + m, E)
-            values = torch.cat(([shared.values[i].to(v.dtype)] if shared is not None else [])
-                               + [c.values[i].to(v.dtype), v_new], dim=2)
+            keys[pair, :, a : a + m] = k_new
+            values[pair, :, a : a + m] = v_new
             qi = torch.arange(a, a + m, device=x.device)
-            limit = (qi // self.chunk + 1) * self.chunk
-            hidden = torch.arange(a + m, device=x.device)[None, :] >= limit[:, None]  # (m, a + m)
-            bias = hidden.to(q.dtype) * _MASK_BIAS
-            out[pair, :, :m] = F.scaled_dot_product_attention(q[pair, :, :m], keys, values, attn_mask=bias)
-            if self.keeps[r] and shared is None and self.cache_dtype is None:
-                c.keys[i], c.values[i] = keys, values
-            elif self.keeps[r]:  # own frames only; a reduced dtype is for storage: this chunk attended at full
+            limit = torch.clamp((qi // self.chunk + 1) * self.chunk, max=a + m)  # block end, within the row
+            bias[pair, 0, :m] = torch.where(kj[None, :] < limit[:, None], 0.0, _MASK_BIAS).to(q.dtype)
+            if self.keeps[r]:  # own frames only; a reduced dtype is for storage: this chunk attended at full
                 store = self.cache_dtype or k.dtype
                 c.keys[i] = torch.cat([c.keys[i], k_new.to(store)], dim=2)
                 c.values[i] = torch.cat([c.values[i], v_new.to(store)], dim=2)
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=bias)  # (2R, H, n, E)
         out = out.transpose(1, 2).reshape(rows, n, h * e)  # (2R, n, H*E)
         return attn.to_out[1](attn.to_out[0](out))
 
@@ -228,18 +239,21 @@ def solve_chunk(
             raise ValueError(f"a cached chunk must end on a {estimator.static_chunk_size}-frame block boundary")
     chunk = estimator.static_chunk_size
     cfg = cfm.config.inference_cfg_rate
-    mask_in = torch.cat([mask, mask])  # (2R, 1, n)
-    mu_in = torch.cat([mu, torch.zeros_like(mu)])
-    spks_in = torch.cat([spks, torch.zeros_like(spks)])
-    cond_in = torch.cat([cond, torch.zeros_like(cond)])
+    # rows request-major: (conditional, unconditional) of request 0, then of request 1, ... so a request's pair
+    # is a slice (a view) for the caches
+    mask_in = mask.repeat_interleave(2, dim=0)  # (2R, 1, n)
+    mu_in = torch.stack([mu, torch.zeros_like(mu)], dim=1).flatten(0, 1)
+    spks_in = torch.stack([spks, torch.zeros_like(spks)], dim=1).flatten(0, 1)
+    cond_in = torch.stack([cond, torch.zeros_like(cond)], dim=1).flatten(0, 1)
     t_span = cosine_time_grid(n_timesteps, dtype, dev)
     x = z
     t = t_span[0]
     dt = t_span[1] - t_span[0]
     for step in range(1, len(t_span)):
         run = _ChunkRun([per_step[step - 1] for per_step in caches], lens, keeps, chunk, cache_dtype)
-        v = estimator_chunk(estimator, torch.cat([x, x]), mask_in, mu_in, t.expand(2 * num), spks_in, cond_in, run)
-        x = x + dt * ((1.0 + cfg) * v[:num] - cfg * v[num:])
+        v = estimator_chunk(estimator, x.repeat_interleave(2, dim=0), mask_in, mu_in, t.expand(2 * num), spks_in,
+                            cond_in, run).view(num, 2, *x.shape[1:])
+        x = x + dt * ((1.0 + cfg) * v[:, 0] - cfg * v[:, 1])
         t = t + dt
         if step < len(t_span) - 1:
             dt = t_span[step + 1] - t

@@ -239,7 +239,10 @@ class Token2WavEngine:
         self._release(state)
 
     def _release(self, state: StreamState) -> None:
+        voice = state.voice
         state.release()
+        if voice is not None and self._voices.get(voice.key) is voice:
+            self._voices.move_to_end(voice.key)  # last used now
         self._trim_voices()
 
     def this_hop(self, state: StreamState) -> int:
@@ -406,18 +409,14 @@ class Token2WavEngine:
         return entry
 
     def _trim_voices(self, keep: _VoicePrefix | None = None) -> None:
-        """Forget the least recently used idle prefixes beyond `voice_cache_size`; a prefix some live request
-        uses stays (its tensors are referenced by that request anyway, and its next request shares it)."""
-        excess = len(self._voices) - self.config.voice_cache_size
-        if excess <= 0:
+        """Forget the least recently used idle prefixes beyond `voice_cache_size` idle ones; a prefix some live
+        request uses stays (that request references its tensors anyway, and the voice's next request shares it)."""
+        if len(self._voices) <= self.config.voice_cache_size:
             return
         in_use = {id(s.voice) for s in list(self._live) if s.voice is not None}
-        for key, entry in list(self._voices.items()):
-            if excess <= 0:
-                break
-            if entry is not keep and id(entry) not in in_use:
-                del self._voices[key]
-                excess -= 1
+        idle = [key for key, entry in self._voices.items() if entry is not keep and id(entry) not in in_use]
+        for key in idle[: max(0, len(idle) - self.config.voice_cache_size)]:  # oldest first
+            del self._voices[key]
 
     def voice_users(self) -> dict[str, int]:
         """Live requests per held voice prefix (key -> count): the prefixes' reference counts."""
