@@ -28,6 +28,7 @@ from vocalis.errors import InputError
 
 log = logging.getLogger(__name__)
 
+PARTS = ("llm", "token2wav", "e2e")  # as bench_measure.PARTS (not imported here: it pulls in torch)
 QUICK = {"batches": (1, 4), "concurrency": (1, 4), "decode_tokens": 6, "tokens": 40, "prompt_tokens": 30,
          "text_words": 6}
 TARGETS = {
@@ -93,16 +94,16 @@ def targets(report: dict[str, Any]) -> dict[str, Any]:
     ref, engines = report["reference"], report["engine"]
     out: dict[str, Any] = {"wanted": TARGETS}
     for p, eng in engines.items():
-        b1 = eng["llm"].get("1")
+        b1 = eng.get("llm", {}).get("1")
         if b1:
             out[f"decode_b1_fraction_of_limit[{p}]"] = b1["decode_tps"] / eng["decode_limit_tps"]
-        c1 = eng["e2e"].get("1")
+        c1 = eng.get("e2e", {}).get("1")
         if c1:
             out[f"first_chunk_vs_reference[{p}]"] = c1["first_chunk_s"] / ref["e2e"]["first_chunk_s"]
             if ref["e2e"].get("first_chunk_computed_s"):  # against when the reference had computed it
                 out[f"first_chunk_vs_reference_computed[{p}]"] = (c1["first_chunk_s"]
                                                                   / ref["e2e"]["first_chunk_computed_s"])
-        c8 = eng["e2e"].get("8")
+        c8 = eng.get("e2e", {}).get("8")
         if c8:
             out[f"throughput_8_vs_reference[{p}]"] = c8["audio_s_per_s"] / ref["e2e"]["audio_s_per_s"]
     int8 = engines.get("int8", {}).get("e2e", {}).get("1")
@@ -123,29 +124,41 @@ def summary(report: dict[str, Any]) -> str:
 
         lines.append(f"{label:34}{cell(ref_value):>12}" + "".join(f"{cell(v):>14}" for v in values))
 
-    batches = report["config"]["batches"]
+    parts = report["config"].get("parts", PARTS)
+    batches = report["config"]["batches"] if "llm" in parts else []
     for b in batches:
         row(f"LLM prefill tok/s, batch {b}", ref["llm"]["prefill_tps"] if b == 1 else None,
             [e["llm"][str(b)]["prefill_tps"] for e in engines.values()], "{:.1f}")
     for b in batches:
         row(f"LLM decode tok/s, batch {b}", ref["llm"]["decode_tps"] if b == 1 else None,
             [e["llm"][str(b)]["decode_tps"] for e in engines.values()])
-    row("copy GB/s just before decoding", None, [e.get("bandwidth_gbps") for e in engines.values()], "{:.1f}")
-    row("decode limit tok/s (batch 1)", None, [e["decode_limit_tps"] for e in engines.values()])
-    row("token2wav RTF, offline", ref["token2wav"]["offline_rtf"], [e["token2wav"]["offline_rtf"] for e in engines.values()])
-    row("token2wav RTF, streaming", ref["token2wav"]["stream_rtf"], [e["token2wav"]["stream_rtf"] for e in engines.values()])
-    row("end-to-end RTF (1 stream)", ref["e2e"]["rtf"], [e["e2e"].get("1", {}).get("rtf") for e in engines.values()])
-    for c in report["config"]["concurrency"]:
-        row(f"first chunk s, {c} streams", ref["e2e"]["first_chunk_s"] if c == 1 else None,
-            [e["e2e"][str(c)]["first_chunk_s"] for e in engines.values()])
-    row("  reference: first chunk computed", ref["e2e"].get("first_chunk_computed_s"), [None] * len(engines))
-    for c in report["config"]["concurrency"]:
-        row(f"audio s per s, {c} streams", ref["e2e"]["audio_s_per_s"],
-            [e["e2e"][str(c)]["audio_s_per_s"] for e in engines.values()])
+    if "llm" in parts:
+        row("copy GB/s around decoding", None, [e.get("bandwidth_gbps") for e in engines.values()], "{:.1f}")
+        row("decode limit tok/s (batch 1)", None, [e["decode_limit_tps"] for e in engines.values()])
+    if "token2wav" in parts:
+        _token2wav_rows(row, ref, engines)
+    if "e2e" in parts:
+        _e2e_rows(row, ref, engines, report["config"]["concurrency"])
     row("peak RSS MiB", ref["peak_rss_mib"], [e["peak_rss_mib"] for e in engines.values()], "{:.0f}")
     lines.append("targets: " + ", ".join(f"{k} = {v:.3g}" for k, v in report["targets"].items()
                                          if isinstance(v, float)))
     return "\n".join(lines)
+
+
+def _token2wav_rows(row: Any, ref: dict[str, Any], engines: dict[str, Any]) -> None:
+    row("token2wav RTF, offline", ref["token2wav"]["offline_rtf"], [e["token2wav"]["offline_rtf"] for e in engines.values()])
+    row("token2wav RTF, streaming", ref["token2wav"]["stream_rtf"], [e["token2wav"]["stream_rtf"] for e in engines.values()])
+
+
+def _e2e_rows(row: Any, ref: dict[str, Any], engines: dict[str, Any], concurrency: list[int]) -> None:
+    row("end-to-end RTF (1 stream)", ref["e2e"]["rtf"], [e["e2e"].get("1", {}).get("rtf") for e in engines.values()])
+    for c in concurrency:
+        row(f"first chunk s, {c} streams", ref["e2e"]["first_chunk_s"] if c == 1 else None,
+            [e["e2e"][str(c)]["first_chunk_s"] for e in engines.values()])
+    row("  reference: first chunk computed", ref["e2e"].get("first_chunk_computed_s"), [None] * len(engines))
+    for c in concurrency:
+        row(f"audio s per s, {c} streams", ref["e2e"]["audio_s_per_s"],
+            [e["e2e"][str(c)]["audio_s_per_s"] for e in engines.values()])
 
 
 def plot(report: dict[str, Any], path: Path) -> None:
@@ -208,6 +221,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tokens", type=int, help="speech tokens per utterance (25 per second)")
     p.add_argument("--batches", help="LLM batch sizes, comma separated (default 1,4,16)")
     p.add_argument("--concurrency", help="concurrent streams, comma separated (default 1,4,8,16)")
+    p.add_argument("--parts", default=",".join(PARTS),
+                   help=f"what to measure, comma separated: {', '.join(PARTS)} (e.g. --parts llm: LLM only, quick)")
     p.add_argument("--quick", action="store_true", help="a small subset: batches 1,4, streams 1,4, short utterances")
     p.add_argument("--json", default="vocalis-bench.json", help="JSON report path")
     p.add_argument("--plot", default="vocalis-bench.png", help="PNG plot path ('' for none)")
@@ -219,6 +234,9 @@ def config_from_args(args: argparse.Namespace) -> Any:
     kw: dict[str, Any] = dict(QUICK) if args.quick else {}
     kw.update(preset=args.preset, backend=args.backend, threads=args.threads,
               precisions=tuple(p.strip() for p in args.precision.split(",") if p.strip()))
+    kw["parts"] = tuple(p.strip() for p in args.parts.split(",") if p.strip())
+    if not kw["parts"] or set(kw["parts"]) - set(PARTS):
+        raise InputError(f"--parts takes a comma-separated subset of {', '.join(PARTS)}, got {args.parts!r}")
     if args.tokens is not None:
         kw["tokens"] = args.tokens
     for name in ("batches", "concurrency"):
@@ -251,9 +269,9 @@ def main(args: argparse.Namespace) -> int:
     report = run(cfg)
     Path(args.json).write_text(json.dumps(report, indent=2))
     print(summary(report))
-    if args.plot:
+    if args.plot and set(cfg.parts) == set(PARTS):  # the plot shows every part
         plot(report, Path(args.plot))
-    log.info("wrote %s%s", args.json, f" and {args.plot}" if args.plot else "")
+    log.info("wrote %s%s", args.json, f" and {args.plot}" if args.plot and set(cfg.parts) == set(PARTS) else "")
     return 0
 
 

@@ -32,6 +32,9 @@ WORDS = ("the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "w
          "sing", "near", "old", "river", "banks")
 
 
+PARTS = ("llm", "token2wav", "e2e")
+
+
 @dataclass(frozen=True)
 class BenchConfig:
     preset: str = "cosyvoice2-0.5b"
@@ -45,6 +48,7 @@ class BenchConfig:
     prompt_tokens: int = 75  # the voice's prompt speech (3 s)
     text_words: int = 12
     seed: int = 0
+    parts: tuple[str, ...] = ("llm", "token2wav", "e2e")  # what each side measures (PARTS)
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -150,14 +154,24 @@ def build(cfg: BenchConfig, precision: str | None) -> tuple[LoadedModel, str]:
 # ---- the reference path -------------------------------------------------------------------------------------
 def run_reference(cfg: BenchConfig) -> dict[str, Any]:
     from vocalis.inference.synthesizer import Synthesizer
-    from vocalis.inference.token2wav import Token2Wav
 
     model, runtime = build(cfg, None)
-    lm, voice = model.llm, bench_voice(model, cfg)
-    stops = model.config.llm.stop_token_ids
+    voice = bench_voice(model, cfg)
     synth = Synthesizer(model)
     text_ids = model.tokenizer.encode(bench_text(cfg, 0))  # type: ignore[union-attr]
     out: dict[str, Any] = {"runtime": runtime}
+    if "llm" in cfg.parts:
+        out["llm"] = _reference_llm(cfg, model, voice, text_ids)
+    if "token2wav" in cfg.parts:
+        out["token2wav"] = _reference_token2wav(cfg, model, voice, synth)
+    if "e2e" in cfg.parts:
+        out["e2e"] = _reference_e2e(cfg, model, voice, synth)
+    out["peak_rss_mib"] = peak_rss_mib()
+    return out
+
+
+def _reference_llm(cfg: BenchConfig, model: LoadedModel, voice: Voice, text_ids: list[int]) -> dict[str, Any]:
+    lm, stops = model.llm, model.config.llm.stop_token_ids
     n = cfg.decode_tokens + 1
     _drain(lm.generate(text_ids[:3], max_len=2, min_len=2, sample_fn=forced_sampler(model.config.sampling, None,
                                                                                      stops)))  # warm-up
@@ -170,9 +184,13 @@ def run_reference(cfg: BenchConfig) -> dict[str, Any]:
     rest = _drain(it)
     end = time.perf_counter()
     prompt_len = 2 + len(text_ids) + len(voice.prompt_text_ids) + len(voice.prompt_speech_ids)
-    out["llm"] = {"prompt_len": prompt_len, "prefill_tps": prompt_len / (first - start),
-                  "decode_tps": rest / (end - first)}
-    log.info("reference LLM: %s", out["llm"])
+    out = {"prompt_len": prompt_len, "prefill_tps": prompt_len / (first - start), "decode_tps": rest / (end - first)}
+    log.info("reference LLM: %s", out)
+    return out
+
+
+def _reference_token2wav(cfg: BenchConfig, model: LoadedModel, voice: Voice, synth: Any) -> dict[str, Any]:
+    from vocalis.inference.token2wav import Token2Wav
 
     t2w = Token2Wav(model.flow, model.hift)
     prompt = synth.flow_prompt(SynthesisRequest(voice, Mode.ZERO_SHOT, "x"))
@@ -188,9 +206,13 @@ def run_reference(cfg: BenchConfig) -> dict[str, Any]:
         if t2w.ready(state, i):
             t2w.stream_step(state, tokens[:, :i])
     t2w.finish(state, tokens)
-    out["token2wav"] = {"offline_rtf": offline / seconds, "stream_rtf": (time.perf_counter() - start) / seconds}
-    log.info("reference token2wav: %s", out["token2wav"])
+    out = {"offline_rtf": offline / seconds, "stream_rtf": (time.perf_counter() - start) / seconds}
+    log.info("reference token2wav: %s", out)
+    return out
 
+
+def _reference_e2e(cfg: BenchConfig, model: LoadedModel, voice: Voice, synth: Any) -> dict[str, Any]:
+    lm, stops = model.llm, model.config.llm.stop_token_ids
     # end to end: the real Synthesizer (TTS.stream's path), its LLM forced to a fixed count
     generate = lm.generate
 
@@ -221,11 +243,9 @@ def run_reference(cfg: BenchConfig) -> dict[str, Any]:
         wall = time.perf_counter() - start
     finally:
         del lm.generate
-    out["e2e"] = {"first_chunk_s": first_chunk, "rtf": wall / audio, "audio_s": audio, "wall_s": wall,
-                  "audio_s_per_s": audio / wall,
-                  "first_chunk_computed_s": computed[0] - start if computed else None}
-    log.info("reference end to end: %s", out["e2e"])
-    out["peak_rss_mib"] = peak_rss_mib()
+    out = {"first_chunk_s": first_chunk, "rtf": wall / audio, "audio_s": audio, "wall_s": wall,
+           "audio_s_per_s": audio / wall, "first_chunk_computed_s": computed[0] - start if computed else None}
+    log.info("reference end to end: %s", out)
     return out
 
 
@@ -235,24 +255,34 @@ def _drain(it: Iterator[int]) -> int:
 
 # ---- the engine -------------------------------------------------------------------------------------------------
 def run_engine(cfg: BenchConfig, precision: str) -> dict[str, Any]:
+    model, runtime = build(cfg, precision)
+    voice = bench_voice(model, cfg)
+    out: dict[str, Any] = {"runtime": runtime, "bytes_per_token": llm_bytes_per_token(model.config.llm, precision)}
+    if "llm" in cfg.parts:
+        out.update(_engine_llm(cfg, model, voice, precision, out["bytes_per_token"]))
+    if "token2wav" in cfg.parts:
+        out["token2wav"] = _engine_token2wav(cfg, model, voice, precision)
+    if "e2e" in cfg.parts:
+        out["e2e"] = asyncio.run(_engine_e2e(cfg, model, voice))
+    out["peak_rss_mib"] = peak_rss_mib()
+    return out
+
+
+def _engine_llm(cfg: BenchConfig, model: LoadedModel, voice: Voice, precision: str,
+                bytes_per_token: int) -> dict[str, Any]:
     from vocalis.engine.config import EngineConfig
     from vocalis.engine.llm_engine import LLMEngine
     from vocalis.engine.request import SamplingParams
-    from vocalis.engine.token2wav import Token2WavEngine
 
-    model, runtime = build(cfg, precision)
-    voice = bench_voice(model, cfg)
     tok = model.tokenizer
     assert tok is not None
-    out: dict[str, Any] = {"runtime": runtime, "bytes_per_token": llm_bytes_per_token(model.config.llm, precision)}
-    # bandwidth again right before decoding, in this process, with as many copy threads as decode threads:
-    # on a shared machine the limit then reflects the conditions the decode ran under
-    bw = measure_bandwidth(mib=128, repeats=3)
-    out["bandwidth_gbps"] = bw["copy_gbps_1_thread"] if cfg.threads == 1 else bw["copy_gbps"]
-    out["decode_limit_tps"] = out["bandwidth_gbps"] * 1e9 / out["bytes_per_token"]
+    out: dict[str, Any] = {}
     n = cfg.decode_tokens + 1
     eng = LLMEngine(model.llm, EngineConfig(enable_prefix_caching=False, max_num_seqs=max(cfg.batches)))
     eng.generate([eng.make_request([5, 6], params=SamplingParams(min_len=2, max_len=2))])  # warm-up
+    # bandwidth right before and right after the decodes, in this process, with as many copy threads as decode
+    # threads: on a shared machine the limit then reflects the conditions the decode ran under (their mean)
+    before = _copy_gbps(cfg)
     out["llm"] = {}
     for b in cfg.batches:
         reqs = [eng.make_request(tok.encode(bench_text(cfg, i)), voice.prompt_text_ids, voice.prompt_speech_ids,
@@ -264,13 +294,30 @@ def run_engine(cfg: BenchConfig, precision: str) -> dict[str, Any]:
         while any(r.num_output_tokens == 0 for r in reqs):
             eng.step()
         first = time.perf_counter()
+        # [fair count] a request whose prefill ended early may already have decoded while others prefilled:
+        # count only the ids sampled from here on, by steps that are decode steps for every row
+        done_before = sum(r.num_output_tokens for r in reqs)
         while eng.has_unfinished():
             eng.step()
         end = time.perf_counter()
         out["llm"][str(b)] = {"prefill_tps": sum(r.num_prompt_tokens for r in reqs) / (first - start),
-                              "decode_tps": b * cfg.decode_tokens / (end - first)}
+                              "decode_tps": (b * n - done_before) / (end - first)}
         log.info("engine %s LLM batch %d: %s", precision, b, out["llm"][str(b)])
+    after = _copy_gbps(cfg)
     del eng
+    out["bandwidth_gbps_before_after"] = [before, after]
+    out["bandwidth_gbps"] = (before + after) / 2
+    out["decode_limit_tps"] = out["bandwidth_gbps"] * 1e9 / bytes_per_token
+    return out
+
+
+def _copy_gbps(cfg: BenchConfig) -> float:
+    bw = measure_bandwidth(mib=128, repeats=3)
+    return bw["copy_gbps_1_thread"] if cfg.threads == 1 else bw["copy_gbps"]
+
+
+def _engine_token2wav(cfg: BenchConfig, model: LoadedModel, voice: Voice, precision: str) -> dict[str, Any]:
+    from vocalis.engine.token2wav import Token2WavEngine
 
     t2w = Token2WavEngine(model.flow, model.hift)
     prompt = _flow_prompt(model, voice)
@@ -280,11 +327,8 @@ def run_engine(cfg: BenchConfig, precision: str) -> dict[str, Any]:
     _t2w_run(t2w, prompt, tokens[:30], True)  # warm-up; also caches the voice's prompt prefix (a saved voice)
     offline = _t2w_run(t2w, prompt, tokens, False)
     stream = _t2w_run(t2w, prompt, tokens, True)
-    out["token2wav"] = {"offline_rtf": offline / seconds, "stream_rtf": stream / seconds}
-    log.info("engine %s token2wav: %s", precision, out["token2wav"])
-
-    out["e2e"] = asyncio.run(_engine_e2e(cfg, model, voice))
-    out["peak_rss_mib"] = peak_rss_mib()
+    out = {"offline_rtf": offline / seconds, "stream_rtf": stream / seconds}
+    log.info("engine %s token2wav: %s", precision, out)
     return out
 
 
