@@ -117,10 +117,10 @@ def add_default_voice(model_dir: Path, corpus: Path) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("run", type=Path, help="run folder (outside the repository), e.g. /work/runs/builtin")
-    ap.add_argument("--hours", type=float, default=1.5, help="corpus size")
+    ap.add_argument("--hours", type=float, default=5.0, help="corpus size")
     ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--tokenizer-warm-steps", type=int, default=1500)
-    ap.add_argument("--tokenizer-steps", type=int, default=600)
+    ap.add_argument("--tokenizer-warm-steps", type=int, default=1200)
+    ap.add_argument("--tokenizer-steps", type=int, default=300)
     ap.add_argument("--llm-steps", type=int, default=4000)
     ap.add_argument("--flow-steps", type=int, default=4000)
     ap.add_argument("--hift-warm-steps", type=int, default=4000)
@@ -176,7 +176,7 @@ def main() -> int:
 
     if want("prep") and stage(run, "prep"):
         vocalis("prepare", str(manifest), str(run / "prep"), "--model", str(base), "--workers", str(args.workers),
-                "--utts-per-shard", "200", "--speech-tokenizer", str(base / "speech_tokenizer.safetensors"),
+                "--utts-per-shard", "500", "--speech-tokenizer", str(base / "speech_tokenizer.safetensors"),
                 "--no-audio")
         mark(run, "prep")
 
@@ -185,7 +185,7 @@ def main() -> int:
         procs.append(vocalis("train", "llm", "--data", str(run / "prep"), *common_train_args(
             run / "llm", args.llm_steps, 1,
             ["model.preset=builtin", "optim.lr=1e-3", "scheduler.name=constant", "scheduler.warmup_steps=200",
-             "data.max_frames_in_batch=3000", "llm.bistream_prob=0.3"]), background=True))
+             "data.max_frames_in_batch=3000", "llm.bistream_prob=0.0"]), background=True))
     if want("flow"):
         procs.append(vocalis("train", "flow", "--data", str(run / "prep"), *common_train_args(
             run / "flow", args.flow_steps, 1,
