@@ -9,8 +9,10 @@ count: MKL for a few rows, oneDNN from `ONEDNN_MIN_ROWS` rows (1.7x faster than 
 
 The packing is in place and costs no memory: each module's `weight` (and bias) becomes a view into the fused
 storage with its usual shape and values, so the modules, the reference path and `state_dict()` keep working
-(saving makes them contiguous again). Only plain fp32 `nn.Linear` layers are packed; a layer a precision
-backend replaced (quantised, or cast to bf16) is left to its module.
+(saving makes them contiguous again). Only plain fp32 `nn.Linear` layers are packed this way; a layer a
+precision backend replaced (quantised, or cast to bf16) is left to its module, except the int8 backend's
+`Int8Linear` layers (our VNNI kernel, `int8_gemv`), whose packed int8 weights are fused the same way (q, k, v
+and gate, up concatenated; the modules keep views) and which `gemm` runs through the kernel.
 
 Legend: D hidden, Dq = H*Dh, Dkv = Hkv*Dh, I intermediate.
 """
@@ -22,17 +24,19 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from vocalis.engine.int8_gemv import Int8Linear, Int8Weight, fuse, int8_linear
 from vocalis.models.qwen2 import Qwen2DecoderLayer
 from vocalis.models.speech_lm import Qwen2LM
 
 
 @dataclass(frozen=True, slots=True)
 class PackedLayer:
-    qkv_t: torch.Tensor  # (D, Dq + 2 Dkv), rows contiguous
-    qkv_bias: torch.Tensor  # (Dq + 2 Dkv,)
-    gate_up_t: torch.Tensor  # (D, 2 I)
-    o_t: torch.Tensor  # (Dq, D): o_proj.weight.t(), a view (the module keeps its row-major (out, in) storage)
-    down_t: torch.Tensor  # (I, D): down_proj.weight.t(), a view
+    # fp32: as commented; int8 (`Int8Weight`, its bias inside): the same products packed for the kernel
+    qkv_t: torch.Tensor | Int8Weight  # (D, Dq + 2 Dkv), rows contiguous
+    qkv_bias: torch.Tensor | None  # (Dq + 2 Dkv,)
+    gate_up_t: torch.Tensor | Int8Weight  # (D, 2 I)
+    o_t: torch.Tensor | Int8Weight  # (Dq, D): o_proj.weight.t(), a view (the module keeps its (out, in) storage)
+    down_t: torch.Tensor | Int8Weight  # (I, D): down_proj.weight.t(), a view
     q_dim: int
     kv_dim: int
 
@@ -65,21 +69,49 @@ ONEDNN_MIN_ROWS = 4
 _ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
-def gemm(x: torch.Tensor, w_t: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x (M, K) @ w_t (K, N) [+ bias (N,)] -> (M, N), fp32 CPU, any layout of w_t.
+def gemm(x: torch.Tensor, w_t: torch.Tensor | Int8Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x (M, K) @ w_t (K, N) [+ bias (N,)] -> (M, N), fp32 CPU, any layout of w_t; an `Int8Weight` (which
+    holds its own bias) runs through the int8 kernel.
 
     MKL's GEMM for a few rows; from ONEDNN_MIN_ROWS rows oneDNN's (the op `torch.compile` itself lowers CPU
     linears to), which on this AMD CPU ran batch 4-16 decode GEMMs 1.2-1.9x faster than MKL's."""
+    if isinstance(w_t, Int8Weight):
+        return int8_linear(x, w_t)
     if _ONEDNN and x.shape[0] >= ONEDNN_MIN_ROWS:
         return torch.ops.mkldnn._linear_pointwise(x, w_t.t(), bias, "none", [], "")
     return torch.mm(x, w_t) if bias is None else torch.addmm(bias, x, w_t)
 
 
+def _pack_int8(layer: Qwen2DecoderLayer) -> PackedLayer | None:
+    """Fuse an int8 layer's packed q/k/v and gate/up weights (the modules keep views); None if they cannot."""
+    attn, mlp = layer.self_attn, layer.mlp
+    qkv_mods, gate_up_mods = [attn.q_proj, attn.k_proj, attn.v_proj], [mlp.gate_proj, mlp.up_proj]
+    qkv, gate_up = fuse([m.packed for m in qkv_mods]), fuse([m.packed for m in gate_up_mods])
+    if qkv is None or gate_up is None:
+        return None
+    for mods, (_, views) in ((qkv_mods, qkv), (gate_up_mods, gate_up)):
+        for m, view in zip(mods, views):
+            m.packed = view
+    return PackedLayer(qkv[0], None, gate_up[0], attn.o_proj.packed, mlp.down_proj.packed,
+                       attn.q_proj.out_features, attn.k_proj.out_features)
+
+
+def _weight_ptr(m: nn.Module) -> int:
+    return m.packed.w.data_ptr() if isinstance(m, Int8Linear) else m.weight.data_ptr()
+
+
 def pack_layer(layer: Qwen2DecoderLayer) -> PackedLayer | None:
     attn, mlp = layer.self_attn, layer.mlp
     done = getattr(layer, "_vocalis_packed", None)
-    if isinstance(done, PackedLayer) and attn.q_proj.weight.data_ptr() == done.qkv_t.data_ptr():
+    if isinstance(done, PackedLayer) and _weight_ptr(attn.q_proj) == (
+            done.qkv_t.w if isinstance(done.qkv_t, Int8Weight) else done.qkv_t).data_ptr():
         return done  # packed before (another engine over the same model)
+    linears = (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
+    if all(type(m) is Int8Linear for m in linears):
+        packed = _pack_int8(layer)
+        if packed is not None:
+            layer._vocalis_packed = packed  # type: ignore[attr-defined]
+        return packed
     if not _plain(attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj):
         return None
     qkv, qkv_bias = _fuse([attn.q_proj, attn.k_proj, attn.v_proj])

@@ -1,0 +1,118 @@
+"""The int8 VNNI kernel (vocalis/engine/int8_gemv.py) against a float64 reference of the same quantized math,
+its fusion, its use by the LLM engine, and the fallback when it cannot be built.
+
+Bounds: kernel vs reference max abs <= 1e-5 * max |y| (the only differences are fp32 rounding in the scale-out:
+measured ~1e-7); fused == separate and batched == one row at a time bit for bit (per-row activation scales and
+exact int32 sums make every row's result independent of the others); the engine's greedy tokens equal the
+reference path's with the same int8 layers. Kernel tests skip where the kernel is unavailable (CPU without
+AVX-512 VNNI, no compiler); the fallback test runs everywhere.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from torch import nn
+
+from vocalis.config import PRESETS
+from vocalis.engine import int8_gemv
+from vocalis.engine.config import EngineConfig
+from vocalis.engine.int8_gemv import Int8Linear, fuse, int8_linear, int8_linear_reference, int8_linears, quantize_weight
+from vocalis.engine.llm_engine import LLMEngine
+from vocalis.engine.request import SamplingParams
+from vocalis.models.speech_lm import Qwen2LM
+from vocalis.sampling import make_greedy_sampler
+
+kernel = pytest.mark.skipif(not int8_gemv.available(),
+                            reason=f"int8 VNNI kernel unavailable: {int8_gemv.unavailable_reason()}")
+
+
+def _close(y: torch.Tensor, ref: torch.Tensor) -> None:
+    assert y.shape == ref.shape and y.dtype == torch.float32
+    assert float((y - ref).abs().max()) <= 1e-5 * float(ref.abs().max()) + 1e-12
+
+
+@kernel
+@pytest.mark.parametrize(("n", "k"), [(128, 64), (70, 10), (200, 4864 // 8), (6564 // 16, 96)])
+@pytest.mark.parametrize("bias", [True, False])
+def test_kernel_equals_quantized_reference(n: int, k: int, bias: bool) -> None:
+    g = torch.Generator().manual_seed(n + k)
+    w = quantize_weight(torch.randn(n, k, generator=g), torch.randn(n, generator=g) if bias else None)
+    for m in (1, 2, 5, 7, 16, 23):
+        x = torch.randn(m, k, generator=g) * torch.rand(m, 1, generator=g) * 4
+        _close(int8_linear(x, w), int8_linear_reference(x, w))
+
+
+@kernel
+def test_rows_are_independent_and_zero_rows_give_bias() -> None:
+    g = torch.Generator().manual_seed(0)
+    w = quantize_weight(torch.randn(96, 40, generator=g), torch.randn(96, generator=g))
+    x = torch.randn(11, 40, generator=g)
+    x[3] = 0
+    y = int8_linear(x, w)
+    for i in range(11):
+        assert torch.equal(y[i:i + 1], int8_linear(x[i:i + 1], w))  # batched == one at a time, bit for bit
+    assert w.bias is not None
+    torch.testing.assert_close(y[3], w.bias[:96], atol=0, rtol=0)
+
+
+@kernel
+def test_fused_equals_parts() -> None:
+    g = torch.Generator().manual_seed(1)
+    parts = [quantize_weight(torch.randn(n, 48, generator=g), torch.randn(n, generator=g)) for n in (128, 64, 64)]
+    x = torch.randn(3, 48, generator=g)
+    separate = [int8_linear(x, p) for p in parts]
+    fused = fuse(parts)
+    assert fused is not None
+    whole, views = fused
+    assert torch.equal(int8_linear(x, whole), torch.cat(separate, dim=1))
+    for view, want in zip(views, separate):
+        assert torch.equal(int8_linear(x, view), want)
+    assert fuse([quantize_weight(torch.randn(70, 48)), parts[0]]) is None  # 70 is not whole panels
+
+
+@kernel
+def test_int8_linear_module_close_to_float() -> None:
+    torch.manual_seed(0)
+    lin = nn.Linear(64, 96)
+    mod = Int8Linear(lin)
+    x = torch.randn(2, 5, 64)
+    with torch.no_grad():
+        y, want = mod(x), lin(x)
+    assert y.shape == (2, 5, 96)
+    assert float((y - want).abs().max()) <= 0.03 * float(want.abs().max())  # measured ~0.01
+
+
+@kernel
+def test_int8_engine_equals_reference_path() -> None:
+    """The engine's fused int8 GEMMs (batched, paged) give the modules' greedy tokens one request at a time.
+    Shapes whose q, k, v and gate, up are whole 64-channel panels, so the fused path is the one tested."""
+    cfg = PRESETS["tiny"].llm
+    cfg = dataclasses.replace(cfg, qwen=dataclasses.replace(cfg.qwen, hidden_size=128, intermediate_size=256))
+    torch.manual_seed(0)
+    lm = Qwen2LM(cfg).eval().requires_grad_(False)
+    assert int8_linears(lm) == 7 * cfg.qwen.num_hidden_layers + 1
+    eng = LLMEngine(lm, EngineConfig(block_size=4, max_num_batched_tokens=16, num_kv_blocks=128))
+    assert all(p is not None for p in eng.runner.packed)  # fused
+    texts = [[40, 41, 42], [50, 51, 52, 53, 54], [60]]
+    reqs = [eng.make_request(t, params=SamplingParams(greedy=True, min_len=4, max_len=10)) for t in texts]
+    got = eng.generate(reqs)
+    for text, req in zip(texts, reqs):
+        want = list(lm.generate(text, [], [], min_len=4, max_len=10, sample_fn=make_greedy_sampler()))
+        assert got[req.request_id] == want
+
+
+def test_fallback_when_the_kernel_is_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No kernel: the int8 backend quantizes the LLM with torch's dynamic quantization and says so."""
+    from vocalis.engine.backends import apply_backend
+    from vocalis.model_dir import random_model
+
+    monkeypatch.setattr(int8_gemv, "_ext", None)
+    monkeypatch.setattr(int8_gemv, "_reason", "test: pretend no AVX-512 VNNI")
+    model = random_model()
+    runtime = apply_backend(model, "torch", "int8")
+    assert any("fbgemm" in note for note in runtime.notes), runtime.notes
+    assert not any(isinstance(m, Int8Linear) for m in model.llm.modules())
+    assert type(model.llm.llm_decoder).__name__ == "Linear" and "quantized" in type(model.llm.llm_decoder).__module__

@@ -1,0 +1,197 @@
+"""Int8 linear layers for the LLM on CPU: our own AVX-512 VNNI kernel (int8_gemv.cpp), built on first use.
+
+Why: decoding reads every weight once per step for a few rows, so its speed is the rate weights stream from
+memory. Measured on the 2-core EPYC (AVX-512 VNNI): fbgemm's dynamic int8 linear (`quantize_dynamic`) read
+weights at ~8-14 GB/s at one row against ~28 GB/s copy bandwidth, and the other torch int8 paths were no better.
+The kernel streams each panel of 64 output channels as one contiguous run and does u8 x s8 -> s32 dot products
+(VPDPBUSD), 4 k-values x 16 channels per instruction.
+
+Math (what `int8_linear_reference` computes in float64): weights symmetric int8 per output channel
+(sw = amax/127); each input row symmetric int8 (sx = amax/127, round half to even), sent to the kernel offset to
+u8; int32 accumulation; y = acc * sx * sw + bias. Finer than fbgemm's per-tensor weight scale.
+
+The extension is compiled by `torch.utils.cpp_extension.load_inline` (gcc + ninja) into torch's extension
+cache dir, once per machine. When it cannot be used (CPU without AVX-512 VNNI, no compiler, a build error),
+`available()` is False, one log line says why, and the int8 backend keeps torch's dynamic quantization.
+
+Legend: M rows, K in features, N out features, P = ceil(N / 64) panels, K4 = ceil(K / 4).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import threading
+from dataclasses import dataclass, replace
+from pathlib import Path
+from types import ModuleType
+
+import torch
+from torch import nn
+
+log = logging.getLogger(__name__)
+
+PANEL = 64  # output channels per panel; fused parts must be whole panels
+_SOURCE = Path(__file__).with_name("int8_gemv.cpp")
+_FLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni", "-fopenmp"]
+_CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni")
+
+_NO_BIAS = torch.empty(0)  # the kernel's "no bias" (its binding takes tensors only)
+_lock = threading.Lock()
+_ext: ModuleType | None = None
+_reason: str | None = None  # why the kernel is unavailable, once decided
+
+
+def _cpu_reason() -> str | None:
+    """None when the CPU has every instruction set the kernel uses, else what is missing."""
+    try:
+        flags = next((line.split(":", 1)[1].split() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                      if line.startswith("flags")), [])
+    except OSError:
+        return "cannot read /proc/cpuinfo to check for AVX-512 VNNI"
+    missing = [f for f in _CPU_FLAGS if f not in flags]
+    return f"CPU lacks {', '.join(missing)}" if missing else None
+
+
+def _build() -> ModuleType:
+    from torch.utils.cpp_extension import load_inline
+
+    source = _SOURCE.read_text()
+    # the name carries a hash of the source, so an edited kernel is rebuilt rather than a stale one loaded
+    tag = hashlib.sha1(source.encode()).hexdigest()[:10]
+    log.info("loading the int8 VNNI kernel (compiled once per machine into torch's extension cache)")
+    return load_inline(name=f"vocalis_int8_gemv_{tag}", cpp_sources=[source], functions=["int8_linear"],
+                       extra_cflags=_FLAGS, extra_ldflags=["-fopenmp"], verbose=False)
+
+
+def extension() -> ModuleType | None:
+    """The compiled kernel, building it on first call; None (logged once, with the reason) when unusable."""
+    global _ext, _reason
+    with _lock:
+        if _ext is None and _reason is None:
+            if os.environ.get("VOCALIS_INT8_KERNEL", "1") == "0":
+                _reason = "VOCALIS_INT8_KERNEL=0"
+            else:
+                _reason = _cpu_reason()
+            if _reason is None:
+                try:
+                    _ext = _build()
+                except Exception as e:  # noqa: BLE001 - any build failure means: use the fallback
+                    _reason = f"kernel build failed ({type(e).__name__}: {str(e).strip().splitlines()[-1:]})"
+            if _reason is not None:
+                log.info("int8 VNNI kernel unavailable: %s; int8 linears use torch dynamic quantization", _reason)
+        return _ext
+
+
+def available() -> bool:
+    return extension() is not None
+
+
+def unavailable_reason() -> str | None:
+    extension()
+    return _reason
+
+
+@dataclass(frozen=True, slots=True)
+class Int8Weight:
+    """A Linear's weight packed for the kernel (see int8_gemv.cpp for the layout)."""
+
+    w: torch.Tensor  # (P, K4, 64, 4) int8
+    scale: torch.Tensor  # (P*64,) fp32 per output channel (0-padded)
+    corr: torch.Tensor  # (P*64,) int32: 128 * sum_k w, the u8 offset's contribution
+    bias: torch.Tensor | None  # (P*64,) fp32 (0-padded)
+    n: int  # real output channels N
+    k: int  # input features K
+
+
+def quantize_weight(weight: torch.Tensor, bias: torch.Tensor | None = None) -> Int8Weight:
+    """(N, K) float weight [+ (N,) bias] -> packed per-channel symmetric int8."""
+    n, k = weight.shape
+    w = weight.detach().float()
+    amax = w.abs().amax(dim=1)
+    scale = torch.where(amax > 0, amax / 127, torch.ones_like(amax))  # (N,)
+    q = torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8)  # (N, K)
+    p, k4 = -(-n // PANEL), -(-k // 4)
+    padded = torch.zeros(p * PANEL, k4 * 4, dtype=torch.int8)
+    padded[:n, :k] = q
+    # [p, lane4, j, g, t] -> [p, g, lane4, j, t]: each panel contiguous, each 64 bytes = 16 channels x 4 k
+    packed = padded.view(p, 4, 16, k4, 4).permute(0, 3, 1, 2, 4).reshape(p, k4, PANEL, 4).contiguous()
+    corr = 128 * padded.sum(dim=1, dtype=torch.int32)
+
+    def pad(v: torch.Tensor) -> torch.Tensor:
+        out = torch.zeros(p * PANEL, dtype=torch.float32)
+        out[:n] = v.detach().float()
+        return out
+
+    return Int8Weight(packed, pad(scale), corr.to(torch.int32), None if bias is None else pad(bias), n, k)
+
+
+def int8_linear(x: torch.Tensor, w: Int8Weight) -> torch.Tensor:
+    """x (M, K) fp32 -> (M, N) fp32 through the kernel (`extension()` must be available)."""
+    ext = extension()
+    assert ext is not None, "int8 kernel unavailable"
+    return ext.int8_linear(x, w.w, w.scale, w.corr, _NO_BIAS if w.bias is None else w.bias, w.n)
+
+
+def int8_linear_reference(x: torch.Tensor, w: Int8Weight) -> torch.Tensor:
+    """The kernel's math in float64 torch ops (for tests): same activation rounding, exact accumulation."""
+    x = x.float()
+    amax = x.abs().amax(dim=1, keepdim=True)
+    inv = torch.where(amax > 0, 127.0 / amax, torch.ones_like(amax))  # fp32, as the kernel
+    sx = torch.where(amax > 0, amax / 127.0, torch.ones_like(amax))
+    xq = torch.round(x * inv).double()  # (M, K)
+    p, k4 = w.w.shape[:2]
+    wq = w.w.view(p, k4, 4, 16, 4).permute(0, 2, 3, 1, 4).reshape(p * PANEL, k4 * 4)[:w.n, :w.k].double()
+    y = (xq @ wq.t()) * (sx.double() * w.scale[:w.n].double())
+    return (y + w.bias[:w.n].double() if w.bias is not None else y).float()
+
+
+def fuse(weights: list[Int8Weight]) -> tuple[Int8Weight, list[Int8Weight]] | None:
+    """Concatenate packed weights along N (one kernel call for q, k, v or gate, up); also returns each part
+    as a view into the fused storage. None when a part other than the last is not whole panels or K differs."""
+    if any(w.n % PANEL for w in weights[:-1]) or len({w.k for w in weights}) != 1:
+        return None
+    biased = any(w.bias is not None for w in weights)
+    fused = Int8Weight(
+        torch.cat([w.w for w in weights]), torch.cat([w.scale for w in weights]),
+        torch.cat([w.corr for w in weights]),
+        torch.cat([w.bias if w.bias is not None else torch.zeros_like(w.scale) for w in weights]) if biased
+        else None,
+        sum(w.n for w in weights), weights[0].k)
+    views, start = [], 0
+    for w in weights:
+        p = w.w.shape[0]
+        c = slice(start * PANEL, (start + p) * PANEL)
+        views.append(replace(w, w=fused.w[start:start + p], scale=fused.scale[c], corr=fused.corr[c],
+                             bias=None if fused.bias is None else fused.bias[c]))
+        start += p
+    return fused, views
+
+
+class Int8Linear(nn.Module):
+    """`nn.Linear` with its weight packed for the int8 kernel; any leading dims, fp32 in and out."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.packed = quantize_weight(linear.weight, linear.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = int8_linear(x.reshape(-1, self.in_features).float(), self.packed)
+        return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8 per-channel (VNNI)"
+
+
+def int8_linears(module: nn.Module) -> int:
+    """Replace every fp32 `nn.Linear` below `module` by an `Int8Linear` (in place); returns how many."""
+    count = 0
+    for name, child in list(module.named_children()):
+        if type(child) is nn.Linear:
+            setattr(module, name, Int8Linear(child))
+            count += 1
+        else:
+            count += int8_linears(child)
+    return count
