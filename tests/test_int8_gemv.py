@@ -37,7 +37,11 @@ def _close(y: torch.Tensor, ref: torch.Tensor) -> None:
 @kernel
 @pytest.mark.parametrize(("n", "k"), [(128, 64), (70, 10), (200, 4864 // 8), (6564 // 16, 96)])
 @pytest.mark.parametrize("bias", [True, False])
-def test_kernel_equals_quantized_reference(n: int, k: int, bias: bool) -> None:
+@pytest.mark.parametrize("split", [False, True])
+def test_kernel_equals_quantized_reference(n: int, k: int, bias: bool, split: bool,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    if split:  # every panel its own share of the thread pool (the default runs these small weights on one)
+        monkeypatch.setattr(int8_gemv, "GRAIN_BYTES", 0)
     g = torch.Generator().manual_seed(n + k)
     w = quantize_weight(torch.randn(n, k, generator=g), torch.randn(n, generator=g) if bias else None)
     for m in (1, 2, 5, 7, 16, 23):

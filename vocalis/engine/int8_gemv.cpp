@@ -21,7 +21,13 @@
 namespace {
 
 constexpr int kPanel = 64;       // output channels per panel (4 vectors of 16)
-constexpr int kChunkGroups = 128;  // k4 groups per cache block: 128 * 4 k * 64 channels = 32 KiB of weights
+#ifndef VOCALIS_CHUNK_GROUPS
+#define VOCALIS_CHUNK_GROUPS 128
+#endif
+#ifndef VOCALIS_PREFETCH
+#define VOCALIS_PREFETCH 32
+#endif
+constexpr int kChunkGroups = VOCALIS_CHUNK_GROUPS;  // k4 groups per cache block: 128 * 4 k * 64 ch = 32 KiB
 
 // Quantize rows of x (M, K) fp32 into u8 (M, Kp) with +128 offset (padding = 128, i.e. zero); scales (M,).
 void quantize_rows(const float* x, int64_t m_rows, int64_t k, int64_t kp, uint8_t* xq, float* sx) {
@@ -62,7 +68,7 @@ inline void panel_block(const int8_t* w, const uint8_t* xq, int64_t kp, int64_t 
     for (int j = 0; j < 4; ++j) a[m][j] = _mm512_loadu_si512(acc + m * kPanel + j * 16);
   const int8_t* wp = w + g0 * (kPanel * 4);
   for (int64_t g = g0; g < g1; ++g, wp += kPanel * 4) {
-    _mm_prefetch(reinterpret_cast<const char*>(wp + 16 * kPanel * 4), _MM_HINT_T0);
+    if (VOCALIS_PREFETCH) _mm_prefetch(reinterpret_cast<const char*>(wp + VOCALIS_PREFETCH * kPanel * 4), _MM_HINT_T0);
     const __m512i w0 = _mm512_loadu_si512(wp);
     const __m512i w1 = _mm512_loadu_si512(wp + 64);
     const __m512i w2 = _mm512_loadu_si512(wp + 128);
@@ -82,6 +88,37 @@ inline void panel_block(const int8_t* w, const uint8_t* xq, int64_t kp, int64_t 
     for (int j = 0; j < 4; ++j) _mm512_storeu_si512(acc + m * kPanel + j * 16, a[m][j]);
 }
 
+#ifndef VOCALIS_PAIR
+#define VOCALIS_PAIR 1
+#endif
+// One row, two panels (a, b) over all k4 groups: acc (2, 64) out.
+inline void single_row_pair(const int8_t* wa, const int8_t* wb, const uint8_t* xq, int64_t groups, int32_t* acc) {
+  __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+  for (int64_t g = 0; g < groups; ++g, wa += kPanel * 4, wb += kPanel * 4) {
+    if (VOCALIS_PREFETCH) {
+      _mm_prefetch(reinterpret_cast<const char*>(wa + VOCALIS_PREFETCH * kPanel * 4), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(wb + VOCALIS_PREFETCH * kPanel * 4), _MM_HINT_T0);
+    }
+    const __m512i xb = _mm512_set1_epi32(*reinterpret_cast<const int32_t*>(xq + g * 4));
+    a0 = _mm512_dpbusd_epi32(a0, xb, _mm512_loadu_si512(wa));
+    a1 = _mm512_dpbusd_epi32(a1, xb, _mm512_loadu_si512(wa + 64));
+    a2 = _mm512_dpbusd_epi32(a2, xb, _mm512_loadu_si512(wa + 128));
+    a3 = _mm512_dpbusd_epi32(a3, xb, _mm512_loadu_si512(wa + 192));
+    b0 = _mm512_dpbusd_epi32(b0, xb, _mm512_loadu_si512(wb));
+    b1 = _mm512_dpbusd_epi32(b1, xb, _mm512_loadu_si512(wb + 64));
+    b2 = _mm512_dpbusd_epi32(b2, xb, _mm512_loadu_si512(wb + 128));
+    b3 = _mm512_dpbusd_epi32(b3, xb, _mm512_loadu_si512(wb + 192));
+  }
+  _mm512_storeu_si512(acc, a0);
+  _mm512_storeu_si512(acc + 16, a1);
+  _mm512_storeu_si512(acc + 32, a2);
+  _mm512_storeu_si512(acc + 48, a3);
+  _mm512_storeu_si512(acc + 64, b0);
+  _mm512_storeu_si512(acc + 80, b1);
+  _mm512_storeu_si512(acc + 96, b2);
+  _mm512_storeu_si512(acc + 112, b3);
+}
+
 using BlockFn = void (*)(const int8_t*, const uint8_t*, int64_t, int64_t, int64_t, int32_t*);
 constexpr int kMaxTile = 6;  // 6 rows x 4 accumulators + 4 weight vectors + 1 broadcast <= 32 registers
 const BlockFn kBlocks[kMaxTile + 1] = {nullptr, panel_block<1>, panel_block<2>, panel_block<3>,
@@ -92,7 +129,7 @@ const BlockFn kBlocks[kMaxTile + 1] = {nullptr, panel_block<1>, panel_block<2>, 
 // x (M, K) fp32; w int8 (P, K4, 64, 4) packed; scale (P*64,) fp32; corr (P*64,) int32; bias (P*64,) fp32 or
 // empty; n real output channels (<= P*64). Returns (M, n) fp32.
 torch::Tensor int8_linear(torch::Tensor x, torch::Tensor w, torch::Tensor scale, torch::Tensor corr,
-                          torch::Tensor bias, int64_t n) {
+                          torch::Tensor bias, int64_t n, int64_t grain_bytes) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat, "x must be 2-D float32");
   TORCH_CHECK(w.dim() == 4 && w.scalar_type() == torch::kChar && w.size(2) == kPanel && w.size(3) == 4,
               "w must be packed int8 (P, K4, 64, 4)");
@@ -120,10 +157,41 @@ torch::Tensor int8_linear(torch::Tensor x, torch::Tensor w, torch::Tensor scale,
   const uint8_t* xqd = xq.data();
   const float* sxd = sx.data();
 
-  at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
-    std::vector<int32_t> acc(m_rows * kPanel);
-    for (int64_t p = p0; p < p1; ++p) {
-      const int8_t* wpanel = wd + p * groups * kPanel * 4;
+  const int64_t panel_bytes = groups * kPanel * 4;
+  const int64_t grain = std::max<int64_t>(1, (grain_bytes + panel_bytes - 1) / panel_bytes);
+  // y for panel p from its int32 sums acc (M, 64)
+  auto finish = [&](int64_t p, const int32_t* acc) {
+    const int64_t c0 = p * kPanel;
+    for (int64_t m = 0; m < m_rows; ++m) {
+      const __m512 vsx = _mm512_set1_ps(sxd[m]);
+      for (int j = 0; j < 4; ++j) {
+        const int64_t c = c0 + j * 16;
+        if (c >= n) break;
+        const __mmask16 mask = c + 16 <= n ? static_cast<__mmask16>(0xFFFF)
+                                           : static_cast<__mmask16>((1u << (n - c)) - 1);
+        const __m512i a = _mm512_sub_epi32(_mm512_loadu_si512(acc + m * kPanel + j * 16),
+                                           _mm512_loadu_si512(cd + c));
+        const __m512 s = _mm512_mul_ps(vsx, _mm512_loadu_ps(sd + c));
+        __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(a), s);
+        if (bd) v = _mm512_add_ps(v, _mm512_loadu_ps(bd + c));
+        _mm512_mask_storeu_ps(yd + m * n + c, mask, v);
+      }
+    }
+  };
+  at::parallel_for(0, panels, grain, [&](int64_t p0, int64_t p1) {
+    std::vector<int32_t> acc(std::max<int64_t>(m_rows, 2) * kPanel);
+    int64_t p = p0;
+    if (m_rows == 1 && VOCALIS_PAIR) {
+      // one row: two panels at a time, two memory streams in flight
+      for (; p + 1 < p1; p += 2) {
+        const int8_t* wa = wd + p * panel_bytes;
+        single_row_pair(wa, wa + panel_bytes, xqd, groups, acc.data());
+        finish(p, acc.data());
+        finish(p + 1, acc.data() + kPanel);
+      }
+    }
+    for (; p < p1; ++p) {
+      const int8_t* wpanel = wd + p * panel_bytes;
       std::fill(acc.begin(), acc.end(), 0);
       // k blocks outermost so a block of the panel is read from memory once and reused, from L1, by every
       // row tile (decode batches of up to 16 rows take 3 tiles)
@@ -134,22 +202,7 @@ torch::Tensor int8_linear(torch::Tensor x, torch::Tensor w, torch::Tensor scale,
           kBlocks[mt](wpanel, xqd + m0 * kp, kp, g0, g1, acc.data() + m0 * kPanel);
         }
       }
-      const int64_t c0 = p * kPanel;
-      for (int64_t m = 0; m < m_rows; ++m) {
-        const __m512 vsx = _mm512_set1_ps(sxd[m]);
-        for (int j = 0; j < 4; ++j) {
-          const int64_t c = c0 + j * 16;
-          if (c >= n) break;
-          const __mmask16 mask = c + 16 <= n ? static_cast<__mmask16>(0xFFFF)
-                                             : static_cast<__mmask16>((1u << (n - c)) - 1);
-          const __m512i a = _mm512_sub_epi32(_mm512_loadu_si512(acc.data() + m * kPanel + j * 16),
-                                             _mm512_loadu_si512(cd + c));
-          const __m512 s = _mm512_mul_ps(vsx, _mm512_loadu_ps(sd + c));
-          __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(a), s);
-          if (bd) v = _mm512_add_ps(v, _mm512_loadu_ps(bd + c));
-          _mm512_mask_storeu_ps(yd + m * n + c, mask, v);
-        }
-      }
+      finish(p, acc.data());
     }
   });
   return y;

@@ -37,6 +37,9 @@ _SOURCE = Path(__file__).with_name("int8_gemv.cpp")
 _FLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni", "-fopenmp"]
 _CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni")
 
+# weight bytes each thread gets at least: smaller GEMMs run on the calling thread alone, as waking a pool thread
+# costs more than it saves for the ~1 MB q/k/v and o projections (see the measurements in the module doc)
+GRAIN_BYTES = int(os.environ.get("VOCALIS_INT8_GRAIN_BYTES", str(2 << 20)))
 _NO_BIAS = torch.empty(0)  # the kernel's "no bias" (its binding takes tensors only)
 _lock = threading.Lock()
 _ext: ModuleType | None = None
@@ -131,7 +134,7 @@ def int8_linear(x: torch.Tensor, w: Int8Weight) -> torch.Tensor:
     """x (M, K) fp32 -> (M, N) fp32 through the kernel (`extension()` must be available)."""
     ext = extension()
     assert ext is not None, "int8 kernel unavailable"
-    return ext.int8_linear(x, w.w, w.scale, w.corr, _NO_BIAS if w.bias is None else w.bias, w.n)
+    return ext.int8_linear(x, w.w, w.scale, w.corr, _NO_BIAS if w.bias is None else w.bias, w.n, GRAIN_BYTES)
 
 
 def int8_linear_reference(x: torch.Tensor, w: Int8Weight) -> torch.Tensor:
