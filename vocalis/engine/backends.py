@@ -6,7 +6,7 @@ Precision (what the heavy matmuls run in):
   `CastLinear` holding its weights in that dtype; activations between layers, norms, attention softmax, the
   Euler state and the whole of HiFT stay fp32 (as the official fp16 path keeps HiFT in fp32).
 - int8 (CPU only): the LLM's Linear layers run our AVX-512 VNNI int8 kernel (`int8_gemv`: int8 weights per
-  output channel, activations quantized per row and call; 1.3-1.5x fbgemm's speed at decode shapes), or, where
+  output channel, activations quantized per row and call; 1.1-1.5x fbgemm's decode speed at batch 16-1), or, where
   the kernel cannot be built or run (no AVX-512 VNNI, no compiler; logged once), dynamic quantization
   (`torch.ao.quantization.quantize_dynamic`, fbgemm) as the flow estimator's Linear layers always do (their
   many-row GEMMs are fbgemm's strength).
