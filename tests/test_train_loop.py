@@ -75,6 +75,22 @@ def test_loss_goes_down(task: str, steps: int, extra: tuple[str, ...], corpus: P
         assert {"grad_norm", "lr", "samples_per_s", "frames_per_s", "acc"} <= set(record)
 
 
+def test_hift_warmup_without_critic(corpus: Path, tmp_path: Path) -> None:
+    """hift.adversarial=none: the generator learns from mel + F0 alone; the discriminator is never stepped."""
+    out = tmp_path / "hift-warm"
+    train(_config("hift", corpus, out, "trainer.max_steps=8", "optim.lr=3e-3", "hift.adversarial=none", *HIFT))
+    losses = _losses(out)
+    assert sum(losses[-3:]) / 3 < 0.85 * sum(losses[:3]) / 3, losses
+    record = json.loads((out / "train_log.jsonl").read_text().splitlines()[-1])
+    assert record["grad_norm_generator"] > 0 and record["grad_norm_discriminator"] == 0
+    assert not any(k.startswith("d_") for k in record)
+    # same seed, same initial critic: after 1 step and after 8 it is still that initial critic
+    train(_config("hift", corpus, tmp_path / "hift-warm1", "trainer.max_steps=1", "hift.adversarial=none", *HIFT))
+    after_8 = _weights(checkpoint_path(out, 8), "discriminator")
+    after_1 = _weights(checkpoint_path(tmp_path / "hift-warm1", 1), "discriminator")
+    assert all(torch.equal(after_8[k], after_1[k]) for k in after_8)
+
+
 def test_accumulation_of_two_equals_a_batch_twice_as_large(equal_corpus: Path, tmp_path: Path) -> None:
     # Equal-length utterances and no shuffling: batches of 2 (k=2) cover exactly the batches of 4 (k=1). The
     # LM loss is deterministic with bistream_prob=0. Adam with a large eps is near-linear in the gradient, so

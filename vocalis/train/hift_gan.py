@@ -142,6 +142,14 @@ def _check_shapes(mel_frames: int, fake: GeneratorOutput, wav: torch.Tensor, f0:
     return wav[:, :n]
 
 
+def _reconstruction_terms(
+    fake: GeneratorOutput, real: torch.Tensor, f0: torch.Tensor, config: HiFTLossConfig
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(GAN-mel L1, F0 L1) of a generator output against `real` audio already cut to its length."""
+    mel = F.l1_loss(gan_mel(fake.wav, config), gan_mel(real, config))
+    return mel, F.l1_loss(fake.f0.float(), f0.float())
+
+
 # ---------------------------------------------------------------------------------------------------
 # Step losses
 
@@ -160,9 +168,8 @@ def generator_losses(
     fake_logits, fake_fmaps = discriminator(fake.wav)
     adv = adversarial_generator_loss(fake_logits, config.adversarial)
     fm = feature_matching_loss(real_fmaps, fake_fmaps)
-    mel = F.l1_loss(gan_mel(fake.wav, config), gan_mel(real, config))
+    mel, f0_l1 = _reconstruction_terms(fake, real, f0, config)
     tpr = tpr_loss(fake_logits, real_logits, config.tpr_tau)
-    f0_l1 = F.l1_loss(fake.f0.float(), f0.float())
     total = (
         adv + config.feature_weight * fm + config.mel_weight * mel + config.tpr_weight * tpr + config.f0_weight * f0_l1
     )
@@ -178,9 +185,7 @@ def reconstruction_losses(
     A warm-up: on a CPU budget it reaches intelligible (if phasey) audio in far fewer and cheaper steps than
     the GAN, which then continues from it.
     """
-    real = _check_shapes(f0.shape[-1], fake, wav, f0)
-    mel = F.l1_loss(gan_mel(fake.wav, config), gan_mel(real, config))
-    f0_l1 = F.l1_loss(fake.f0.float(), f0.float())
+    mel, f0_l1 = _reconstruction_terms(fake, _check_shapes(f0.shape[-1], fake, wav, f0), f0, config)
     total = config.mel_weight * mel + config.f0_weight * f0_l1
     logs = {"loss_mel": mel, "loss_f0": f0_l1, "loss_g": total}
     return total, {k: float(v.detach()) for k, v in logs.items()}

@@ -77,20 +77,19 @@ class HiFTTask(Task):
 
     def micro_step(self, batch: Batch, ctx: StepContext) -> dict[str, float]:
         mel = batch.mel.transpose(1, 2)  # (B, 80, T)
-        if self.losses.adversarial == "none":  # warm-up: no critic turn (its optimizer state stays untouched)
-            with ctx.autocast():
-                fake = generator_forward(self.generator, mel, ctx.generator)
-                g_loss, g_logs = reconstruction_losses(fake, batch.audio, batch.f0, self.losses)
-            ctx.backward(g_loss, "generator")
-            ctx.update("generator")
-            return {"loss": g_logs["loss_mel"], **{f"g_{k[5:]}": v for k, v in g_logs.items()}}
         with ctx.autocast():
             fake = generator_forward(self.generator, mel, ctx.generator)  # wav (B, 480 T), f0 (B, T)
-            d_loss, d_logs = discriminator_loss(self.critic, batch.audio, fake.wav, self.losses)
-        ctx.backward(d_loss, "discriminator")
-        ctx.update("discriminator")
-        with frozen(self.modules["discriminator"]) as critic, ctx.autocast():
-            g_loss, g_logs = generator_losses(critic, fake, batch.audio, batch.f0, self.losses)
+        if self.losses.adversarial == "none":  # warm-up: no critic turn (its optimizer state stays untouched)
+            d_logs: dict[str, float] = {}
+            with ctx.autocast():
+                g_loss, g_logs = reconstruction_losses(fake, batch.audio, batch.f0, self.losses)
+        else:
+            with ctx.autocast():
+                d_loss, d_logs = discriminator_loss(self.critic, batch.audio, fake.wav, self.losses)
+            ctx.backward(d_loss, "discriminator")
+            ctx.update("discriminator")
+            with frozen(self.modules["discriminator"]) as critic, ctx.autocast():
+                g_loss, g_logs = generator_losses(critic, fake, batch.audio, batch.f0, self.losses)
         ctx.backward(g_loss, "generator")
         ctx.update("generator")
         return {"loss": g_logs["loss_mel"], **{f"g_{k[5:]}": v for k, v in g_logs.items()},

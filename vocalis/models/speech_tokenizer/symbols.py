@@ -13,7 +13,7 @@ import re
 import shutil
 import subprocess
 import unicodedata
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Literal
 
 import regex
@@ -45,12 +45,17 @@ _LANGUAGE_SWITCH = re.compile(r"\([a-z-]+\)")  # espeak-ng marks "(en)" when it 
 
 def char_units(text: str) -> list[str]:
     """Text -> lower-cased letters/digits with `|` between words; punctuation dropped, NFKC-normalised."""
+    return _word_units(text, None)
+
+
+def _word_units(text: str, spell: Callable[[str], str] | None) -> list[str]:
+    """The characters of each word of `text` (as `spell` writes the word, if given), `|` between words."""
     words = _PUNCTUATION.split(unicodedata.normalize("NFKC", text).lower())
     units: list[str] = []
     for word in filter(None, words):
         if units:
             units.append(WORD_BOUNDARY)
-        units.extend(word)
+        units.extend(spell(word) if spell is not None else word)
     return units
 
 
@@ -67,15 +72,13 @@ def latin_units(text: str) -> list[str]:
         from pypinyin import Style, lazy_pinyin
     except ImportError as exc:
         raise InputError("romanised targets of Chinese text need pypinyin (pip install pypinyin)") from exc
-    words = _PUNCTUATION.split(unicodedata.normalize("NFKC", text).lower())
-    units: list[str] = []
-    for word in filter(None, words):
-        if units:
-            units.append(WORD_BOUNDARY)
-        if _HAN.search(word):
-            word = "".join(lazy_pinyin(word, style=Style.TONE3, neutral_tone_with_five=True))
-        units.extend(word)
-    return units
+
+    def spell(word: str) -> str:
+        if not _HAN.search(word):
+            return word
+        return "".join(lazy_pinyin(word, style=Style.TONE3, neutral_tone_with_five=True))
+
+    return _word_units(text, spell)
 
 
 class EspeakPhonemizer:
