@@ -9,7 +9,9 @@ voice (a fixed prompt sentence synthesised here). Printed table:
 - resemblyzer cosine of output vs prompt, next to the same-speaker baseline (the teacher's own rendering of the
   sentence vs the prompt) and the cross-speaker baseline (another teacher's rendering vs the prompt);
 - real-time factor of the model on this CPU;
-- a vocoder check: WER of the teachers' own mel resynthesised by the model's HiFT (copy synthesis).
+- a vocoder check: WER of the teachers' own mel resynthesised by the model's HiFT (copy synthesis);
+- a token check: WER of the teachers' audio through the model's speech tokenizer, flow and HiFT (voice conversion
+  to the same teacher's prompt: everything but the LLM).
 
     python scripts/measure_builtin.py [--model DIR] [-n 50] [--out /work/runs/builtin/measure] [--json out.json]
 
@@ -97,10 +99,14 @@ def main() -> int:
         with torch.inference_mode():
             voc, _ = tts.model.hift.inference(mel)
         sf.write(str(out / f"vocoded-{i:03d}.wav"), voc[0].numpy(), tts.sample_rate)
+        # token check: teacher audio -> our speech tokens -> flow (prompted by the same voice) -> HiFT
+        chunks = tts.convert_voice(out / f"teacher-{v.speaker}-{i:03d}.wav", prompt_wav=out / f"prompt-{v.speaker}.wav",
+                                   seed=args.seed)
+        sf.write(str(out / f"retokenized-{i:03d}.wav"), np.concatenate([c.samples for c in chunks]), tts.sample_rate)
 
     asr, emb = PocketsphinxTranscriber(), ResemblyzerEmbedder()
     prompt_emb = {v.speaker: emb.embed(load16(out / f"prompt-{v.speaker}.wav")) for v in voices}
-    wer_model, wer_teacher, wer_vocoded = EditCounts(0, 0, 0, 0), EditCounts(0, 0, 0, 0), EditCounts(0, 0, 0, 0)
+    wer_model, wer_teacher, wer_vocoded, wer_tokens = (EditCounts(0, 0, 0, 0) for _ in range(4))
     sim_model, sim_same, sim_cross, rows = [], [], [], []
     for i, text in enumerate(texts):
         v, other = voices[i % len(voices)], voices[(i + 1) % len(voices)]
@@ -109,6 +115,7 @@ def main() -> int:
         wer_model += word_counts(text, hyp_m, "en")
         wer_teacher += word_counts(text, hyp_t, "en")
         wer_vocoded += word_counts(text, asr(load16(out / f"vocoded-{i:03d}.wav"), 16000), "en")
+        wer_tokens += word_counts(text, asr(load16(out / f"retokenized-{i:03d}.wav"), 16000), "en")
         try:
             sim_model.append(cosine(emb.embed(model_wav), prompt_emb[v.speaker]))
         except ValueError:  # no voiced audio at all: as dissimilar as it gets
@@ -121,7 +128,7 @@ def main() -> int:
     figures = {
         "sentences": len(texts),
         "wer_model": wer_model.rate, "wer_teacher": wer_teacher.rate, "wer_silence": 1.0,
-        "wer_vocoder_copy_synthesis": wer_vocoded.rate,
+        "wer_vocoder_copy_synthesis": wer_vocoded.rate, "wer_token_copy_synthesis": wer_tokens.rate,
         "wer_ratio": wer_model.rate / wer_teacher.rate if wer_teacher.rate > 0 else None,
         "sim_model_vs_prompt": float(np.mean(sim_model)), "sim_same_speaker": float(np.mean(sim_same)),
         "sim_cross_speaker": float(np.mean(sim_cross)),
@@ -135,6 +142,7 @@ def main() -> int:
     print(f"| WER festival teachers | {wer_teacher.rate:.1%} |")
     print("| WER silence (nothing) | 100.0% |")
     print(f"| WER teacher mel -> our HiFT (vocoder alone) | {wer_vocoded.rate:.1%} |")
+    print(f"| WER teacher audio -> our tokens -> flow -> HiFT (no LLM) | {wer_tokens.rate:.1%} |")
     print(f"| resemblyzer cos(model output, prompt) | {figures['sim_model_vs_prompt']:.3f} |")
     print(f"| same-speaker baseline (teacher, prompt) | {figures['sim_same_speaker']:.3f} |")
     print(f"| cross-speaker baseline (other teacher, prompt) | {figures['sim_cross_speaker']:.3f} |")

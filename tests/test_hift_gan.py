@@ -194,6 +194,28 @@ def test_reconstruction_warmup_reduces_mel_l1() -> None:
         HiFTLossConfig(adversarial="wgan")  # type: ignore[arg-type]
 
 
+def test_extra_mel_windows_add_their_l1() -> None:
+    """`extra_mel_ffts`: each window's log-mel L1 (hop n_fft / 4) is added to the loss, logged apart from the official one."""
+    torch.manual_seed(0)
+    gen = HiFTGenerator(TINY_HIFT)
+    wav, mel, f0 = _clip(25)
+    fake = generator_forward(gen, mel, torch.Generator().manual_seed(0))
+    base = HiFTLossConfig(adversarial="none")
+    multi = HiFTLossConfig(adversarial="none", extra_mel_ffts=(512, 1024))
+    _, logs0 = reconstruction_losses(fake, wav, f0, base)
+    total, logs = reconstruction_losses(fake, wav, f0, multi)
+    n = fake.wav.shape[-1]
+    by_hand = sum(
+        F.l1_loss(mel_spectrogram(fake.wav, 24000, k, k // 4, 80, 0.0, None), mel_spectrogram(wav[:, :n], 24000, k, k // 4, 80, 0.0, None))
+        for k in (512, 1024)
+    )
+    assert logs["loss_mel"] == pytest.approx(logs0["loss_mel"], rel=1e-6)
+    assert logs["loss_mel_extra"] == pytest.approx(float(by_hand), rel=1e-5)
+    assert float(total) == pytest.approx(45.0 * (logs["loss_mel"] + logs["loss_mel_extra"]) + logs["loss_f0"], rel=1e-5)
+    total.backward()
+    assert all(p.grad is not None for p in gen.parameters() if p.requires_grad)
+
+
 def test_bf16_autocast_steps() -> None:
     """Under bf16 autocast the FFTs run in fp32 (no bf16 FFT/complex): both steps run and stay finite."""
     torch.manual_seed(0)

@@ -7,7 +7,9 @@ Discriminator loss = adv_D + tpr_weight * tpr
 - fm: L1 between real and fake feature maps, times 2 inside (as Matcha's `feature_loss`, so the official
   weight 2.0 gives the official total);
 - mel L1 on the 80-bin log-mel with n_fft 1920 / hop 480 and fmax = Nyquist (the official
-  `mel_spec_transform1`, fmax null), not the flow's 8 kHz mel;
+  `mel_spec_transform1`, fmax null), not the flow's 8 kHz mel; optionally plus the same L1 at shorter windows
+  (`extra_mel_ffts`, hop n_fft / 4): the 80 ms window alone leaves 10-30 ms structure (bursts, formant
+  transitions) unconstrained, which a critic-free warm-up then renders as smear;
 - tpr: truncated pointwise relativistic loss (tau 0.04);
 - F0 L1 between the generator's predicted F0 and the target F0 per mel frame (Hz, 0 when unvoiced).
 
@@ -26,7 +28,7 @@ Legend: B batch, T mel frames, N = 480 T samples.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal, NamedTuple
 
 import torch
@@ -53,6 +55,7 @@ class HiFTLossConfig:
     mel_n_fft: int = 1920
     mel_hop: int = 480
     mel_bins: int = 80
+    extra_mel_ffts: tuple[int, ...] = ()  # e.g. (512, 1024): more log-mel L1 terms, hop n_fft // 4, summed
 
     def __post_init__(self) -> None:
         if self.adversarial not in ("lsgan", "hinge", "none"):
@@ -144,10 +147,20 @@ def _check_shapes(mel_frames: int, fake: GeneratorOutput, wav: torch.Tensor, f0:
 
 def _reconstruction_terms(
     fake: GeneratorOutput, real: torch.Tensor, f0: torch.Tensor, config: HiFTLossConfig
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(GAN-mel L1, F0 L1) of a generator output against `real` audio already cut to its length."""
-    mel = F.l1_loss(gan_mel(fake.wav, config), gan_mel(real, config))
-    return mel, F.l1_loss(fake.f0.float(), f0.float())
+) -> dict[str, torch.Tensor]:
+    """GAN-mel L1 (`loss_mel`), the extra windows' summed L1 (`loss_mel_extra`, if any) and F0 L1 (`loss_f0`) of a
+    generator output against `real` audio already cut to its length."""
+    terms = {"loss_mel": F.l1_loss(gan_mel(fake.wav, config), gan_mel(real, config))}
+    if config.extra_mel_ffts:
+        scales = [replace(config, mel_n_fft=n, mel_hop=n // 4) for n in config.extra_mel_ffts]
+        terms["loss_mel_extra"] = sum(F.l1_loss(gan_mel(fake.wav, c), gan_mel(real, c)) for c in scales)
+    terms["loss_f0"] = F.l1_loss(fake.f0.float(), f0.float())
+    return terms
+
+
+def _reconstruction_total(terms: dict[str, torch.Tensor], config: HiFTLossConfig) -> torch.Tensor:
+    mel = terms["loss_mel"] + terms.get("loss_mel_extra", 0.0)
+    return config.mel_weight * mel + config.f0_weight * terms["loss_f0"]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -168,26 +181,24 @@ def generator_losses(
     fake_logits, fake_fmaps = discriminator(fake.wav)
     adv = adversarial_generator_loss(fake_logits, config.adversarial)
     fm = feature_matching_loss(real_fmaps, fake_fmaps)
-    mel, f0_l1 = _reconstruction_terms(fake, real, f0, config)
+    terms = _reconstruction_terms(fake, real, f0, config)
     tpr = tpr_loss(fake_logits, real_logits, config.tpr_tau)
-    total = (
-        adv + config.feature_weight * fm + config.mel_weight * mel + config.tpr_weight * tpr + config.f0_weight * f0_l1
-    )
-    logs = {"loss_gen": adv, "loss_fm": fm, "loss_mel": mel, "loss_tpr": tpr, "loss_f0": f0_l1, "loss_g": total}
+    total = adv + config.feature_weight * fm + config.tpr_weight * tpr + _reconstruction_total(terms, config)
+    logs = {"loss_gen": adv, "loss_fm": fm, **terms, "loss_tpr": tpr, "loss_g": total}
     return total, {k: float(v.detach()) for k, v in logs.items()}
 
 
 def reconstruction_losses(
     fake: GeneratorOutput, wav: torch.Tensor, f0: torch.Tensor, config: HiFTLossConfig = HiFTLossConfig()
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Generator loss without a critic (`adversarial="none"`): mel_weight * mel L1 + f0_weight * F0 L1.
+    """Generator loss without a critic (`adversarial="none"`): mel_weight * mel L1 (all windows) + f0_weight * F0 L1.
 
     A warm-up: on a CPU budget it reaches intelligible (if phasey) audio in far fewer and cheaper steps than
     the GAN, which then continues from it.
     """
-    mel, f0_l1 = _reconstruction_terms(fake, _check_shapes(f0.shape[-1], fake, wav, f0), f0, config)
-    total = config.mel_weight * mel + config.f0_weight * f0_l1
-    logs = {"loss_mel": mel, "loss_f0": f0_l1, "loss_g": total}
+    terms = _reconstruction_terms(fake, _check_shapes(f0.shape[-1], fake, wav, f0), f0, config)
+    total = _reconstruction_total(terms, config)
+    logs = {**terms, "loss_g": total}
     return total, {k: float(v.detach()) for k, v in logs.items()}
 
 
