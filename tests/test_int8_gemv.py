@@ -4,7 +4,9 @@ its fusion, its use by the LLM engine, and the fallback when it cannot be built.
 Bounds: kernel vs reference max abs <= 1e-5 * max |y| (the only differences are fp32 rounding in the scale-out:
 measured ~1e-7); fused == separate and batched == one row at a time bit for bit (per-row activation scales and
 exact int32 sums make every row's result independent of the others); the engine's greedy tokens equal the
-reference path's with the same int8 layers. Kernel tests skip where the kernel is unavailable (CPU without
+reference path's with the same int8 layers. The fused decode step (int8_decode: the whole layer stack in one native
+call for 1..4 single-query rows) gives the per-op int8 path's log-probs within 1e-4 absolute (measured <= 1e-6:
+only fp32 summation order and a polynomial exp differ) and the same greedy tokens. Kernel tests skip where the kernel is unavailable (CPU without
 AVX-512 VNNI, no compiler); the fallback test runs everywhere.
 """
 
@@ -21,6 +23,7 @@ from vocalis.engine import int8_gemv
 from vocalis.engine.config import EngineConfig
 from vocalis.engine.int8_gemv import Int8Linear, fuse, int8_linear, int8_linear_reference, int8_linears, quantize_weight
 from vocalis.engine.llm_engine import LLMEngine
+from vocalis.engine.model_runner import StepInputs
 from vocalis.engine.request import SamplingParams
 from vocalis.models.speech_lm import Qwen2LM
 from vocalis.sampling import make_greedy_sampler
@@ -100,6 +103,7 @@ def test_int8_engine_equals_reference_path() -> None:
     assert int8_linears(lm) == 7 * cfg.qwen.num_hidden_layers + 1
     eng = LLMEngine(lm, EngineConfig(block_size=4, max_num_batched_tokens=16, num_kv_blocks=128))
     assert all(p is not None for p in eng.runner.packed)  # fused
+    assert eng.runner.fused_decode is not None  # decode steps of <= 4 rows run the native stack
     texts = [[40, 41, 42], [50, 51, 52, 53, 54], [60]]
     reqs = [eng.make_request(t, params=SamplingParams(greedy=True, min_len=4, max_len=10)) for t in texts]
     got = eng.generate(reqs)
@@ -120,3 +124,64 @@ def test_fallback_when_the_kernel_is_unavailable(monkeypatch: pytest.MonkeyPatch
     assert any("fbgemm" in note for note in runtime.notes), runtime.notes
     assert not any(isinstance(m, Int8Linear) for m in model.llm.modules())
     assert type(model.llm.llm_decoder).__name__ == "Linear" and "quantized" in type(model.llm.llm_decoder).__module__
+
+
+def _int8_lm(hidden: int, heads: int, kv_heads: int, intermediate: int) -> Qwen2LM:
+    cfg = PRESETS["tiny"].llm
+    cfg = dataclasses.replace(cfg, qwen=dataclasses.replace(
+        cfg.qwen, hidden_size=hidden, intermediate_size=intermediate, num_attention_heads=heads,
+        num_key_value_heads=kv_heads))
+    torch.manual_seed(0)
+    lm = Qwen2LM(cfg).eval().requires_grad_(False)
+    int8_linears(lm)
+    return lm
+
+
+def _run(lm: Qwen2LM, texts: list[list[int]], fused: bool, max_rows: int = 4
+         ) -> tuple[list[list[int]], list[tuple[bool, torch.Tensor]]]:
+    """Greedy tokens per request and (step ran fused, log-probs) per step."""
+    eng = LLMEngine(lm, EngineConfig(block_size=4, max_num_batched_tokens=16, num_kv_blocks=128))
+    stack = eng.runner.fused_decode
+    assert stack is not None
+    stack.max_rows = max_rows
+    if not fused:
+        eng.runner.fused_decode = None
+    steps: list[tuple[bool, torch.Tensor]] = []
+    forward = eng.runner.forward
+
+    def recorded(inp: StepInputs) -> torch.Tensor:
+        y = forward(inp)
+        steps.append((fused and not inp.prefills and inp.ids.shape[0] <= max_rows, y.clone()))
+        return y
+
+    eng.runner.forward = recorded  # type: ignore[method-assign]
+    reqs = [eng.make_request(t, params=SamplingParams(greedy=True, min_len=8, max_len=12)) for t in texts]
+    got = eng.generate(reqs)
+    return [got[r.request_id] for r in reqs], steps
+
+
+@kernel
+@pytest.mark.parametrize(("hidden", "heads", "kv_heads", "intermediate"), [(128, 4, 2, 256), (256, 4, 1, 192), (192, 3, 1, 320)])
+@pytest.mark.parametrize("num_requests", [1, 4, 6])
+def test_fused_decode_step_equals_per_op_path(hidden: int, heads: int, kv_heads: int, intermediate: int,
+                                              num_requests: int) -> None:
+    """Same engine steps with and without the fused stack: log-probs within 1e-4, same greedy tokens. Row tiles
+    of 1..6 (6 by raising max_rows to the kernel's limit), paged contexts of different lengths, mixed
+    prefill + decode steps (those take the per-op path in both)."""
+    lm = _int8_lm(hidden, heads, kv_heads, intermediate)
+    texts = [[40, 41, 42], [50, 51, 52, 53, 54], [60], [70, 71], [80, 81, 82, 83, 84, 85, 86], [90]][:num_requests]
+    tokens, steps = _run(lm, texts, fused=True, max_rows=6)
+    want_tokens, want_steps = _run(lm, texts, fused=False)
+    assert tokens == want_tokens
+    assert len(steps) == len(want_steps) and sum(f for f, _ in steps) >= 8  # most steps ran fused
+    for (_, y), (_, want) in zip(steps, want_steps):
+        assert y.shape == want.shape
+        assert float((y - want).abs().max()) <= 1e-4
+
+
+@kernel
+def test_fused_decode_off_by_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VOCALIS_INT8_FUSED", "0")
+    lm = _int8_lm(128, 4, 2, 256)
+    eng = LLMEngine(lm, EngineConfig(block_size=4, max_num_batched_tokens=16, num_kv_blocks=128))
+    assert eng.runner.fused_decode is None and all(p is not None for p in eng.runner.packed)

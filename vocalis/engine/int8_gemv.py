@@ -36,7 +36,9 @@ from torch import nn
 log = logging.getLogger(__name__)
 
 PANEL = 64  # output channels per panel; fused parts must be whole panels
-_SOURCE = Path(__file__).with_name("int8_gemv.cpp")
+# the GEMM kernel, then the fused decoder-stack step built on it (int8_decode.py), which also holds the Python
+# module: one translation unit
+_SOURCES = (Path(__file__).with_name("int8_gemv.cpp"), Path(__file__).with_name("int8_decode.cpp"))
 _FLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni", "-fopenmp"]
 _CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni")
 
@@ -63,11 +65,11 @@ def _cpu_reason() -> str | None:
 def _build() -> ModuleType:
     from torch.utils.cpp_extension import load_inline
 
-    source = _SOURCE.read_text()
-    # the name carries a hash of the source, so an edited kernel is rebuilt rather than a stale one loaded
-    tag = hashlib.sha1(source.encode()).hexdigest()[:10]
+    sources = [path.read_text() for path in _SOURCES]
+    # the name carries a hash of the sources, so an edited kernel is rebuilt rather than a stale one loaded
+    tag = hashlib.sha1("\n".join(sources).encode()).hexdigest()[:10]
     log.info("loading the int8 VNNI kernel (compiled once per machine into torch's extension cache)")
-    return load_inline(name=f"vocalis_int8_gemv_{tag}", cpp_sources=[source], functions=["int8_linear"],
+    return load_inline(name=f"vocalis_int8_gemv_{tag}", cpp_sources=sources, functions=None,
                        extra_cflags=_FLAGS, extra_ldflags=["-fopenmp"], verbose=False)
 
 

@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from vocalis.engine.id_space import IdSpace
+from vocalis.engine.int8_decode import decode_stack
 from vocalis.engine.packed_weights import PackedLayer, gemm
 from vocalis.engine.request import Request
 from vocalis.models.qwen2 import Qwen2RMSNorm, rotary_cos_sin
@@ -58,6 +59,7 @@ class StepInputs:
     num_single: int  # the first B rows are single-query rows
     gather_slots: torch.Tensor | None  # (B, Lmax) context slots of single-query rows (padding repeats slot 0)
     valid: torch.Tensor | None  # (B, Lmax) real context positions
+    context_lens: torch.Tensor | None  # (B,) real context length of each single-query row (incl. itself)
     prefills: list[_Prefill]
     sample_rows: torch.Tensor  # (R,) rows whose output is sampled, in scheduled order
     all_speech: bool
@@ -86,6 +88,8 @@ class ModelRunner:
                                         q.rope_theta, self.dtype)  # (max_positions, Dh)
         half = q.head_dim // 2
         self._sin_signed = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)  # see _rope
+        # int8 decode steps of a few rows: the whole layer stack in one native call (int8_decode), else None
+        self.fused_decode = decode_stack(llm, self.packed, self.dtype)
         log.info("KV cache: %d blocks x %d positions (%.1f MiB)", num_blocks, block_size,
                  2 * self.k_cache.numel() * self.k_cache.element_size() / 2**20)
 
@@ -108,7 +112,7 @@ class ModelRunner:
             ids.append(r.token_ids[p])
             positions.append(p)
             slots.extend(self._slots(r.block_table, p, p + 1))
-        gather = valid = None
+        gather = valid = ctx = None
         dev = self.device
         if single:
             ctx = torch.tensor([r.num_computed_tokens + 1 for r, _ in single], device=dev)  # (B,)
@@ -139,6 +143,7 @@ class ModelRunner:
             num_single=len(single),
             gather_slots=gather,
             valid=valid,
+            context_lens=ctx,
             prefills=prefills,
             sample_rows=torch.tensor(sample_rows, dtype=torch.long, device=dev),
             all_speech=max(ids) < self.ids.num_speech,
@@ -175,6 +180,13 @@ class ModelRunner:
         sin = self._sin_signed.index_select(0, inp.positions)[:, None, :]
         n_tok = x.shape[0]
         h_q, h_kv, dh = self.num_heads, self.num_kv_heads, self.head_dim
+        fused = self.fused_decode
+        if fused is not None and not inp.prefills and n_tok <= fused.max_rows:
+            # only single-query rows: every layer in one native call (int8_decode)
+            assert inp.gather_slots is not None and inp.context_lens is not None
+            x = fused.forward(x, cos.view(n_tok, dh), sin.view(n_tok, dh), self.k_cache, self.v_cache,
+                              inp.write_slots, inp.gather_slots, inp.context_lens)
+            return self._head(x, inp)
         mask = self._single_mask(inp)
         for layer_idx, layer in enumerate(qwen.layers):
             attn, pk = layer.self_attn, self.packed[layer_idx]
@@ -199,7 +211,11 @@ class ModelRunner:
                 x = x + gemm(F.silu(gate) * up, pk.down_t)
             else:
                 x = x + layer.mlp(h)
-        hidden = self._norm(qwen.norm, x.index_select(0, inp.sample_rows))  # (R, D)
+        return self._head(x, inp)
+
+    def _head(self, x: torch.Tensor, inp: StepInputs) -> torch.Tensor:
+        """Final hidden states (N, D) -> log-probs (R, V) of the sampled rows."""
+        hidden = self._norm(self.llm.qwen.norm, x.index_select(0, inp.sample_rows))  # (R, D)
         return self.llm.llm_decoder(hidden).float().log_softmax(dim=-1)  # (R, V)
 
     @staticmethod

@@ -1,0 +1,420 @@
+// The int8 decoder stack's decode step for a few single-query rows in one native call (see int8_decode.py).
+//
+// Compiled in one translation unit after int8_gemv.cpp (int8_gemv.py joins the two sources), whose panel kernels,
+// row quantizer and `int8_linear` it uses; this file also holds the extension's Python module.
+//
+// Why: at batch 1 the torch path spends ~7 ms of a ~25 ms step outside the weight GEMVs, in ~20 small ops per
+// layer (dispatch, allocation, waking the thread pool per op). Here the whole stack runs inside one OpenMP
+// parallel region; each layer is 5 phases whose work items (64-channel panels, or two for one row; (row, kv head)
+// pairs for attention) the threads claim one at a time, each phase ending when all its items are done:
+//   norm1 + quantize (each thread its own copy) -> q/k/v panels (+bias)
+//   per (row, kv head): rotary, K/V into the paged cache, attention of its query heads over the row's context
+//   quantize attention out -> o_proj panels, added into x
+//   norm2 + quantize -> gate/up panel pairs (gate p with up p + I/64) -> SiLU(gate) * up
+//   quantize act -> down_proj panels, added into x
+// The math is the torch path's (RMSNorm, half-split rotary, softmax attention over the row's context slots,
+// per-row int8 activations, exact int32 sums); only fp32 rounding order differs (vector exp, summation order).
+//
+// Legend: M rows, D hidden, H query heads, Hkv key/value heads, G = H / Hkv, Dh head width, I intermediate,
+// L layers, S cache slots, Lmax gathered context length, C = ctx_len[m] (real context of row m, incl. itself).
+#include <omp.h>
+#include <sched.h>
+
+#include <atomic>
+#include <memory>
+
+namespace {
+
+constexpr int kMaxFusedRows = kMaxTile;  // one row tile: every row's accumulators stay in registers
+
+// e^x for x in [-87, 88] (beyond: clamped): 2^n * poly(r), r = x - n ln2 in [-ln2/2, ln2/2], Taylor to r^7
+// (relative error ~5e-9 before fp32 rounding)
+inline __m512 exp_ps(__m512 x) {
+  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);  // ln2 split hi + lo: exact n*hi
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187e-06f), r);
+  __m512 p = _mm512_set1_ps(1.f / 5040);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 720));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 120));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 24));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 6));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+  return _mm512_scalef_ps(p, n);
+}
+
+// y = x * rsqrt(mean(x^2) + eps) * w over one row of d (multiple of 16 or not)
+void rms_norm_row(const float* x, const float* w, int64_t d, float eps, float* y) {
+  __m512 acc = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + 16 <= d; i += 16) {
+    const __m512 v = _mm512_loadu_ps(x + i);
+    acc = _mm512_fmadd_ps(v, v, acc);
+  }
+  float ss = _mm512_reduce_add_ps(acc);
+  for (; i < d; ++i) ss += x[i] * x[i];
+  const float inv = 1.f / std::sqrt(ss / static_cast<float>(d) + eps);
+  for (i = 0; i + 16 <= d; i += 16)
+    _mm512_storeu_ps(y + i, _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(x + i), _mm512_set1_ps(inv)),
+                                          _mm512_loadu_ps(w + i)));
+  for (; i < d; ++i) y[i] = x[i] * inv * w[i];
+}
+
+// One packed int8 weight (see int8_gemv.cpp): raw pointers into tensors the stack keeps alive.
+struct PackedRef {
+  const int8_t* w = nullptr;
+  const float* scale = nullptr;
+  const int32_t* corr = nullptr;
+  const float* bias = nullptr;  // null: none
+  int64_t panels = 0, groups = 0, n = 0;
+
+  int64_t panel_bytes() const { return groups * kPanel * 4; }
+  const int8_t* panel(int64_t p) const { return w + p * panel_bytes(); }
+
+  // v (M, 64) = (acc - corr) * sx * sw (+ bias) for panel p
+  void dequant(int64_t p, const int32_t* acc, int m_rows, const float* sx, float* v) const {
+    const int64_t c = p * kPanel;
+    for (int m = 0; m < m_rows; ++m)
+      for (int j = 0; j < 4; ++j) {
+        const __m512i a = _mm512_sub_epi32(_mm512_loadu_si512(acc + m * kPanel + j * 16),
+                                           _mm512_loadu_si512(corr + c + j * 16));
+        __m512 y = _mm512_mul_ps(_mm512_cvtepi32_ps(a),
+                                 _mm512_mul_ps(_mm512_set1_ps(sx[m]), _mm512_loadu_ps(scale + c + j * 16)));
+        if (bias) y = _mm512_add_ps(y, _mm512_loadu_ps(bias + c + j * 16));
+        _mm512_storeu_ps(v + m * kPanel + j * 16, y);
+      }
+  }
+};
+
+// acc (M, 64) int32 = sums of panel p over all k for rows xq (M, Kp)
+inline void panel_sums(const PackedRef& w, int64_t p, const uint8_t* xq, int m_rows, int32_t* acc) {
+  std::fill(acc, acc + m_rows * kPanel, 0);
+  kBlocks[m_rows](w.panel(p), xq, w.groups * 4, 0, w.groups, acc);
+}
+
+// [p0, p1) panels of w for rows xq: fn(p, v (M, 64) fp32 outputs); one row runs two panels at a time (two
+// memory streams in flight, as int8_linear)
+template <typename Fn>
+void gemv_panels(const PackedRef& w, int64_t p0, int64_t p1, const uint8_t* xq, const float* sx, int m_rows,
+                 int32_t* acc, float* v, Fn&& fn) {
+  int64_t p = p0;
+  if (m_rows == 1)
+    for (; p + 1 < p1; p += 2) {
+      single_row_pair(w.panel(p), w.panel(p + 1), xq, w.groups, acc);
+      w.dequant(p, acc, 1, sx, v);
+      w.dequant(p + 1, acc + kPanel, 1, sx, v + kPanel);
+      fn(p, v);
+      fn(p + 1, v + kPanel);
+    }
+  for (; p < p1; ++p) {
+    panel_sums(w, p, xq, m_rows, acc);
+    w.dequant(p, acc, m_rows, sx, v);
+    fn(p, v);
+  }
+}
+
+// Work of one phase, claimed item by item: a thread takes the next unclaimed item until none is left, then
+// waits until every item is done. Why not a static split and a barrier: on a shared machine a thread may lose
+// its core for a whole time slice; here the others take over its unclaimed items instead of waiting for it.
+struct Phase {
+  alignas(64) std::atomic<int64_t> next{0};
+  alignas(64) std::atomic<int64_t> done{0};
+};
+
+// prep() runs once, before this thread's first item (quantizing this phase's input into the thread's own
+// buffer; skipped by a thread that gets no item, so a late thread never reads inputs that moved on)
+template <typename Prep, typename Work>
+void run_phase(Phase& ph, int64_t n_items, Prep&& prep, Work&& work) {
+  bool prepared = false;
+  for (;;) {
+    const int64_t i = ph.next.fetch_add(1, std::memory_order_relaxed);
+    if (i >= n_items) break;
+    if (!prepared) {
+      prep();
+      prepared = true;
+    }
+    work(i);
+    ph.done.fetch_add(1, std::memory_order_release);
+  }
+  for (int spins = 0; ph.done.load(std::memory_order_acquire) < n_items;) {
+    _mm_pause();
+    if (++spins == 4096) {  // the owner of an unfinished item may be off its core: give it ours
+      sched_yield();
+      spins = 0;
+    }
+  }
+}
+
+struct Layer {
+  torch::Tensor norm1, norm2;  // (D,)
+  std::vector<torch::Tensor> keep;  // the packed tensors the refs point into
+  PackedRef qkv, o, gate_up, down;
+};
+
+PackedRef packed_ref(const torch::Tensor& w, const torch::Tensor& scale, const torch::Tensor& corr,
+                     const torch::Tensor& bias, int64_t n) {
+  TORCH_CHECK(w.dim() == 4 && w.scalar_type() == torch::kChar && w.size(2) == kPanel && w.size(3) == 4 &&
+              w.is_contiguous(), "w must be packed int8 (P, K4, 64, 4), contiguous");
+  const int64_t panels = w.size(0);
+  TORCH_CHECK(scale.scalar_type() == torch::kFloat && scale.is_contiguous() && scale.numel() == panels * kPanel &&
+              corr.scalar_type() == torch::kInt && corr.is_contiguous() && corr.numel() == panels * kPanel,
+              "scale/corr must be contiguous (P*64,)");
+  const bool has_bias = bias.defined() && bias.numel() > 0;
+  TORCH_CHECK(!has_bias || (bias.scalar_type() == torch::kFloat && bias.is_contiguous() &&
+                            bias.numel() == panels * kPanel), "bias must be contiguous (P*64,) fp32");
+  PackedRef r;
+  r.w = w.data_ptr<int8_t>();
+  r.scale = scale.data_ptr<float>();
+  r.corr = corr.data_ptr<int32_t>();
+  r.bias = has_bias ? bias.data_ptr<float>() : nullptr;
+  r.panels = panels;
+  r.groups = w.size(1);
+  r.n = n;
+  return r;
+}
+
+}  // namespace
+
+// The decoder stack of one int8 LLM for decode steps of 1..kMaxFusedRows single-query rows.
+class DecodeStack {
+ public:
+  // layers: per layer 15 tensors: norm1 (D,), qkv w/scale/corr/bias (bias may be empty), o w/scale/corr,
+  // norm2 (D,), gate_up w/scale/corr (gate panels first, then up), down w/scale/corr
+  DecodeStack(std::vector<torch::Tensor> layers, int64_t hidden, int64_t num_heads, int64_t num_kv_heads,
+              int64_t head_dim, int64_t intermediate, double eps)
+      : d_(hidden), h_(num_heads), hkv_(num_kv_heads), dh_(head_dim), i_(intermediate), eps_(eps) {
+    TORCH_CHECK(layers.size() % 15 == 0 && !layers.empty(), "15 tensors per layer");
+    TORCH_CHECK(h_ % hkv_ == 0 && dh_ % 16 == 0 && dh_ <= 512, "heads must group, head_dim a multiple of 16");
+    const int64_t q_dim = h_ * dh_, kv_dim = hkv_ * dh_;
+    TORCH_CHECK(q_dim % kPanel == 0 && kv_dim % kPanel == 0 && i_ % kPanel == 0,
+                "q, k and gate must be whole 64-channel panels");
+    for (size_t b = 0; b < layers.size(); b += 15) {
+      const torch::Tensor* t = layers.data() + b;
+      Layer l;
+      l.norm1 = t[0];
+      l.norm2 = t[8];
+      for (const auto& n : {l.norm1, l.norm2})
+        TORCH_CHECK(n.scalar_type() == torch::kFloat && n.is_contiguous() && n.numel() == d_, "norm weight (D,)");
+      l.qkv = packed_ref(t[1], t[2], t[3], t[4], q_dim + 2 * kv_dim);
+      l.o = packed_ref(t[5], t[6], t[7], torch::Tensor(), d_);
+      l.gate_up = packed_ref(t[9], t[10], t[11], torch::Tensor(), 2 * i_);
+      l.down = packed_ref(t[12], t[13], t[14], torch::Tensor(), d_);
+      TORCH_CHECK(l.qkv.groups * 4 - d_ < 4 && l.gate_up.groups * 4 - d_ < 4 && d_ <= l.qkv.groups * 4,
+                  "q/k/v and gate/up take D inputs");
+      TORCH_CHECK(l.o.groups * 4 == q_dim && l.down.groups * 4 == i_, "o takes H*Dh inputs, down I");
+      TORCH_CHECK(l.gate_up.panels == 2 * (i_ / kPanel), "gate/up: I/64 gate panels then I/64 up panels");
+      TORCH_CHECK(l.o.panels * kPanel >= d_ && l.down.panels * kPanel >= d_, "o/down give D outputs");
+      l.keep.assign(t, t + 15);
+      layers_.push_back(std::move(l));
+    }
+  }
+
+  int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
+  int64_t max_rows() const { return kMaxFusedRows; }
+
+  // x (M, D) fp32, updated in place and returned: the hidden states after the last layer (before the final
+  // norm). cos / sin_signed (M, Dh): rotary tables of each row's position (sin's first half negated, as
+  // model_runner._rope); k_cache / v_cache (L, S, Hkv, Dh) fp32: each row's new K/V is written at
+  // write_slots[m]; gather_slots (M, Lmax) int64: row m's context slots in position order, of which the first
+  // ctx_len[m] are real (the last being its own new position).
+  torch::Tensor forward(torch::Tensor x, torch::Tensor cos, torch::Tensor sin_signed, torch::Tensor k_cache,
+                        torch::Tensor v_cache, torch::Tensor write_slots, torch::Tensor gather_slots,
+                        torch::Tensor ctx_len) {
+    const int64_t m_rows = x.size(0);
+    TORCH_CHECK(x.dim() == 2 && x.size(1) == d_ && x.scalar_type() == torch::kFloat && x.is_contiguous(),
+                "x must be contiguous (M, D) fp32");
+    TORCH_CHECK(m_rows >= 1 && m_rows <= kMaxFusedRows, "1..", kMaxFusedRows, " rows");
+    const int64_t n_layers = num_layers();
+    for (const auto* c : {&k_cache, &v_cache})
+      TORCH_CHECK(c->dim() == 4 && c->size(0) == n_layers && c->size(2) == hkv_ && c->size(3) == dh_ &&
+                  c->scalar_type() == torch::kFloat && c->is_contiguous(), "cache must be (L, S, Hkv, Dh) fp32");
+    for (const auto* r : {&cos, &sin_signed})
+      TORCH_CHECK(r->scalar_type() == torch::kFloat && r->numel() == m_rows * dh_ && r->is_contiguous(),
+                  "rotary tables (M, Dh) fp32");
+    TORCH_CHECK(write_slots.scalar_type() == torch::kLong && write_slots.numel() == m_rows &&
+                ctx_len.scalar_type() == torch::kLong && ctx_len.numel() == m_rows &&
+                gather_slots.scalar_type() == torch::kLong && gather_slots.dim() == 2 &&
+                gather_slots.size(0) == m_rows && gather_slots.is_contiguous() && write_slots.is_contiguous() &&
+                ctx_len.is_contiguous(), "slots: int64 (M,), (M, Lmax), (M,)");
+    const int64_t slots = k_cache.size(1), lmax = gather_slots.size(1);
+    const int64_t* ws = write_slots.data_ptr<int64_t>();
+    const int64_t* gs = gather_slots.data_ptr<int64_t>();
+    const int64_t* cl = ctx_len.data_ptr<int64_t>();
+    for (int64_t m = 0; m < m_rows; ++m) {
+      TORCH_CHECK(cl[m] >= 1 && cl[m] <= lmax && ws[m] >= 0 && ws[m] < slots, "row ", m, ": bad context/slot");
+      TORCH_CHECK(gs[m * lmax + cl[m] - 1] == ws[m], "row ", m, ": its last context slot must be its new one");
+      for (int64_t t = 0; t < cl[m]; ++t) TORCH_CHECK(gs[m * lmax + t] >= 0 && gs[m * lmax + t] < slots, "slot");
+    }
+
+    const int mr = static_cast<int>(m_rows);
+    const int64_t q_dim = h_ * dh_, kv_dim = hkv_ * dh_, g_heads = h_ / hkv_;
+    const int64_t qkv_width = layers_[0].qkv.panels * kPanel;
+    const int64_t kp_max = std::max({layers_[0].qkv.groups, layers_[0].o.groups, layers_[0].down.groups}) * 4;
+    // shared between threads
+    std::vector<float> qkv(m_rows * qkv_width), attn(m_rows * q_dim), act(m_rows * i_);
+    float* xd = x.data_ptr<float>();
+    const float* cosd = cos.data_ptr<float>();
+    const float* sind = sin_signed.data_ptr<float>();
+    float* kc = k_cache.data_ptr<float>();
+    float* vc = v_cache.data_ptr<float>();
+    const float scale = 1.f / std::sqrt(static_cast<float>(dh_));
+    const int nt_want = std::max(1, at::get_num_threads());
+
+    // one pair of counters per (layer, phase): 5 phases per layer
+    std::unique_ptr<Phase[]> phases(new Phase[n_layers * 5]);
+
+#pragma omp parallel num_threads(nt_want)
+    {
+      // this thread's own buffers
+      std::vector<float> h(m_rows * d_), v(2 * kMaxFusedRows * kPanel), sx(m_rows);
+      std::vector<int32_t> acc(2 * kMaxFusedRows * kPanel);
+      std::vector<uint8_t> xq(m_rows * kp_max);
+      std::vector<float> qh(g_heads * dh_), scores(g_heads * lmax), oacc(g_heads * dh_), inv_sum(g_heads);
+
+      auto norm_quantize = [&](const float* w, int64_t kp) {  // h = norm(x) -> xq, sx
+        for (int64_t m = 0; m < m_rows; ++m) rms_norm_row(xd + m * d_, w, d_, static_cast<float>(eps_), &h[m * d_]);
+        quantize_rows(h.data(), m_rows, d_, kp, xq.data(), sx.data());
+      };
+      // residual: x[:, panel p] += v, for the real columns
+      auto add_to_x = [&](int64_t p, const float* vp) {
+        const int64_t c0 = p * kPanel, c1 = std::min(d_, c0 + kPanel);
+        for (int64_t m = 0; m < m_rows; ++m)
+          for (int64_t c = c0; c < c1; ++c) xd[m * d_ + c] += vp[m * kPanel + c - c0];
+      };
+      // GEMV work items: one panel, or two for one row (the two-stream kernel)
+      const int64_t per_item = m_rows == 1 ? 2 : 1;
+      auto items = [&](const PackedRef& w) { return (w.panels + per_item - 1) / per_item; };
+      auto gemv_item = [&](const PackedRef& w, int64_t i, auto&& fn) {
+        gemv_panels(w, i * per_item, std::min(w.panels, (i + 1) * per_item), xq.data(), sx.data(), mr, acc.data(),
+                    v.data(), fn);
+      };
+
+      for (int64_t li = 0; li < n_layers; ++li) {
+        const Layer& l = layers_[li];
+        float* kcl = kc + li * slots * kv_dim;
+        float* vcl = vc + li * slots * kv_dim;
+        Phase* ph = &phases[li * 5];
+
+        // ---- q, k, v (+ bias)
+        run_phase(ph[0], items(l.qkv), [&] { norm_quantize(l.norm1.data_ptr<float>(), l.qkv.groups * 4); },
+                  [&](int64_t i) {
+                    gemv_item(l.qkv, i, [&](int64_t p, const float* vp) {
+                      for (int64_t m = 0; m < m_rows; ++m)
+                        std::copy(vp + m * kPanel, vp + (m + 1) * kPanel, &qkv[m * qkv_width + p * kPanel]);
+                    });
+                  });
+        // ---- rotary, cache write, attention: one item per (row, kv head)
+        run_phase(ph[1], m_rows * hkv_, [] {}, [&](int64_t item) {
+          const int64_t m = item / hkv_, j = item % hkv_, half = dh_ / 2;
+          const float* row = &qkv[m * qkv_width];
+          const float* cm = cosd + m * dh_;
+          const float* sm = sind + m * dh_;
+          auto rope = [&](const float* src, float* dst, float mul) {
+            for (int64_t e = 0; e < dh_; ++e)
+              dst[e] = (src[e] * cm[e] + src[e < half ? e + half : e - half] * sm[e]) * mul;
+          };
+          rope(row + q_dim + j * dh_, kcl + (ws[m] * hkv_ + j) * dh_, 1.f);
+          std::copy(row + q_dim + kv_dim + j * dh_, row + q_dim + kv_dim + (j + 1) * dh_,
+                    vcl + (ws[m] * hkv_ + j) * dh_);
+          for (int64_t g = 0; g < g_heads; ++g) rope(row + (j * g_heads + g) * dh_, &qh[g * dh_], scale);
+          const int64_t c = cl[m];
+          const int64_t* slot = gs + m * lmax;
+          for (int64_t s = 0; s < c; ++s) {  // scores (G, C)
+            const float* kt = kcl + (slot[s] * hkv_ + j) * dh_;
+            for (int64_t g = 0; g < g_heads; ++g) {
+              __m512 a = _mm512_setzero_ps();
+              for (int64_t e = 0; e < dh_; e += 16)
+                a = _mm512_fmadd_ps(_mm512_loadu_ps(&qh[g * dh_ + e]), _mm512_loadu_ps(kt + e), a);
+              scores[g * c + s] = _mm512_reduce_add_ps(a);
+            }
+          }
+          for (int64_t g = 0; g < g_heads; ++g) {  // softmax numerators in place, 1 / their sum
+            float* sg = &scores[g * c];
+            float mx = -INFINITY;
+            for (int64_t s = 0; s < c; ++s) mx = std::max(mx, sg[s]);
+            const __m512 vmx = _mm512_set1_ps(mx);
+            __m512 vsum = _mm512_setzero_ps();
+            int64_t s = 0;
+            for (; s + 16 <= c; s += 16) {
+              const __m512 e = exp_ps(_mm512_sub_ps(_mm512_loadu_ps(sg + s), vmx));
+              _mm512_storeu_ps(sg + s, e);
+              vsum = _mm512_add_ps(vsum, e);
+            }
+            if (s < c) {
+              const __mmask16 k = static_cast<__mmask16>((1u << (c - s)) - 1);
+              const __m512 e = exp_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, sg + s), vmx));
+              _mm512_mask_storeu_ps(sg + s, k, e);
+              vsum = _mm512_add_ps(vsum, _mm512_maskz_mov_ps(k, e));
+            }
+            inv_sum[g] = 1.f / _mm512_reduce_add_ps(vsum);
+          }
+          std::fill(oacc.begin(), oacc.end(), 0.f);
+          for (int64_t s = 0; s < c; ++s) {  // o (G, Dh) = p @ V
+            const float* vt = vcl + (slot[s] * hkv_ + j) * dh_;
+            for (int64_t g = 0; g < g_heads; ++g) {
+              const __m512 pg = _mm512_set1_ps(scores[g * c + s]);
+              for (int64_t e = 0; e < dh_; e += 16)
+                _mm512_storeu_ps(&oacc[g * dh_ + e], _mm512_fmadd_ps(pg, _mm512_loadu_ps(vt + e),
+                                                                      _mm512_loadu_ps(&oacc[g * dh_ + e])));
+            }
+          }
+          for (int64_t g = 0; g < g_heads; ++g)
+            for (int64_t e = 0; e < dh_; ++e)
+              attn[m * q_dim + (j * g_heads + g) * dh_ + e] = oacc[g * dh_ + e] * inv_sum[g];
+        });
+        // ---- o_proj + residual
+        run_phase(ph[2], items(l.o),
+                  [&] { quantize_rows(attn.data(), m_rows, q_dim, l.o.groups * 4, xq.data(), sx.data()); },
+                  [&](int64_t i) { gemv_item(l.o, i, add_to_x); });
+        // ---- gate/up (pairs: gate panel p with up panel p + I/64), SiLU(gate) * up
+        const int64_t pairs = l.gate_up.panels / 2;
+        run_phase(ph[3], pairs, [&] { norm_quantize(l.norm2.data_ptr<float>(), l.gate_up.groups * 4); },
+                  [&](int64_t p) {
+                    float* vg = v.data();
+                    float* vu = v.data() + kMaxFusedRows * kPanel;
+                    if (m_rows == 1) {
+                      single_row_pair(l.gate_up.panel(p), l.gate_up.panel(p + pairs), xq.data(), l.gate_up.groups,
+                                      acc.data());
+                      l.gate_up.dequant(p, acc.data(), 1, sx.data(), vg);
+                      l.gate_up.dequant(p + pairs, acc.data() + kPanel, 1, sx.data(), vu);
+                    } else {
+                      panel_sums(l.gate_up, p, xq.data(), mr, acc.data());
+                      l.gate_up.dequant(p, acc.data(), mr, sx.data(), vg);
+                      panel_sums(l.gate_up, p + pairs, xq.data(), mr, acc.data());
+                      l.gate_up.dequant(p + pairs, acc.data(), mr, sx.data(), vu);
+                    }
+                    for (int64_t m = 0; m < m_rows; ++m)
+                      for (int j = 0; j < kPanel; j += 16) {
+                        const __m512 gv = _mm512_loadu_ps(vg + m * kPanel + j);
+                        const __m512 silu = _mm512_div_ps(
+                            gv, _mm512_add_ps(_mm512_set1_ps(1.f), exp_ps(_mm512_sub_ps(_mm512_setzero_ps(), gv))));
+                        _mm512_storeu_ps(&act[m * i_ + p * kPanel + j],
+                                         _mm512_mul_ps(silu, _mm512_loadu_ps(vu + m * kPanel + j)));
+                      }
+                  });
+        // ---- down_proj + residual
+        run_phase(ph[4], items(l.down),
+                  [&] { quantize_rows(act.data(), m_rows, i_, l.down.groups * 4, xq.data(), sx.data()); },
+                  [&](int64_t i) { gemv_item(l.down, i, add_to_x); });
+      }
+    }
+    return x;
+  }
+
+ private:
+  int64_t d_, h_, hkv_, dh_, i_;
+  double eps_;
+  std::vector<Layer> layers_;
+};
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("int8_linear", &int8_linear, "y = x @ dequant(w).T + bias through the VNNI kernel (int8_gemv.cpp)");
+  pybind11::class_<DecodeStack>(m, "DecodeStack")
+      .def(pybind11::init<std::vector<torch::Tensor>, int64_t, int64_t, int64_t, int64_t, int64_t, double>())
+      .def("num_layers", &DecodeStack::num_layers)
+      .def("max_rows", &DecodeStack::max_rows)
+      .def("forward", &DecodeStack::forward);
+}
