@@ -21,6 +21,7 @@
 #include <sched.h>
 
 #include <atomic>
+#include <chrono>
 #include <memory>
 
 namespace {
@@ -118,33 +119,49 @@ void gemv_panels(const PackedRef& w, int64_t p0, int64_t p1, const uint8_t* xq, 
 
 // Work of one phase, claimed item by item: a thread takes the next unclaimed item until none is left, then
 // waits until every item is done. Why not a static split and a barrier: on a shared machine a thread may lose
-// its core for a whole time slice; here the others take over its unclaimed items instead of waiting for it.
+// its core for a whole time slice (ms), and everyone else would wait for it. Here the others take its unclaimed
+// items, and an item claimed but not finished within a grace time is computed again by a waiting thread: every
+// item is idempotent (it writes the same values to buffers no other item and no later phase writes: each layer
+// has its own buffers, see DecodeStack::forward), so a late duplicate write is harmless.
+// default grace: ~3x the longest item (two 311 KB down_proj panels at ~10 GB/s)
+constexpr int64_t kGraceNs = 200000;
+
 struct Phase {
   alignas(64) std::atomic<int64_t> next{0};
   alignas(64) std::atomic<int64_t> done{0};
+  std::atomic<uint8_t>* item_done = nullptr;  // (n_items,) flags
 };
 
+inline int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+      std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
 // prep() runs once, before this thread's first item (quantizing this phase's input into the thread's own
-// buffer; skipped by a thread that gets no item, so a late thread never reads inputs that moved on)
+// buffer; skipped by a thread that gets no item)
 template <typename Prep, typename Work>
-void run_phase(Phase& ph, int64_t n_items, Prep&& prep, Work&& work) {
+void run_phase(Phase& ph, int64_t n_items, int64_t grace_ns, Prep&& prep, Work&& work) {
   bool prepared = false;
-  for (;;) {
-    const int64_t i = ph.next.fetch_add(1, std::memory_order_relaxed);
-    if (i >= n_items) break;
+  auto run = [&](int64_t i) {
     if (!prepared) {
       prep();
       prepared = true;
     }
     work(i);
-    ph.done.fetch_add(1, std::memory_order_release);
+    if (ph.item_done[i].exchange(1, std::memory_order_acq_rel) == 0) ph.done.fetch_add(1, std::memory_order_release);
+  };
+  for (;;) {
+    const int64_t i = ph.next.fetch_add(1, std::memory_order_relaxed);
+    if (i >= n_items) break;
+    run(i);
   }
+  const int64_t t0 = now_ns();
   for (int spins = 0; ph.done.load(std::memory_order_acquire) < n_items;) {
     _mm_pause();
-    if (++spins == 4096) {  // the owner of an unfinished item may be off its core: give it ours
-      sched_yield();
-      spins = 0;
-    }
+    if (++spins % 256) continue;
+    if (now_ns() - t0 < grace_ns) continue;
+    for (int64_t i = 0; i < n_items; ++i)  // an owner is stalled (off its core): finish its items here
+      if (!ph.item_done[i].load(std::memory_order_acquire)) run(i);
   }
 }
 
@@ -214,6 +231,8 @@ class DecodeStack {
 
   int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
   int64_t max_rows() const { return kMaxFusedRows; }
+  // how long a waiting thread lets another finish a claimed item before computing it too (0: at once; tests)
+  void set_grace_ns(int64_t ns) { grace_ns_ = ns; }
 
   // x (M, D) fp32, updated in place and returned: the hidden states after the last layer (before the final
   // norm). cos / sin_signed (M, Dh): rotary tables of each row's position (sin's first half negated, as
@@ -254,8 +273,12 @@ class DecodeStack {
     const int64_t qkv_width = layers_[0].qkv.panels * kPanel;
     const int64_t kp_max = std::max({layers_[0].qkv.groups, layers_[0].o.groups, layers_[0].down.groups}) * 4;
     // shared between threads
-    std::vector<float> qkv(m_rows * qkv_width), attn(m_rows * q_dim), act(m_rows * i_);
-    float* xd = x.data_ptr<float>();
+    // shared, one set per layer: an item may be finished twice (see run_phase), and a late duplicate must never
+    // overwrite a later layer's values. Layer li reads xs[2 li], writes xs[2 li + 1] (after o_proj) and
+    // xs[2 li + 2] (its output); x is xs[0].
+    std::vector<float> qkv(n_layers * m_rows * qkv_width), attn(n_layers * m_rows * q_dim),
+        act(n_layers * m_rows * i_), xs((2 * n_layers + 1) * m_rows * d_);
+    std::copy(x.data_ptr<float>(), x.data_ptr<float>() + m_rows * d_, xs.data());
     const float* cosd = cos.data_ptr<float>();
     const float* sind = sin_signed.data_ptr<float>();
     float* kc = k_cache.data_ptr<float>();
@@ -265,6 +288,24 @@ class DecodeStack {
 
     // one pair of counters per (layer, phase): 5 phases per layer
     std::unique_ptr<Phase[]> phases(new Phase[n_layers * 5]);
+    int64_t n_flags = 0;
+    const int64_t per_item = m_rows == 1 ? 2 : 1;  // GEMV work items: one panel, or two for one row (two streams)
+    auto items = [&](const PackedRef& w) { return (w.panels + per_item - 1) / per_item; };
+    for (const Layer& l : layers_)
+      n_flags += items(l.qkv) + m_rows * hkv_ + items(l.o) + l.gate_up.panels / 2 + items(l.down);
+    std::unique_ptr<std::atomic<uint8_t>[]> flags(new std::atomic<uint8_t>[n_flags]);
+    for (int64_t i = 0; i < n_flags; ++i) flags[i].store(0, std::memory_order_relaxed);
+    {
+      int64_t at = 0;
+      for (int64_t li = 0; li < n_layers; ++li) {
+        const Layer& l = layers_[li];
+        const int64_t counts[5] = {items(l.qkv), m_rows * hkv_, items(l.o), l.gate_up.panels / 2, items(l.down)};
+        for (int k = 0; k < 5; ++k) {
+          phases[li * 5 + k].item_done = flags.get() + at;
+          at += counts[k];
+        }
+      }
+    }
 
 #pragma omp parallel num_threads(nt_want)
     {
@@ -274,19 +315,19 @@ class DecodeStack {
       std::vector<uint8_t> xq(m_rows * kp_max);
       std::vector<float> qh(g_heads * dh_), scores(g_heads * lmax), oacc(g_heads * dh_), inv_sum(g_heads);
 
-      auto norm_quantize = [&](const float* w, int64_t kp) {  // h = norm(x) -> xq, sx
-        for (int64_t m = 0; m < m_rows; ++m) rms_norm_row(xd + m * d_, w, d_, static_cast<float>(eps_), &h[m * d_]);
+      auto norm_quantize = [&](const float* xin, const float* w, int64_t kp) {  // h = norm(x) -> xq, sx
+        for (int64_t m = 0; m < m_rows; ++m)
+          rms_norm_row(xin + m * d_, w, d_, static_cast<float>(eps_), &h[m * d_]);
         quantize_rows(h.data(), m_rows, d_, kp, xq.data(), sx.data());
       };
-      // residual: x[:, panel p] += v, for the real columns
-      auto add_to_x = [&](int64_t p, const float* vp) {
-        const int64_t c0 = p * kPanel, c1 = std::min(d_, c0 + kPanel);
-        for (int64_t m = 0; m < m_rows; ++m)
-          for (int64_t c = c0; c < c1; ++c) xd[m * d_ + c] += vp[m * kPanel + c - c0];
+      // residual: xout[:, panel p] = xin[:, panel p] + v, for the real columns
+      auto residual = [&](const float* xin, float* xout) {
+        return [=](int64_t p, const float* vp) {
+          const int64_t c0 = p * kPanel, c1 = std::min(d_, c0 + kPanel);
+          for (int64_t m = 0; m < m_rows; ++m)
+            for (int64_t c = c0; c < c1; ++c) xout[m * d_ + c] = xin[m * d_ + c] + vp[m * kPanel + c - c0];
+        };
       };
-      // GEMV work items: one panel, or two for one row (the two-stream kernel)
-      const int64_t per_item = m_rows == 1 ? 2 : 1;
-      auto items = [&](const PackedRef& w) { return (w.panels + per_item - 1) / per_item; };
       auto gemv_item = [&](const PackedRef& w, int64_t i, auto&& fn) {
         gemv_panels(w, i * per_item, std::min(w.panels, (i + 1) * per_item), xq.data(), sx.data(), mr, acc.data(),
                     v.data(), fn);
@@ -297,19 +338,26 @@ class DecodeStack {
         float* kcl = kc + li * slots * kv_dim;
         float* vcl = vc + li * slots * kv_dim;
         Phase* ph = &phases[li * 5];
+        const float* x_in = &xs[2 * li * m_rows * d_];
+        float* x_mid = &xs[(2 * li + 1) * m_rows * d_];
+        float* x_out = &xs[(2 * li + 2) * m_rows * d_];
+        float* qkv_l = &qkv[li * m_rows * qkv_width];
+        float* attn_l = &attn[li * m_rows * q_dim];
+        float* act_l = &act[li * m_rows * i_];
 
         // ---- q, k, v (+ bias)
-        run_phase(ph[0], items(l.qkv), [&] { norm_quantize(l.norm1.data_ptr<float>(), l.qkv.groups * 4); },
+        run_phase(ph[0], items(l.qkv), grace_ns_,
+                  [&] { norm_quantize(x_in, l.norm1.data_ptr<float>(), l.qkv.groups * 4); },
                   [&](int64_t i) {
                     gemv_item(l.qkv, i, [&](int64_t p, const float* vp) {
                       for (int64_t m = 0; m < m_rows; ++m)
-                        std::copy(vp + m * kPanel, vp + (m + 1) * kPanel, &qkv[m * qkv_width + p * kPanel]);
+                        std::copy(vp + m * kPanel, vp + (m + 1) * kPanel, &qkv_l[m * qkv_width + p * kPanel]);
                     });
                   });
         // ---- rotary, cache write, attention: one item per (row, kv head)
-        run_phase(ph[1], m_rows * hkv_, [] {}, [&](int64_t item) {
+        run_phase(ph[1], m_rows * hkv_, grace_ns_, [] {}, [&](int64_t item) {
           const int64_t m = item / hkv_, j = item % hkv_, half = dh_ / 2;
-          const float* row = &qkv[m * qkv_width];
+          const float* row = &qkv_l[m * qkv_width];
           const float* cm = cosd + m * dh_;
           const float* sm = sind + m * dh_;
           auto rope = [&](const float* src, float* dst, float mul) {
@@ -363,15 +411,16 @@ class DecodeStack {
           }
           for (int64_t g = 0; g < g_heads; ++g)
             for (int64_t e = 0; e < dh_; ++e)
-              attn[m * q_dim + (j * g_heads + g) * dh_ + e] = oacc[g * dh_ + e] * inv_sum[g];
+              attn_l[m * q_dim + (j * g_heads + g) * dh_ + e] = oacc[g * dh_ + e] * inv_sum[g];
         });
         // ---- o_proj + residual
-        run_phase(ph[2], items(l.o),
-                  [&] { quantize_rows(attn.data(), m_rows, q_dim, l.o.groups * 4, xq.data(), sx.data()); },
-                  [&](int64_t i) { gemv_item(l.o, i, add_to_x); });
+        run_phase(ph[2], items(l.o), grace_ns_,
+                  [&] { quantize_rows(attn_l, m_rows, q_dim, l.o.groups * 4, xq.data(), sx.data()); },
+                  [&](int64_t i) { gemv_item(l.o, i, residual(x_in, x_mid)); });
         // ---- gate/up (pairs: gate panel p with up panel p + I/64), SiLU(gate) * up
         const int64_t pairs = l.gate_up.panels / 2;
-        run_phase(ph[3], pairs, [&] { norm_quantize(l.norm2.data_ptr<float>(), l.gate_up.groups * 4); },
+        run_phase(ph[3], pairs, grace_ns_,
+                  [&] { norm_quantize(x_mid, l.norm2.data_ptr<float>(), l.gate_up.groups * 4); },
                   [&](int64_t p) {
                     float* vg = v.data();
                     float* vu = v.data() + kMaxFusedRows * kPanel;
@@ -391,22 +440,24 @@ class DecodeStack {
                         const __m512 gv = _mm512_loadu_ps(vg + m * kPanel + j);
                         const __m512 silu = _mm512_div_ps(
                             gv, _mm512_add_ps(_mm512_set1_ps(1.f), exp_ps(_mm512_sub_ps(_mm512_setzero_ps(), gv))));
-                        _mm512_storeu_ps(&act[m * i_ + p * kPanel + j],
+                        _mm512_storeu_ps(&act_l[m * i_ + p * kPanel + j],
                                          _mm512_mul_ps(silu, _mm512_loadu_ps(vu + m * kPanel + j)));
                       }
                   });
         // ---- down_proj + residual
-        run_phase(ph[4], items(l.down),
-                  [&] { quantize_rows(act.data(), m_rows, i_, l.down.groups * 4, xq.data(), sx.data()); },
-                  [&](int64_t i) { gemv_item(l.down, i, add_to_x); });
+        run_phase(ph[4], items(l.down), grace_ns_,
+                  [&] { quantize_rows(act_l, m_rows, i_, l.down.groups * 4, xq.data(), sx.data()); },
+                  [&](int64_t i) { gemv_item(l.down, i, residual(x_mid, x_out)); });
       }
     }
+    std::copy(xs.end() - m_rows * d_, xs.end(), x.data_ptr<float>());
     return x;
   }
 
  private:
   int64_t d_, h_, hkv_, dh_, i_;
   double eps_;
+  int64_t grace_ns_ = kGraceNs;
   std::vector<Layer> layers_;
 };
 
@@ -416,5 +467,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def(pybind11::init<std::vector<torch::Tensor>, int64_t, int64_t, int64_t, int64_t, int64_t, double>())
       .def("num_layers", &DecodeStack::num_layers)
       .def("max_rows", &DecodeStack::max_rows)
+      .def("set_grace_ns", &DecodeStack::set_grace_ns)
       .def("forward", &DecodeStack::forward);
 }

@@ -54,8 +54,14 @@ class Int8DecodeStack:
         cos / sin_signed (M, Dh): rotary rows of each position (`ModelRunner`'s tables); k_cache / v_cache
         (L, S, Hkv, Dh): row m's new K/V go to slot write_slots[m]; gather_slots (M, Lmax): row m's context
         slots in position order, the first context_lens[m] real (its own new slot last)."""
-        return self._native.forward(x, cos, sin_signed, k_cache, v_cache, write_slots, gather_slots,  # type: ignore[attr-defined]
-                                    context_lens)
+        native = self._native
+        return native.forward(x, cos, sin_signed, k_cache, v_cache, write_slots,  # type: ignore[attr-defined]
+                              gather_slots, context_lens)
+
+    def set_grace_ns(self, ns: int) -> None:
+        """How long a thread out of work waits for a claimed item before computing it too (0: at once, which
+        tests use to exercise the duplicate path; default 200 us)."""
+        self._native.set_grace_ns(ns)  # type: ignore[attr-defined]
 
 
 def decode_stack(llm: Qwen2LM, packed: Sequence[PackedLayer | None],
