@@ -462,11 +462,14 @@ class DecodeStack {
 };
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("int8_linear", &int8_linear, "y = x @ dequant(w).T + bias through the VNNI kernel (int8_gemv.cpp)");
+  // both release the GIL while they run (as torch's own ops do): a decode step holds no Python state, and the
+  // token2wav thread can run Python meanwhile
+  m.def("int8_linear", &int8_linear, "y = x @ dequant(w).T + bias through the VNNI kernel (int8_gemv.cpp)",
+        pybind11::call_guard<pybind11::gil_scoped_release>());
   pybind11::class_<DecodeStack>(m, "DecodeStack")
       .def(pybind11::init<std::vector<torch::Tensor>, int64_t, int64_t, int64_t, int64_t, int64_t, double>())
       .def("num_layers", &DecodeStack::num_layers)
       .def("max_rows", &DecodeStack::max_rows)
       .def("set_grace_ns", &DecodeStack::set_grace_ns)
-      .def("forward", &DecodeStack::forward);
+      .def("forward", &DecodeStack::forward, pybind11::call_guard<pybind11::gil_scoped_release>());
 }
