@@ -35,6 +35,67 @@ from vocalis.models.flow.transformer import SelfAttention
 _MASK_BIAS = -1.0e10  # the estimator's additive mask value
 
 
+class ComputeWeights:
+    """Reduced-dtype compute for the engine's incremental estimator (bf16 on CPUs with native bf16 GEMMs; fp16 on
+    GPUs): weights converted once per module and kept for the engine's life.
+
+    Every Linear and causal conv runs as a GEMM in `dtype` (fp32 accumulation inside the kernel) on inputs cast
+    down, q/k/v fused into one GEMM, the feed-forward's 4D-wide hidden kept reduced between its two GEMMs; each
+    result is widened to fp32 before it joins the residual stream. A k-tap causal conv is one GEMM over its k
+    shifted inputs side by side (im2col). Attention (the CPU's bf16 attention kernel is slower than its fp32
+    one), norms, activations, the time embedding and the Euler state stay fp32. Without it (fp32, int8) the
+    modules run as they are."""
+
+    def __init__(self, dtype: torch.dtype) -> None:
+        if dtype not in (torch.bfloat16, torch.float16):
+            raise ValueError(f"compute dtype must be bf16 or fp16, got {dtype}")
+        self.kind = dtype
+        self._cache: dict[int, tuple[nn.Module, tuple[torch.Tensor, torch.Tensor | None]]] = {}
+
+    def _gemm(self, key: nn.Module, weight: torch.Tensor, bias: torch.Tensor | None
+              ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(weight (N, K), bias (N,)) of `key` in the compute dtype, converted on first use."""
+        hit = self._cache.get(id(key))
+        if hit is None or hit[0] is not key:
+            w = weight.detach().to(self.kind)
+            hit = self._cache[id(key)] = (key, (w, None if bias is None else bias.detach().to(self.kind)))
+        return hit[1]
+
+    def _run(self, gemm: tuple[torch.Tensor, torch.Tensor | None], x: torch.Tensor) -> torch.Tensor:
+        """x (M, K) -> (M, N) in the compute dtype (2-D: the CPU bf16 GEMM's fast path)."""
+        return F.linear(x.to(self.kind), *gemm)
+
+    def linear(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """Linear layer on x (..., K) -> (..., N), output in the compute dtype."""
+        gemm = self._gemm(layer, layer.weight, layer.bias)
+        return self._run(gemm, x.reshape(-1, x.shape[-1])).view(*x.shape[:-1], -1)
+
+    def qkv(self, attn: SelfAttention, x: torch.Tensor) -> torch.Tensor:
+        """Fused (bias-free) q/k/v projections: x (M, D) -> (M, 3 * H * E) in the compute dtype."""
+        hit = self._cache.get(id(attn))
+        if hit is not None and hit[0] is attn:
+            return self._run(hit[1], x)
+        weight = torch.cat([attn.to_q.weight, attn.to_k.weight, attn.to_v.weight])  # (3 * H * E, D)
+        return self._run(self._gemm(attn, weight, None), x)
+
+    def conv(self, conv: nn.Conv1d, full: torch.Tensor) -> torch.Tensor:
+        """Valid (unpadded) conv as one GEMM: full (B, C_in, k - 1 + n) -> (B, C_out, n) fp32."""
+        c_out, c_in, k = conv.weight.shape
+        n = full.shape[2] - k + 1
+        # (C_out, C_in, k) -> (C_out, k * C_in) with tap j's channels at [j * C_in, (j + 1) * C_in)
+        gemm = self._gemm(conv, conv.weight.permute(0, 2, 1).reshape(c_out, k * c_in), conv.bias)
+        src = full.transpose(1, 2)  # (B, k - 1 + n, C_in)
+        cols = src if k == 1 else torch.cat([src[:, j : j + n] for j in range(k)], dim=2)  # (B, n, k * C_in)
+        y = self._run(gemm, cols.reshape(-1, k * c_in))  # (B * n, C_out)
+        return y.view(full.shape[0], n, c_out).transpose(1, 2).float()
+
+    @staticmethod
+    def supports(estimator: nn.Module) -> bool:
+        """Whether every Linear of the estimator holds float weights (none is, e.g., a quantized module)."""
+        linears = [m for m in estimator.modules() if type(m).__name__ in ("Linear", "CastLinear")]
+        return all(type(m).__module__.startswith("torch.nn") or type(m).__name__ == "CastLinear" for m in linears)
+
+
 @dataclass
 class EstimatorCache:
     """One request at one Euler step: keys/values per transformer block and input tails per causal conv.
@@ -67,14 +128,16 @@ class _ChunkRun:
     """Walks the estimator for one call, pairing each conv/attention with its slot in the per-request caches."""
 
     def __init__(self, caches: list[EstimatorCache], lens: list[int], keeps: list[bool], chunk: int,
-                 cache_dtype: torch.dtype | None = None) -> None:
+                 cache_dtype: torch.dtype | None = None, compute: ComputeWeights | None = None) -> None:
         self.caches = caches
         self.cache_dtype = cache_dtype
+        self.compute = compute
         self.lens = lens
         self.keeps = keeps
         self.chunk = chunk
         self.conv_index = 0
         self.block_index = 0
+        self._mask: torch.Tensor | None = None  # attention bias, built by the first block
 
     def conv(self, conv: nn.Conv1d, x: torch.Tensor) -> torch.Tensor:
         """Causal conv x (2R, C, n) -> (2R, C_out, n), left context from the caches."""
@@ -92,7 +155,22 @@ class _ChunkRun:
             if self.keeps[r]:
                 m = self.lens[r]
                 c.tails[i] = full[2 * r : 2 * r + 2, :, m : m + ctx].clone()
-        return F.conv1d(full, conv.weight, conv.bias)
+        if self.compute is None:
+            return F.conv1d(full, conv.weight, conv.bias)
+        return self.compute.conv(conv, full)
+
+    def _bias(self, rows: int, n: int, total: int, starts: list[int], like: torch.Tensor) -> torch.Tensor:
+        """The additive mask (2R, 1, n, K): block-causal within each request's frames, padding hidden. The same
+        for every transformer block of the call, so it is built once."""
+        if self._mask is None:
+            bias = like.new_full((rows, 1, n, total), _MASK_BIAS)
+            kj = torch.arange(total, device=like.device)
+            for r, (a, m) in enumerate(zip(starts, self.lens)):
+                qi = torch.arange(a, a + m, device=like.device)
+                limit = torch.clamp((qi // self.chunk + 1) * self.chunk, max=a + m)  # block end, within the row
+                bias[2 * r : 2 * r + 2, 0, :m] = torch.where(kj[None, :] < limit[:, None], 0.0, _MASK_BIAS).to(like.dtype)
+            self._mask = bias
+        return self._mask
 
     def attention(self, attn: SelfAttention, x: torch.Tensor) -> torch.Tensor:
         """Self-attention of new frames x (2R, n, D) over cached + new keys -> (2R, n, D).
@@ -105,16 +183,70 @@ class _ChunkRun:
         self.block_index += 1
         rows, n, _ = x.shape
         h, e = attn.num_heads, attn.head_dim
-        q = attn.to_q(x).view(rows, n, h, e).transpose(1, 2)  # (2R, H, n, E)
-        k = attn.to_k(x).view(rows, n, h, e).transpose(1, 2)
-        v = attn.to_v(x).view(rows, n, h, e).transpose(1, 2)
+        out_dtype = x.dtype
+        if self.compute is None:
+            q = attn.to_q(x).view(rows, n, h, e).transpose(1, 2)  # (2R, H, n, E)
+            k = attn.to_k(x).view(rows, n, h, e).transpose(1, 2)
+            v = attn.to_v(x).view(rows, n, h, e).transpose(1, 2)
+        else:  # one fused q/k/v GEMM; attention itself stays fp32 (the CPU's bf16 attention kernel is slower)
+            qkv = self.compute.qkv(attn, x.reshape(rows * n, -1)).float().view(rows, n, 3, h, e)
+            q, k, v = (qkv[:, :, j].transpose(1, 2) for j in range(3))  # (2R, H, n, E) each
         starts = [c.num_frames for c in self.caches]  # each request's first new frame (prefix + own so far)
         total = max(a + m for a, m in zip(starts, self.lens))
-        keys = k.new_zeros(rows, h, total, e)
-        values = v.new_zeros(rows, h, total, e)
-        bias = q.new_full((rows, 1, n, total), _MASK_BIAS)
+        keys = k.new_empty(rows, h, total, e)  # every row's positions are written below, its padding zeroed
+        values = v.new_empty(rows, h, total, e)
+        bias = self._bias(rows, n, total, starts, q)
+        if self._uniform(starts, n, i):
+            self._gather_uniform(i, k, v, keys, values, starts[0])
+        else:
+            self._gather(i, k, v, keys, values, starts, total)
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=bias)  # (2R, H, n, E)
+        out = out.transpose(1, 2).reshape(rows, n, h * e)  # (2R, n, H*E)
+        if self.compute is None:
+            return attn.to_out[1](attn.to_out[0](out))
+        return self.compute.linear(attn.to_out[0], out).to(out_dtype)  # to_out[1]: dropout, identity in eval
+
+    def _uniform(self, starts: list[int], n: int, i: int) -> bool:
+        """Whether every request has the same layout (same voice prefix, same cached frames, n new frames, same
+        keep): the common case of streams started together, gathered with a few whole-batch copies."""
+        c0 = self.caches[0]
+        return all(c.prefix is c0.prefix and s == starts[0] and m == n and keep == self.keeps[0]
+                   and (len(c.keys) > i) == (len(c0.keys) > i)
+                   for c, s, m, keep in zip(self.caches, starts, self.lens, self.keeps))
+
+    def _gather_uniform(self, i: int, k: torch.Tensor, v: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                        a: int) -> None:
+        """`_gather` for uniform requests: the same tensors, written by whole-batch copies (a handful of ops per
+        block instead of ~10 per request; each op costs a thread-pool round trip)."""
+        num = len(self.caches)
+        h, total, e = keys.shape[1:]
+        for c in self.caches:
+            if len(c.keys) == i:  # first chunk of this request
+                c.keys.append(k.new_zeros(2, h, 0, e, dtype=self.cache_dtype or k.dtype))
+                c.values.append(v.new_zeros(2, h, 0, e, dtype=self.cache_dtype or v.dtype))
+        for dst, new, store in ((keys, k, [c.keys for c in self.caches]),
+                                (values, v, [c.values for c in self.caches])):
+            per = dst.view(num, 2, h, total, e)
+            p = 0
+            prefix = self.caches[0].prefix
+            if prefix is not None:
+                shared = (prefix.keys if dst is keys else prefix.values)[i]  # (2, H, P, E), broadcast to all
+                p = shared.shape[2]
+                per[:, :, :, :p] = shared
+            if a > p:
+                per[:, :, :, p:a] = torch.stack([own[i] for own in store])
+            dst[:, :, a:] = new
+            if self.keeps[0]:  # own frames only; a reduced dtype is for storage: this chunk attended at full
+                kept = new.to(self.cache_dtype or new.dtype)
+                for r, own in enumerate(store):
+                    own[i] = torch.cat([own[i], kept[2 * r : 2 * r + 2]], dim=2)
+
+    def _gather(self, i: int, k: torch.Tensor, v: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                starts: list[int], total: int) -> None:
+        """Lay each request's keys/values (prefix, own cached, new) out from position 0 of its rows of
+        `keys`/`values` (2R, H, K, E), zero its padding, and append its new frames to its caches."""
+        h, e = keys.shape[1], keys.shape[3]
         upcast: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        kj = torch.arange(total, device=x.device)
         for r, c in enumerate(self.caches):
             a, m = starts[r], self.lens[r]
             pair = slice(2 * r, 2 * r + 2)  # the request's conditional and unconditional rows
@@ -133,45 +265,52 @@ class _ChunkRun:
             k_new, v_new = k[pair, :, :m], v[pair, :, :m]
             keys[pair, :, a : a + m] = k_new
             values[pair, :, a : a + m] = v_new
-            qi = torch.arange(a, a + m, device=x.device)
-            limit = torch.clamp((qi // self.chunk + 1) * self.chunk, max=a + m)  # block end, within the row
-            bias[pair, 0, :m] = torch.where(kj[None, :] < limit[:, None], 0.0, _MASK_BIAS).to(q.dtype)
+            if a + m < total:  # padding: finite (zero) so the -1e10 mask gives it weight exactly 0
+                keys[pair, :, a + m :] = 0
+                values[pair, :, a + m :] = 0
             if self.keeps[r]:  # own frames only; a reduced dtype is for storage: this chunk attended at full
                 store = self.cache_dtype or k.dtype
                 c.keys[i] = torch.cat([c.keys[i], k_new.to(store)], dim=2)
                 c.values[i] = torch.cat([c.values[i], v_new.to(store)], dim=2)
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=bias)  # (2R, H, n, E)
-        out = out.transpose(1, 2).reshape(rows, n, h * e)  # (2R, n, H*E)
-        return attn.to_out[1](attn.to_out[0](out))
 
 
-def _block(run: _ChunkRun, block: CausalBlock1D, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def _masked(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """x * mask; None means no row is padded (an all-ones mask: skipping it changes no value)."""
+    return x if mask is None else x * mask
+
+
+def _block(run: _ChunkRun, block: CausalBlock1D, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     conv, _, norm, _, act = block.block
-    y = run.conv(conv, x * mask)
+    y = run.conv(conv, _masked(x, mask))
     y = norm(y.transpose(1, 2)).transpose(1, 2)
-    return act(y) * mask
+    return _masked(act(y), mask)
 
 
-def _resnet(run: _ChunkRun, resnet: CausalResnetBlock1D, x: torch.Tensor, mask: torch.Tensor,
+def _resnet(run: _ChunkRun, resnet: CausalResnetBlock1D, x: torch.Tensor, mask: torch.Tensor | None,
             temb: torch.Tensor) -> torch.Tensor:
     h = _block(run, resnet.block1, x, mask)
     h = h + resnet.mlp(temb).unsqueeze(-1)
     h = _block(run, resnet.block2, h, mask)
-    return h + resnet.res_conv(x * mask)
+    x = _masked(x, mask)
+    return h + (resnet.res_conv(x) if run.compute is None else run.compute.conv(resnet.res_conv, x))
 
 
 def _transformers(run: _ChunkRun, blocks: nn.ModuleList, h: torch.Tensor) -> torch.Tensor:
     x = h.transpose(1, 2)  # (2R, n, D)
     for block in blocks:
         x = x + run.attention(block.attn1, block.norm1(x))
-        x = x + block.ff(block.norm3(x))
+        if run.compute is None:
+            x = x + block.ff(block.norm3(x))
+        else:  # ff.net = [GELU projection, dropout, Linear]; the 4D-wide hidden stays in the compute dtype
+            hidden = F.gelu(run.compute.linear(block.ff.net[0].proj, block.norm3(x)))
+            x = x + run.compute.linear(block.ff.net[2], hidden).to(x.dtype)
     return x.transpose(1, 2)
 
 
 def estimator_chunk(
     est: CausalConditionalDecoder,
     x: torch.Tensor,
-    mask: torch.Tensor,
+    mask: torch.Tensor | None,
     mu: torch.Tensor,
     t: torch.Tensor,
     spks: torch.Tensor,
@@ -179,7 +318,7 @@ def estimator_chunk(
     run: _ChunkRun,
 ) -> torch.Tensor:
     """The estimator's streaming forward on new frames: x, mu, cond (2R, 80, n), mask (2R, 1, n), t (2R,),
-    spks (2R, 80) -> velocity (2R, 80, n)."""
+    spks (2R, 80) -> velocity (2R, 80, n). mask None: no row is padded."""
     temb = est.time_mlp(est.time_embeddings(t).to(t.dtype))  # (2R, 4D)
     spk_map = spks.unsqueeze(-1).expand(-1, -1, x.shape[-1])
     h = torch.cat([x, mu, spk_map, cond], dim=1)  # (2R, 320, n)
@@ -187,16 +326,16 @@ def estimator_chunk(
     for resnet, blocks, downsample in est.down_blocks:
         h = _transformers(run, blocks, _resnet(run, resnet, h, mask, temb))
         skips.append(h)
-        h = run.conv(downsample, h * mask)
+        h = run.conv(downsample, _masked(h, mask))
     for resnet, blocks in est.mid_blocks:
         h = _transformers(run, blocks, _resnet(run, resnet, h, mask, temb))
     for resnet, blocks, upsample in est.up_blocks:
         skip = skips.pop()
         h = torch.cat([h[:, :, : skip.shape[-1]], skip], dim=1)  # (2R, 2D, n)
         h = _transformers(run, blocks, _resnet(run, resnet, h, mask, temb))
-        h = run.conv(upsample, h * mask)
+        h = run.conv(upsample, _masked(h, mask))
     h = _block(run, est.final_block, h, mask)
-    return est.final_proj(h * mask) * mask
+    return _masked(est.final_proj(_masked(h, mask)), mask)
 
 
 def solve_chunk(
@@ -211,11 +350,13 @@ def solve_chunk(
     keeps: list[bool],
     n_timesteps: int,
     cache_dtype: torch.dtype | None = None,
+    compute: ComputeWeights | None = None,
 ) -> torch.Tensor:
     """Euler + CFG on new frames. mu, cond (R, 80, n), spks (R, 80); row r covers absolute frames
     [starts[r], starts[r] + lens[r]); caches[r] holds one `EstimatorCache` per Euler step (created on first use)
     and is extended when keeps[r] (a cached chunk must end on a block boundary); cache_dtype stores the cached
-    keys/values reduced (e.g. bf16: half the memory, upcast when read).
+    keys/values reduced (e.g. bf16: half the memory, upcast when read); compute runs the estimator's GEMMs, convs
+    and attention in a reduced dtype (`ComputeWeights`; None: the modules as they are).
     Returns mel (R, 80, n) float32 (zeros on padding)."""
     num, _, n = mu.shape
     dev, dtype = mu.device, mu.dtype
@@ -241,7 +382,8 @@ def solve_chunk(
     cfg = cfm.config.inference_cfg_rate
     # rows request-major: (conditional, unconditional) of request 0, then of request 1, ... so a request's pair
     # is a slice (a view) for the caches
-    mask_in = mask.repeat_interleave(2, dim=0)  # (2R, 1, n)
+    # (2R, 1, n); None when every row fills all n frames (all ones: the estimator skips multiplying by it)
+    mask_in = None if all(m == n for m in lens) else mask.repeat_interleave(2, dim=0)
     mu_in = torch.stack([mu, torch.zeros_like(mu)], dim=1).flatten(0, 1)
     spks_in = torch.stack([spks, torch.zeros_like(spks)], dim=1).flatten(0, 1)
     cond_in = torch.stack([cond, torch.zeros_like(cond)], dim=1).flatten(0, 1)
@@ -250,7 +392,7 @@ def solve_chunk(
     t = t_span[0]
     dt = t_span[1] - t_span[0]
     for step in range(1, len(t_span)):
-        run = _ChunkRun([per_step[step - 1] for per_step in caches], lens, keeps, chunk, cache_dtype)
+        run = _ChunkRun([per_step[step - 1] for per_step in caches], lens, keeps, chunk, cache_dtype, compute)
         v = estimator_chunk(estimator, x.repeat_interleave(2, dim=0), mask_in, mu_in, t.expand(2 * num), spks_in,
                             cond_in, run).view(num, 2, *x.shape[1:])
         x = x + dt * ((1.0 + cfg) * v[:, 0] - cfg * v[:, 1])

@@ -53,8 +53,9 @@ import torch
 import torch.nn.functional as F
 
 from vocalis.config import StreamConfig
+from vocalis.engine.backends import CastLinear
 from vocalis.engine.encoder_stream import EncoderCache, EncoderRow, EncoderStreamer
-from vocalis.engine.estimator_stream import EstimatorCache, solve_chunk
+from vocalis.engine.estimator_stream import ComputeWeights, EstimatorCache, solve_chunk
 from vocalis.engine.hift_batch import HiftBody, vocode_batch
 from vocalis.inference.token2wav import FlowPrompt
 from vocalis.models.flow.flow import CausalMaskedDiffWithXvec
@@ -79,6 +80,11 @@ class Token2WavConfig:
     max_cache_mib: budget for all requests' flow caches. When a step would exceed it, the growing requests with
     the largest caches drop them and compute their later chunks from the voice prefix like the reference path
     (same output, reference cost). None: a quarter of the device's memory; 0: never cache.
+    compute: "auto" runs the incremental estimator's GEMMs, convs and attention in the dtype its Linear weights
+    were reduced to by a backend (bf16/fp16: `CastLinear`), with bf16/fp16 activations into them and fp32
+    norms, residual stream and Euler state (`estimator_stream.ComputeWeights`); at fp32 and int8 the modules run
+    as they are.
+    "modules" always calls the modules as they are (fp32 activations between the reduced-weight GEMMs).
     """
 
     final_attention: str = "causal"
@@ -86,6 +92,7 @@ class Token2WavConfig:
     max_batch: int = 16
     cache_dtype: str | None = "bf16"
     max_cache_mib: int | None = None
+    compute: str = "auto"
 
     def __post_init__(self) -> None:
         if self.final_attention not in FINAL_ATTENTION:
@@ -94,6 +101,8 @@ class Token2WavConfig:
             raise ValueError("voice_cache_size must be >= 0 and max_batch >= 1")
         if self.cache_dtype not in (None, "bf16", "fp16"):
             raise ValueError(f"cache_dtype must be None, 'bf16' or 'fp16', got {self.cache_dtype!r}")
+        if self.compute not in ("auto", "modules"):
+            raise ValueError(f"compute must be 'auto' or 'modules', got {self.compute!r}")
         if self.max_cache_mib is not None and self.max_cache_mib < 0:
             raise ValueError("max_cache_mib must be >= 0 (or None for a quarter of the device memory)")
 
@@ -212,6 +221,7 @@ class Token2WavEngine:
         self.encoder = EncoderStreamer(flow)
         self.n_timesteps = flow.config.cfm.n_timesteps
         self.cache_dtype = {None: None, "bf16": torch.bfloat16, "fp16": torch.float16}[self.config.cache_dtype]
+        self.compute = self._compute_weights()
         self.ratio = flow.config.token_mel_ratio
         self.window = torch.from_numpy(np.hamming(2 * self.stream.source_cache_len))  # float64, as the reference
         self.stats = Token2WavStats()
@@ -219,6 +229,17 @@ class Token2WavEngine:
         self._live: weakref.WeakSet[StreamState] = weakref.WeakSet()
         mib = self.config.max_cache_mib
         self.cache_budget = self._default_budget() if mib is None else mib * 2**20
+
+    def _compute_weights(self) -> ComputeWeights | None:
+        """Reduced-dtype compute for the incremental estimator when a backend reduced its Linear weights."""
+        if self.config.compute == "modules":
+            return None
+        dtypes = {m.weight.dtype for m in self.estimator.modules() if isinstance(m, CastLinear)}
+        if len(dtypes) == 1 and next(iter(dtypes)) in (torch.bfloat16, torch.float16) \
+                and ComputeWeights.supports(self.estimator):
+            return ComputeWeights(dtypes.pop())
+        # int8 (fbgemm Linear layers) keeps the modules: bf16 conv GEMMs around them measured no faster
+        return None
 
     # ---- requests -----------------------------------------------------------------------------------
     def new_stream(
@@ -341,7 +362,7 @@ class Token2WavEngine:
         spks, cond = self._conditions([s for s, _ in items], [r.start for r in rows], mu)
         starts = [r.start * self.ratio for r in rows]
         mel = solve_chunk(self.flow.decoder, self.estimator, mu, spks, cond, starts, lens,
-                          caches, [r.keep for r in rows], self.n_timesteps, self.cache_dtype)
+                          caches, [r.keep for r in rows], self.n_timesteps, self.cache_dtype, self.compute)
         out = {}
         for i, (s, _) in enumerate(items):
             s.estimator_frames += lens[i] * self.n_timesteps
@@ -435,7 +456,7 @@ class Token2WavEngine:
         spks, cond = self._conditions([holder], [0], mu)
         est: list[EstimatorCache] = []
         solve_chunk(self.flow.decoder, self.estimator, mu, spks, cond, [0], lens, [est], [True], self.n_timesteps,
-                    self.cache_dtype)
+                    self.cache_dtype, self.compute)
         self.stats.estimator_frames += lens[0] * self.n_timesteps
         return _VoicePrefix(key, pc, enc, est)
 
