@@ -1,4 +1,6 @@
-// The int8 decoder stack's decode step for a few single-query rows in one native call (see int8_decode.py).
+// The decoder stack's decode step for a few single-query rows in one native call (see int8_decode.py), over
+// int8 weights (the VNNI panels of int8_gemv.cpp) or fp32 weights (their (out, in) rows): one `DecodeStack`
+// template, its weight kind an operand class (Int8Operand / F32Operand) that owns the GEMV of one panel.
 //
 // Compiled in one translation unit after int8_gemv.cpp (int8_gemv.py joins the two sources), whose panel kernels,
 // row quantizer and `int8_linear` it uses; this file also holds the extension's Python module.
@@ -7,13 +9,14 @@
 // layer (dispatch, allocation, waking the thread pool per op). Here the whole stack runs inside one OpenMP
 // parallel region; each layer is 5 phases whose work items (64-channel panels, or two for one row; (row, kv head)
 // pairs for attention) the threads claim one at a time, each phase ending when all its items are done:
-//   norm1 + quantize (each thread its own copy) -> q/k/v panels (+bias)
+//   norm1 (+ quantize; each thread its own copy) -> q/k/v panels (+bias)
 //   per (row, kv head): rotary, K/V into the paged cache, attention of its query heads over the row's context
-//   quantize attention out -> o_proj panels, added into x
-//   norm2 + quantize -> gate/up panel pairs (gate p with up p + I/64) -> SiLU(gate) * up
-//   quantize act -> down_proj panels, added into x
-// The math is the torch path's (RMSNorm, half-split rotary, softmax attention over the row's context slots,
-// per-row int8 activations, exact int32 sums); only fp32 rounding order differs (vector exp, summation order).
+//   (quantize attention out) -> o_proj panels, added into x
+//   norm2 (+ quantize) -> gate/up panel pairs (gate p with up p + I/64) -> SiLU(gate) * up
+//   (quantize act) -> down_proj panels, added into x
+// The math is the torch path's (RMSNorm, half-split rotary, softmax attention over the row's context slots;
+// int8: per-row int8 activations, exact int32 sums; fp32: fp32 dot products); only fp32 rounding order differs
+// (vector exp, summation order).
 //
 // Legend: M rows, D hidden, H query heads, Hkv key/value heads, G = H / Hkv, Dh head width, I intermediate,
 // L layers, S cache slots, Lmax gathered context length, C = ctx_len[m] (real context of row m, incl. itself).
@@ -72,6 +75,7 @@ struct PackedRef {
   const float* bias = nullptr;  // null: none
   int64_t panels = 0, groups = 0, n = 0;
 
+  int64_t in_width() const { return groups * 4; }  // K padded to whole groups of 4
   int64_t panel_bytes() const { return groups * kPanel * 4; }
   const int8_t* panel(int64_t p) const { return w + p * panel_bytes(); }
 
@@ -96,26 +100,155 @@ inline void panel_sums(const PackedRef& w, int64_t p, const uint8_t* xq, int m_r
   kBlocks[m_rows](w.panel(p), xq, w.groups * 4, 0, w.groups, acc);
 }
 
-// [p0, p1) panels of w for rows xq: fn(p, v (M, 64) fp32 outputs); one row runs two panels at a time (two
-// memory streams in flight, as int8_linear)
-template <typename Fn>
-void gemv_panels(const PackedRef& w, int64_t p0, int64_t p1, const uint8_t* xq, const float* sx, int m_rows,
-                 int32_t* acc, float* v, Fn&& fn) {
-  int64_t p = p0;
-  if (m_rows == 1)
-    for (; p + 1 < p1; p += 2) {
-      single_row_pair(w.panel(p), w.panel(p + 1), xq, w.groups, acc);
-      w.dequant(p, acc, 1, sx, v);
-      w.dequant(p + 1, acc + kPanel, 1, sx, v + kPanel);
-      fn(p, v);
-      fn(p + 1, v + kPanel);
+// One fp32 weight (N, K) in the usual (out, in) row-major layout: panel p is rows [64 p, 64 p + 64), one
+// contiguous run of 64 K floats, so it streams from memory as an int8 panel does (and o_proj and down_proj are
+// read from the modules' own storage).
+struct F32Ref {
+  const float* w = nullptr;
+  const float* bias = nullptr;  // (N,) or null
+  int64_t panels = 0, k = 0, n = 0;
+
+  int64_t in_width() const { return k; }
+};
+
+#ifndef VOCALIS_F32_PREFETCH
+#define VOCALIS_F32_PREFETCH 2048  // floats ahead (8 KiB, the int8 kernel's distance)
+#endif
+
+// out[m * kPanel] = x[m] . w for one channel row w (K,) and MT rows of x (MT, ldx). The panel is read channel
+// after channel, so the weights stream as one sequential run (one prefetch stream per thread, as the int8
+// kernel's); each weight vector is loaded once and used by every row; 4 accumulators per row break the FMA
+// latency chain; the K % 16 tail is masked.
+template <int MT>
+inline void f32_row(const float* w, int64_t k, const float* x, int64_t ldx, float* out) {
+  __m512 a[MT][4];
+#pragma GCC unroll 8
+  for (int m = 0; m < MT; ++m)
+#pragma GCC unroll 4
+    for (int u = 0; u < 4; ++u) a[m][u] = _mm512_setzero_ps();
+  int64_t e = 0;
+  for (; e + 64 <= k; e += 64) {
+#pragma GCC unroll 4
+    for (int u = 0; u < 4; ++u) {
+      if (VOCALIS_F32_PREFETCH)
+        _mm_prefetch(reinterpret_cast<const char*>(w + e + u * 16 + VOCALIS_F32_PREFETCH), _MM_HINT_T0);
+      const __m512 b = _mm512_loadu_ps(w + e + u * 16);
+#pragma GCC unroll 8
+      for (int m = 0; m < MT; ++m) a[m][u] = _mm512_fmadd_ps(_mm512_loadu_ps(x + m * ldx + e + u * 16), b, a[m][u]);
     }
-  for (; p < p1; ++p) {
-    panel_sums(w, p, xq, m_rows, acc);
-    w.dequant(p, acc, m_rows, sx, v);
-    fn(p, v);
+  }
+  for (; e + 16 <= k; e += 16) {
+    const __m512 b = _mm512_loadu_ps(w + e);
+#pragma GCC unroll 8
+    for (int m = 0; m < MT; ++m) a[m][0] = _mm512_fmadd_ps(_mm512_loadu_ps(x + m * ldx + e), b, a[m][0]);
+  }
+  if (e < k) {
+    const __mmask16 t = static_cast<__mmask16>((1u << (k - e)) - 1);
+    const __m512 b = _mm512_maskz_loadu_ps(t, w + e);
+#pragma GCC unroll 8
+    for (int m = 0; m < MT; ++m) a[m][1] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(t, x + m * ldx + e), b, a[m][1]);
+  }
+#pragma GCC unroll 8
+  for (int m = 0; m < MT; ++m)
+    out[m * kPanel] = _mm512_reduce_add_ps(
+        _mm512_add_ps(_mm512_add_ps(a[m][0], a[m][1]), _mm512_add_ps(a[m][2], a[m][3])));
+}
+
+// v (M, 64) = x (M, ldx) . panel p of w (+ bias); channels past N give 0
+template <int MT>
+void f32_panel(const F32Ref& w, int64_t p, const float* x, int64_t ldx, float* v) {
+  const int64_t c0 = p * kPanel, nc = std::min<int64_t>(kPanel, w.n - c0);
+  const float* wp = w.w + c0 * w.k;
+  for (int64_t c = 0; c < nc; ++c) f32_row<MT>(wp + c * w.k, w.k, x, ldx, v + c);
+  for (int m = 0; m < MT; ++m) {
+    for (int64_t c = nc; c < kPanel; ++c) v[m * kPanel + c] = 0.f;
+    if (w.bias)
+      for (int64_t c = 0; c < nc; ++c) v[m * kPanel + c] += w.bias[c0 + c];
   }
 }
+
+using F32PanelFn = void (*)(const F32Ref&, int64_t, const float*, int64_t, float*);
+const F32PanelFn kF32Panels[kMaxTile + 1] = {nullptr, f32_panel<1>, f32_panel<2>, f32_panel<3>,
+                                             f32_panel<4>, f32_panel<5>, f32_panel<6>};
+
+// A thread's operand for the GEMVs of one phase, one class per weight kind. set() prepares the phase's input
+// rows once per thread (int8: quantized into the thread's own buffer; fp32: read in place), gemv() runs panels
+// [p0, p1) calling fn(p, v (M, 64) fp32 outputs), pair() two panels into va and vb (gate and up).
+struct Int8Operand {
+  using Ref = PackedRef;
+  static constexpr bool kTwoPanelItems = true;  // one row: items of two panels (two memory streams in flight)
+  static constexpr int64_t kGraceNs = 200000;
+
+  std::vector<uint8_t> xq;
+  std::vector<float> sx;
+  std::vector<int32_t> acc;
+
+  Int8Operand(int64_t m_rows, int64_t k_max) : xq(m_rows * k_max), sx(m_rows), acc(2 * kMaxFusedRows * kPanel) {}
+
+  void set(const float* x, int m_rows, int64_t k, const Ref& w) {
+    quantize_rows(x, m_rows, k, w.groups * 4, xq.data(), sx.data());
+  }
+
+  template <typename Fn>
+  void gemv(const Ref& w, int64_t p0, int64_t p1, int m_rows, float* v, Fn&& fn) {
+    int64_t p = p0;
+    if (m_rows == 1)
+      for (; p + 1 < p1; p += 2) {
+        single_row_pair(w.panel(p), w.panel(p + 1), xq.data(), w.groups, acc.data());
+        w.dequant(p, acc.data(), 1, sx.data(), v);
+        w.dequant(p + 1, acc.data() + kPanel, 1, sx.data(), v + kPanel);
+        fn(p, v);
+        fn(p + 1, v + kPanel);
+      }
+    for (; p < p1; ++p) {
+      panel_sums(w, p, xq.data(), m_rows, acc.data());
+      w.dequant(p, acc.data(), m_rows, sx.data(), v);
+      fn(p, v);
+    }
+  }
+
+  void pair(const Ref& w, int64_t pa, int64_t pb, int m_rows, float* va, float* vb) {
+    if (m_rows == 1) {
+      single_row_pair(w.panel(pa), w.panel(pb), xq.data(), w.groups, acc.data());
+      w.dequant(pa, acc.data(), 1, sx.data(), va);
+      w.dequant(pb, acc.data() + kPanel, 1, sx.data(), vb);
+    } else {
+      panel_sums(w, pa, xq.data(), m_rows, acc.data());
+      w.dequant(pa, acc.data(), m_rows, sx.data(), va);
+      panel_sums(w, pb, xq.data(), m_rows, acc.data());
+      w.dequant(pb, acc.data(), m_rows, sx.data(), vb);
+    }
+  }
+};
+
+struct F32Operand {
+  using Ref = F32Ref;
+  static constexpr bool kTwoPanelItems = false;  // a panel is 4x the bytes of an int8 one already
+  static constexpr int64_t kGraceNs = 400000;
+
+  const float* x = nullptr;
+  int64_t ld = 0;
+
+  F32Operand(int64_t, int64_t) {}
+
+  void set(const float* rows, int, int64_t k, const Ref&) {
+    x = rows;
+    ld = k;
+  }
+
+  template <typename Fn>
+  void gemv(const Ref& w, int64_t p0, int64_t p1, int m_rows, float* v, Fn&& fn) {
+    for (int64_t p = p0; p < p1; ++p) {
+      kF32Panels[m_rows](w, p, x, ld, v);
+      fn(p, v);
+    }
+  }
+
+  void pair(const Ref& w, int64_t pa, int64_t pb, int m_rows, float* va, float* vb) {
+    kF32Panels[m_rows](w, pa, x, ld, va);
+    kF32Panels[m_rows](w, pb, x, ld, vb);
+  }
+};
 
 // Work of one phase, claimed item by item: a thread takes the next unclaimed item until none is left, then
 // waits until every item is done. Why not a static split and a barrier: on a shared machine a thread may lose
@@ -123,8 +256,8 @@ void gemv_panels(const PackedRef& w, int64_t p0, int64_t p1, const uint8_t* xq, 
 // items, and an item claimed but not finished within a grace time is computed again by a waiting thread: every
 // item is idempotent (it writes the same values to buffers no other item and no later phase writes: each layer
 // has its own buffers, see DecodeStack::forward), so a late duplicate write is harmless.
-// default grace: ~3x the longest item (two 311 KB down_proj panels at ~10 GB/s)
-constexpr int64_t kGraceNs = 200000;
+// default grace (Op::kGraceNs): ~3x the longest item at ~10 GB/s (int8: two 311 KB down_proj panels, 200 us;
+// fp32: one 1.24 MB down_proj panel, 400 us; 0.5B shapes)
 
 struct Phase {
   alignas(64) std::atomic<int64_t> next{0};
@@ -165,10 +298,11 @@ void run_phase(Phase& ph, int64_t n_items, int64_t grace_ns, Prep&& prep, Work&&
   }
 }
 
+template <typename Ref>
 struct Layer {
   torch::Tensor norm1, norm2;  // (D,)
-  std::vector<torch::Tensor> keep;  // the packed tensors the refs point into
-  PackedRef qkv, o, gate_up, down;
+  std::vector<torch::Tensor> keep;  // the weight tensors the refs point into
+  Ref qkv, o, gate_up, down;
 };
 
 PackedRef packed_ref(const torch::Tensor& w, const torch::Tensor& scale, const torch::Tensor& corr,
@@ -193,38 +327,78 @@ PackedRef packed_ref(const torch::Tensor& w, const torch::Tensor& scale, const t
   return r;
 }
 
+F32Ref f32_ref(const torch::Tensor& w, const torch::Tensor& bias, int64_t n) {
+  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == torch::kFloat && w.is_contiguous() && w.size(0) == n,
+              "fp32 weight must be contiguous (N, K), N = ", n);
+  const bool has_bias = bias.defined() && bias.numel() > 0;
+  TORCH_CHECK(!has_bias || (bias.scalar_type() == torch::kFloat && bias.is_contiguous() && bias.numel() == n),
+              "bias must be contiguous (N,) fp32");
+  F32Ref r;
+  r.w = w.data_ptr<float>();
+  r.bias = has_bias ? bias.data_ptr<float>() : nullptr;
+  r.panels = (n + kPanel - 1) / kPanel;
+  r.k = w.size(1);
+  r.n = n;
+  return r;
+}
+
+// The weights of one layer from its tensors, per kind. int8, 15 tensors: norm1 (D,), qkv w/scale/corr/bias (bias
+// may be empty), o w/scale/corr, norm2 (D,), gate_up w/scale/corr (gate panels first, then up), down w/scale/corr.
+// fp32, 7 tensors: norm1, qkv (Dq + 2 Dkv, D), qkv bias (Dq + 2 Dkv,) (may be empty), o (D, Dq), norm2,
+// gate_up (2 I, D) (gate rows first, then up), down (D, I).
+constexpr int tensors_per_layer(const Layer<PackedRef>*) { return 15; }
+constexpr int tensors_per_layer(const Layer<F32Ref>*) { return 7; }
+
+void bind_layer(Layer<PackedRef>& l, const torch::Tensor* t, int64_t d, int64_t qkv_n, int64_t i) {
+  l.norm1 = t[0];
+  l.norm2 = t[8];
+  l.qkv = packed_ref(t[1], t[2], t[3], t[4], qkv_n);
+  l.o = packed_ref(t[5], t[6], t[7], torch::Tensor(), d);
+  l.gate_up = packed_ref(t[9], t[10], t[11], torch::Tensor(), 2 * i);
+  l.down = packed_ref(t[12], t[13], t[14], torch::Tensor(), d);
+}
+
+void bind_layer(Layer<F32Ref>& l, const torch::Tensor* t, int64_t d, int64_t qkv_n, int64_t i) {
+  l.norm1 = t[0];
+  l.norm2 = t[4];
+  l.qkv = f32_ref(t[1], t[2], qkv_n);
+  l.o = f32_ref(t[3], torch::Tensor(), d);
+  l.gate_up = f32_ref(t[5], torch::Tensor(), 2 * i);
+  l.down = f32_ref(t[6], torch::Tensor(), d);
+  TORCH_CHECK(l.qkv.k == d && l.gate_up.k == d, "q/k/v and gate/up take D inputs");  // rows read exactly K
+}
+
 }  // namespace
 
-// The decoder stack of one int8 LLM for decode steps of 1..kMaxFusedRows single-query rows.
+// The decoder stack of one LLM for decode steps of 1..kMaxFusedRows single-query rows; Op: the weight kind
+// (Int8Operand: int8 VNNI panels, F32Operand: fp32 (out, in) rows).
+template <typename Op>
 class DecodeStack {
  public:
-  // layers: per layer 15 tensors: norm1 (D,), qkv w/scale/corr/bias (bias may be empty), o w/scale/corr,
-  // norm2 (D,), gate_up w/scale/corr (gate panels first, then up), down w/scale/corr
+  using Ref = typename Op::Ref;
+  static constexpr int kTensors = tensors_per_layer(static_cast<const Layer<Ref>*>(nullptr));
+
+  // layers: per layer the kind's tensors (see bind_layer)
   DecodeStack(std::vector<torch::Tensor> layers, int64_t hidden, int64_t num_heads, int64_t num_kv_heads,
               int64_t head_dim, int64_t intermediate, double eps)
       : d_(hidden), h_(num_heads), hkv_(num_kv_heads), dh_(head_dim), i_(intermediate), eps_(eps) {
-    TORCH_CHECK(layers.size() % 15 == 0 && !layers.empty(), "15 tensors per layer");
+    TORCH_CHECK(layers.size() % kTensors == 0 && !layers.empty(), kTensors, " tensors per layer");
     TORCH_CHECK(h_ % hkv_ == 0 && dh_ % 16 == 0 && dh_ <= 512, "heads must group, head_dim a multiple of 16");
     const int64_t q_dim = h_ * dh_, kv_dim = hkv_ * dh_;
     TORCH_CHECK(q_dim % kPanel == 0 && kv_dim % kPanel == 0 && i_ % kPanel == 0,
                 "q, k and gate must be whole 64-channel panels");
-    for (size_t b = 0; b < layers.size(); b += 15) {
+    for (size_t b = 0; b < layers.size(); b += kTensors) {
       const torch::Tensor* t = layers.data() + b;
-      Layer l;
-      l.norm1 = t[0];
-      l.norm2 = t[8];
+      Layer<Ref> l;
+      bind_layer(l, t, d_, q_dim + 2 * kv_dim, i_);
       for (const auto& n : {l.norm1, l.norm2})
         TORCH_CHECK(n.scalar_type() == torch::kFloat && n.is_contiguous() && n.numel() == d_, "norm weight (D,)");
-      l.qkv = packed_ref(t[1], t[2], t[3], t[4], q_dim + 2 * kv_dim);
-      l.o = packed_ref(t[5], t[6], t[7], torch::Tensor(), d_);
-      l.gate_up = packed_ref(t[9], t[10], t[11], torch::Tensor(), 2 * i_);
-      l.down = packed_ref(t[12], t[13], t[14], torch::Tensor(), d_);
-      TORCH_CHECK(l.qkv.groups * 4 - d_ < 4 && l.gate_up.groups * 4 - d_ < 4 && d_ <= l.qkv.groups * 4,
-                  "q/k/v and gate/up take D inputs");
-      TORCH_CHECK(l.o.groups * 4 == q_dim && l.down.groups * 4 == i_, "o takes H*Dh inputs, down I");
+      TORCH_CHECK(l.qkv.in_width() - d_ < 4 && l.gate_up.in_width() - d_ < 4 && d_ <= l.qkv.in_width() &&
+                  d_ <= l.gate_up.in_width(), "q/k/v and gate/up take D inputs");
+      TORCH_CHECK(l.o.in_width() == q_dim && l.down.in_width() == i_, "o takes H*Dh inputs, down I");
       TORCH_CHECK(l.gate_up.panels == 2 * (i_ / kPanel), "gate/up: I/64 gate panels then I/64 up panels");
       TORCH_CHECK(l.o.panels * kPanel >= d_ && l.down.panels * kPanel >= d_, "o/down give D outputs");
-      l.keep.assign(t, t + 15);
+      l.keep.assign(t, t + kTensors);
       layers_.push_back(std::move(l));
     }
   }
@@ -271,7 +445,8 @@ class DecodeStack {
     const int mr = static_cast<int>(m_rows);
     const int64_t q_dim = h_ * dh_, kv_dim = hkv_ * dh_, g_heads = h_ / hkv_;
     const int64_t qkv_width = layers_[0].qkv.panels * kPanel;
-    const int64_t kp_max = std::max({layers_[0].qkv.groups, layers_[0].o.groups, layers_[0].down.groups}) * 4;
+    const Layer<Ref>& l0 = layers_[0];
+    const int64_t k_max = std::max({l0.qkv.in_width(), l0.o.in_width(), l0.down.in_width()});
     // shared between threads
     // shared, one set per layer: an item may be finished twice (see run_phase), and a late duplicate must never
     // overwrite a later layer's values. Layer li reads xs[2 li], writes xs[2 li + 1] (after o_proj) and
@@ -289,16 +464,17 @@ class DecodeStack {
     // one pair of counters per (layer, phase): 5 phases per layer
     std::unique_ptr<Phase[]> phases(new Phase[n_layers * 5]);
     int64_t n_flags = 0;
-    const int64_t per_item = m_rows == 1 ? 2 : 1;  // GEMV work items: one panel, or two for one row (two streams)
-    auto items = [&](const PackedRef& w) { return (w.panels + per_item - 1) / per_item; };
-    for (const Layer& l : layers_)
+    // GEMV work items: one panel, or (int8) two for one row (two streams)
+    const int64_t per_item = Op::kTwoPanelItems && m_rows == 1 ? 2 : 1;
+    auto items = [&](const Ref& w) { return (w.panels + per_item - 1) / per_item; };
+    for (const Layer<Ref>& l : layers_)
       n_flags += items(l.qkv) + m_rows * hkv_ + items(l.o) + l.gate_up.panels / 2 + items(l.down);
     std::unique_ptr<std::atomic<uint8_t>[]> flags(new std::atomic<uint8_t>[n_flags]);
     for (int64_t i = 0; i < n_flags; ++i) flags[i].store(0, std::memory_order_relaxed);
     {
       int64_t at = 0;
       for (int64_t li = 0; li < n_layers; ++li) {
-        const Layer& l = layers_[li];
+        const Layer<Ref>& l = layers_[li];
         const int64_t counts[5] = {items(l.qkv), m_rows * hkv_, items(l.o), l.gate_up.panels / 2, items(l.down)};
         for (int k = 0; k < 5; ++k) {
           phases[li * 5 + k].item_done = flags.get() + at;
@@ -310,15 +486,14 @@ class DecodeStack {
 #pragma omp parallel num_threads(nt_want)
     {
       // this thread's own buffers
-      std::vector<float> h(m_rows * d_), v(2 * kMaxFusedRows * kPanel), sx(m_rows);
-      std::vector<int32_t> acc(2 * kMaxFusedRows * kPanel);
-      std::vector<uint8_t> xq(m_rows * kp_max);
+      std::vector<float> h(m_rows * d_), v(2 * kMaxFusedRows * kPanel);
+      Op op(m_rows, k_max);
       std::vector<float> qh(g_heads * dh_), scores(g_heads * lmax), oacc(g_heads * dh_), inv_sum(g_heads);
 
-      auto norm_quantize = [&](const float* xin, const float* w, int64_t kp) {  // h = norm(x) -> xq, sx
+      auto norm_in = [&](const float* xin, const float* w, const Ref& ref) {  // h = norm(x) -> the operand
         for (int64_t m = 0; m < m_rows; ++m)
           rms_norm_row(xin + m * d_, w, d_, static_cast<float>(eps_), &h[m * d_]);
-        quantize_rows(h.data(), m_rows, d_, kp, xq.data(), sx.data());
+        op.set(h.data(), mr, d_, ref);
       };
       // residual: xout[:, panel p] = xin[:, panel p] + v, for the real columns
       auto residual = [&](const float* xin, float* xout) {
@@ -328,13 +503,12 @@ class DecodeStack {
             for (int64_t c = c0; c < c1; ++c) xout[m * d_ + c] = xin[m * d_ + c] + vp[m * kPanel + c - c0];
         };
       };
-      auto gemv_item = [&](const PackedRef& w, int64_t i, auto&& fn) {
-        gemv_panels(w, i * per_item, std::min(w.panels, (i + 1) * per_item), xq.data(), sx.data(), mr, acc.data(),
-                    v.data(), fn);
+      auto gemv_item = [&](const Ref& w, int64_t i, auto&& fn) {
+        op.gemv(w, i * per_item, std::min(w.panels, (i + 1) * per_item), mr, v.data(), fn);
       };
 
       for (int64_t li = 0; li < n_layers; ++li) {
-        const Layer& l = layers_[li];
+        const Layer<Ref>& l = layers_[li];
         float* kcl = kc + li * slots * kv_dim;
         float* vcl = vc + li * slots * kv_dim;
         Phase* ph = &phases[li * 5];
@@ -347,7 +521,7 @@ class DecodeStack {
 
         // ---- q, k, v (+ bias)
         run_phase(ph[0], items(l.qkv), grace_ns_,
-                  [&] { norm_quantize(x_in, l.norm1.data_ptr<float>(), l.qkv.groups * 4); },
+                  [&] { norm_in(x_in, l.norm1.template data_ptr<float>(), l.qkv); },
                   [&](int64_t i) {
                     gemv_item(l.qkv, i, [&](int64_t p, const float* vp) {
                       for (int64_t m = 0; m < m_rows; ++m)
@@ -415,26 +589,16 @@ class DecodeStack {
         });
         // ---- o_proj + residual
         run_phase(ph[2], items(l.o), grace_ns_,
-                  [&] { quantize_rows(attn_l, m_rows, q_dim, l.o.groups * 4, xq.data(), sx.data()); },
+                  [&] { op.set(attn_l, mr, q_dim, l.o); },
                   [&](int64_t i) { gemv_item(l.o, i, residual(x_in, x_mid)); });
         // ---- gate/up (pairs: gate panel p with up panel p + I/64), SiLU(gate) * up
         const int64_t pairs = l.gate_up.panels / 2;
         run_phase(ph[3], pairs, grace_ns_,
-                  [&] { norm_quantize(x_mid, l.norm2.data_ptr<float>(), l.gate_up.groups * 4); },
+                  [&] { norm_in(x_mid, l.norm2.template data_ptr<float>(), l.gate_up); },
                   [&](int64_t p) {
                     float* vg = v.data();
                     float* vu = v.data() + kMaxFusedRows * kPanel;
-                    if (m_rows == 1) {
-                      single_row_pair(l.gate_up.panel(p), l.gate_up.panel(p + pairs), xq.data(), l.gate_up.groups,
-                                      acc.data());
-                      l.gate_up.dequant(p, acc.data(), 1, sx.data(), vg);
-                      l.gate_up.dequant(p + pairs, acc.data() + kPanel, 1, sx.data(), vu);
-                    } else {
-                      panel_sums(l.gate_up, p, xq.data(), mr, acc.data());
-                      l.gate_up.dequant(p, acc.data(), mr, sx.data(), vg);
-                      panel_sums(l.gate_up, p + pairs, xq.data(), mr, acc.data());
-                      l.gate_up.dequant(p + pairs, acc.data(), mr, sx.data(), vu);
-                    }
+                    op.pair(l.gate_up, p, p + pairs, mr, vg, vu);
                     for (int64_t m = 0; m < m_rows; ++m)
                       for (int j = 0; j < kPanel; j += 16) {
                         const __m512 gv = _mm512_loadu_ps(vg + m * kPanel + j);
@@ -446,7 +610,7 @@ class DecodeStack {
                   });
         // ---- down_proj + residual
         run_phase(ph[4], items(l.down), grace_ns_,
-                  [&] { quantize_rows(act_l, m_rows, i_, l.down.groups * 4, xq.data(), sx.data()); },
+                  [&] { op.set(act_l, mr, i_, l.down); },
                   [&](int64_t i) { gemv_item(l.down, i, residual(x_mid, x_out)); });
       }
     }
@@ -457,19 +621,25 @@ class DecodeStack {
  private:
   int64_t d_, h_, hkv_, dh_, i_;
   double eps_;
-  int64_t grace_ns_ = kGraceNs;
-  std::vector<Layer> layers_;
+  int64_t grace_ns_ = Op::kGraceNs;
+  std::vector<Layer<Ref>> layers_;
 };
+
+template <typename Stack>
+void bind_stack(pybind11::module_& m, const char* name) {
+  pybind11::class_<Stack>(m, name)
+      .def(pybind11::init<std::vector<torch::Tensor>, int64_t, int64_t, int64_t, int64_t, int64_t, double>())
+      .def("num_layers", &Stack::num_layers)
+      .def("max_rows", &Stack::max_rows)
+      .def("set_grace_ns", &Stack::set_grace_ns)
+      .def("forward", &Stack::forward, pybind11::call_guard<pybind11::gil_scoped_release>());
+}
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // both release the GIL while they run (as torch's own ops do): a decode step holds no Python state, and the
   // token2wav thread can run Python meanwhile
   m.def("int8_linear", &int8_linear, "y = x @ dequant(w).T + bias through the VNNI kernel (int8_gemv.cpp)",
         pybind11::call_guard<pybind11::gil_scoped_release>());
-  pybind11::class_<DecodeStack>(m, "DecodeStack")
-      .def(pybind11::init<std::vector<torch::Tensor>, int64_t, int64_t, int64_t, int64_t, int64_t, double>())
-      .def("num_layers", &DecodeStack::num_layers)
-      .def("max_rows", &DecodeStack::max_rows)
-      .def("set_grace_ns", &DecodeStack::set_grace_ns)
-      .def("forward", &DecodeStack::forward, pybind11::call_guard<pybind11::gil_scoped_release>());
+  bind_stack<DecodeStack<Int8Operand>>(m, "DecodeStack");  // int8 weights
+  bind_stack<DecodeStack<F32Operand>>(m, "F32DecodeStack");  // fp32 weights
 }

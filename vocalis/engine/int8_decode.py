@@ -1,9 +1,9 @@
-"""The int8 LLM's decoder stack for decode steps of a few rows as one native call (int8_decode.cpp).
+"""The LLM's decoder stack for decode steps of a few rows as one native call (int8_decode.cpp), int8 or fp32.
 
 Why: with the VNNI kernel reading weights as fast as a copy, a batch-1 int8 decode step still spent ~7 ms of
 ~25 ms outside the GEMVs, in ~20 small torch ops per layer x 24 layers (RMSNorm, rotary, K/V writes, gathering
 the context, SDPA, residual adds, SiLU * mul, quantising activations per GEMV, one thread-pool wake per op).
-`Int8DecodeStack` runs every layer of a step (1..`max_rows` single-query rows, no prefill chunk) inside one
+`FusedDecodeStack` runs every layer of a step (1..`max_rows` single-query rows, no prefill chunk) inside one
 OpenMP parallel region: the threads split each GEMV by 64-channel panels (so the small q/k/v and o projections,
 which `int8_linear` runs on one thread, use every thread too) and meet at 5 barriers per layer.
 
@@ -14,6 +14,16 @@ rounding to int8 may flip by one step: outputs agree to ~1e-3 of their scale, no
 Used by `ModelRunner` when the kernel is built, every layer's weights are int8-packed (`packed_weights`), the
 cache is fp32 and head_dim a multiple of 16; `VOCALIS_INT8_FUSED=0` turns it off (the per-op path remains for
 prefill, larger batches and every other precision).
+
+fp32 weights get the same step (the native `F32DecodeStack`: the same phases, work claiming, attention, norm
+and rotary code; the GEMVs are AVX-512 FMA dot products over 64-channel panels). It lives in the int8 kernel's
+extension, so it needs the same CPU and compiler, and the first fp32 engine on a machine builds it. A panel is 64
+rows of a weight in its usual (out, in) layout, one contiguous run: o_proj and down_proj are read from the
+modules' own storage (no copy); q/k/v and gate/up, whose storage `packed_weights` lays out (in, out) for the
+per-op path's MKL GEMMs (still needed for prefill and > 4 rows), are copied once into (out, in) rows: extra
+memory (Dq + 2 Dkv + 2 I) * D * 4 bytes per layer, ~0.94 GB at the 0.5B shapes (65 % of the decoder layers'
+1.43 GB). Rounding differs from the per-op path only in summation order (and the polynomial exp in softmax and
+SiLU). `VOCALIS_FP32_FUSED=0` turns the fp32 step off.
 
 Legend: M rows, D hidden, L layers, S cache slots, Hkv key/value heads, Dh head width, Lmax context length.
 """
@@ -39,8 +49,8 @@ MAX_ROWS = 4
 _NO_BIAS = torch.empty(0)
 
 
-class Int8DecodeStack:
-    """A native handle on one LLM's int8 decoder layers (it holds references to the packed weights)."""
+class FusedDecodeStack:
+    """A native handle on one LLM's decoder layers, int8 or fp32 (it holds references to the weights)."""
 
     def __init__(self, native: object, max_rows: int) -> None:
         self._native = native
@@ -60,19 +70,26 @@ class Int8DecodeStack:
 
     def set_grace_ns(self, ns: int) -> None:
         """How long a thread out of work waits for a claimed item before computing it too (0: at once, which
-        tests use to exercise the duplicate path; default 200 us)."""
+        tests use to exercise the duplicate path; default 200 us int8, 400 us fp32)."""
         self._native.set_grace_ns(ns)  # type: ignore[attr-defined]
 
 
+Int8DecodeStack = FusedDecodeStack  # the name before fp32 weights had the step too
+
+
 def decode_stack(llm: Qwen2LM, packed: Sequence[PackedLayer | None],
-                 cache_dtype: torch.dtype) -> Int8DecodeStack | None:
-    """The fused stack for `llm`, or None where it does not apply (see the module doc; logged at debug)."""
-    reason = _unsupported(llm, packed, cache_dtype)
+                 cache_dtype: torch.dtype) -> FusedDecodeStack | None:
+    """The fused stack for `llm` (int8 or fp32 weights), or None where it does not apply (see the module doc;
+    logged at debug)."""
+    fp32 = bool(packed) and all(pk is not None and isinstance(pk.qkv_t, torch.Tensor) for pk in packed)
+    reason = _unsupported(llm, packed, cache_dtype, fp32)
     if reason is not None:
-        log.debug("fused int8 decode step off: %s", reason)
+        log.debug("fused %s decode step off: %s", "fp32" if fp32 else "int8", reason)
         return None
     ext = int8_gemv.extension()
     assert ext is not None
+    if fp32:
+        return _fp32_stack(llm, ext)
     q = llm.config.qwen
     tensors: list[torch.Tensor] = []
     for layer, pk in zip(llm.qwen.layers, packed):
@@ -89,24 +106,54 @@ def decode_stack(llm: Qwen2LM, packed: Sequence[PackedLayer | None],
     native = ext.DecodeStack(tensors, q.hidden_size, q.num_attention_heads, q.num_key_value_heads, q.head_dim,
                              q.intermediate_size, float(llm.qwen.layers[0].input_layernorm.eps))
     log.info("int8 decode steps of 1..%d rows run fused (one native call per step)", MAX_ROWS)
-    return Int8DecodeStack(native, MAX_ROWS)
+    return FusedDecodeStack(native, MAX_ROWS)
 
 
-def _unsupported(llm: Qwen2LM, packed: Sequence[PackedLayer | None], cache_dtype: torch.dtype) -> str | None:
-    if os.environ.get("VOCALIS_INT8_FUSED", "1") == "0":
-        return "VOCALIS_INT8_FUSED=0"
-    if not packed or any(pk is None or not isinstance(pk.qkv_t, Int8Weight) for pk in packed):
-        return "not every layer is int8-packed"
-    if not int8_gemv.available() or not hasattr(int8_gemv.extension(), "DecodeStack"):
-        return f"kernel unavailable ({int8_gemv.unavailable_reason()})"
+def _fp32_stack(llm: Qwen2LM, ext: object) -> FusedDecodeStack:
+    """fp32 layers: norm1, qkv (Dq + 2 Dkv, D) + bias, o (D, Dq), norm2, gate_up (2 I, D), down (D, I), all
+    (out, in) row-major: q/k/v and gate/up copied (the modules keep views into the per-op path's (in, out)
+    storage), o and down the modules' own weights."""
+    q = llm.config.qwen
+    tensors: list[torch.Tensor] = []
+    for layer in llm.qwen.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        qkv = (attn.q_proj, attn.k_proj, attn.v_proj)
+        biased = all(m.bias is not None for m in qkv)
+        tensors += [layer.input_layernorm.weight.detach().contiguous(),
+                    torch.cat([m.weight.detach() for m in qkv]),  # (Dq + 2 Dkv, D): a copy
+                    torch.cat([m.bias.detach() for m in qkv]) if biased else _NO_BIAS,  # type: ignore[union-attr]
+                    attn.o_proj.weight.detach().contiguous(),  # (D, Dq): the module's storage
+                    layer.post_attention_layernorm.weight.detach().contiguous(),
+                    torch.cat([mlp.gate_proj.weight.detach(), mlp.up_proj.weight.detach()]),  # (2 I, D): a copy
+                    mlp.down_proj.weight.detach().contiguous()]  # (D, I): the module's storage
+    native = ext.F32DecodeStack(tensors, q.hidden_size, q.num_attention_heads,  # type: ignore[attr-defined]
+                                q.num_key_value_heads, q.head_dim, q.intermediate_size,
+                                float(llm.qwen.layers[0].input_layernorm.eps))
+    log.info("fp32 decode steps of 1..%d rows run fused (one native call per step)", MAX_ROWS)
+    return FusedDecodeStack(native, MAX_ROWS)
+
+
+def _unsupported(llm: Qwen2LM, packed: Sequence[PackedLayer | None], cache_dtype: torch.dtype,
+                 fp32: bool) -> str | None:
+    switch = "VOCALIS_FP32_FUSED" if fp32 else "VOCALIS_INT8_FUSED"
+    if os.environ.get(switch, "1") == "0":
+        return f"{switch}=0"
+    if not fp32 and (not packed or any(pk is None or not isinstance(pk.qkv_t, Int8Weight) for pk in packed)):
+        return "not every layer is int8-packed or fp32-packed"
     q = llm.config.qwen
     if cache_dtype != torch.float32 or llm.speech_embedding.weight.device.type != "cpu":
         return "cache not fp32 on CPU"
     if q.head_dim % 16 or q.intermediate_size % int8_gemv.PANEL:
         return "head_dim not a multiple of 16 or intermediate size not whole panels"
+    if fp32 and ((q.num_attention_heads * q.head_dim) % int8_gemv.PANEL
+                 or (q.num_key_value_heads * q.head_dim) % int8_gemv.PANEL):
+        return "q or k/v width not whole 64-channel panels"
     layers = llm.qwen.layers
     eps = {float(layer.input_layernorm.eps) for layer in layers} | {float(layer.post_attention_layernorm.eps)
                                                                     for layer in layers}
     if len(eps) != 1 or any(layer.input_layernorm.weight.dtype != torch.float32 for layer in layers):
         return "norms not uniform fp32"
+    # last: for fp32 weights this may build the kernel (once per machine), only where the step would apply
+    if not int8_gemv.available() or not hasattr(int8_gemv.extension(), "F32DecodeStack"):
+        return f"kernel unavailable ({int8_gemv.unavailable_reason()})"
     return None

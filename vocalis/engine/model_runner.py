@@ -88,7 +88,8 @@ class ModelRunner:
                                         q.rope_theta, self.dtype)  # (max_positions, Dh)
         half = q.head_dim // 2
         self._sin_signed = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)  # see _rope
-        # int8 decode steps of a few rows: the whole layer stack in one native call (int8_decode), else None
+        # int8 or fp32 decode steps of a few rows: the whole layer stack in one native call (int8_decode; off with
+        # VOCALIS_INT8_FUSED=0 / VOCALIS_FP32_FUSED=0), else None
         self.fused_decode = decode_stack(llm, self.packed, self.dtype)
         log.info("KV cache: %d blocks x %d positions (%.1f MiB)", num_blocks, block_size,
                  2 * self.k_cache.numel() * self.k_cache.element_size() / 2**20)
