@@ -18,12 +18,12 @@ import pytest
 import torch
 from torch import nn
 
+from tests.fused_decode_support import check_duplicated_items_change_nothing, check_fused_equals_per_op, tiny_lm
 from vocalis.config import PRESETS
 from vocalis.engine import int8_gemv
 from vocalis.engine.config import EngineConfig
 from vocalis.engine.int8_gemv import Int8Linear, fuse, int8_linear, int8_linear_reference, int8_linears, quantize_weight
 from vocalis.engine.llm_engine import LLMEngine
-from vocalis.engine.model_runner import StepInputs
 from vocalis.engine.request import SamplingParams
 from vocalis.models.speech_lm import Qwen2LM
 from vocalis.sampling import make_greedy_sampler
@@ -127,39 +127,9 @@ def test_fallback_when_the_kernel_is_unavailable(monkeypatch: pytest.MonkeyPatch
 
 
 def _int8_lm(hidden: int, heads: int, kv_heads: int, intermediate: int) -> Qwen2LM:
-    cfg = PRESETS["tiny"].llm
-    cfg = dataclasses.replace(cfg, qwen=dataclasses.replace(
-        cfg.qwen, hidden_size=hidden, intermediate_size=intermediate, num_attention_heads=heads,
-        num_key_value_heads=kv_heads))
-    torch.manual_seed(0)
-    lm = Qwen2LM(cfg).eval().requires_grad_(False)
+    lm = tiny_lm(hidden, heads, kv_heads, intermediate)
     int8_linears(lm)
     return lm
-
-
-def _run(lm: Qwen2LM, texts: list[list[int]], fused: bool, max_rows: int = 4, grace_ns: int | None = None
-         ) -> tuple[list[list[int]], list[tuple[bool, torch.Tensor]]]:
-    """Greedy tokens per request and (step ran fused, log-probs) per step."""
-    eng = LLMEngine(lm, EngineConfig(block_size=4, max_num_batched_tokens=16, num_kv_blocks=128))
-    stack = eng.runner.fused_decode
-    assert stack is not None
-    stack.max_rows = max_rows
-    if grace_ns is not None:
-        stack.set_grace_ns(grace_ns)
-    if not fused:
-        eng.runner.fused_decode = None
-    steps: list[tuple[bool, torch.Tensor]] = []
-    forward = eng.runner.forward
-
-    def recorded(inp: StepInputs) -> torch.Tensor:
-        y = forward(inp)
-        steps.append((fused and not inp.prefills and inp.ids.shape[0] <= max_rows, y.clone()))
-        return y
-
-    eng.runner.forward = recorded  # type: ignore[method-assign]
-    reqs = [eng.make_request(t, params=SamplingParams(greedy=True, min_len=8, max_len=12)) for t in texts]
-    got = eng.generate(reqs)
-    return [got[r.request_id] for r in reqs], steps
 
 
 @kernel
@@ -168,31 +138,12 @@ def _run(lm: Qwen2LM, texts: list[list[int]], fused: bool, max_rows: int = 4, gr
 @pytest.mark.parametrize("num_requests", [1, 4, 6])
 def test_fused_decode_step_equals_per_op_path(hidden: int, heads: int, kv_heads: int, intermediate: int,
                                               num_requests: int) -> None:
-    """Same engine steps with and without the fused stack: log-probs within 1e-4, same greedy tokens. Row tiles
-    of 1..6 (6 by raising max_rows to the kernel's limit), paged contexts of different lengths, mixed
-    prefill + decode steps (those take the per-op path in both)."""
-    lm = _int8_lm(hidden, heads, kv_heads, intermediate)
-    texts = [[40, 41, 42], [50, 51, 52, 53, 54], [60], [70, 71], [80, 81, 82, 83, 84, 85, 86], [90]][:num_requests]
-    tokens, steps = _run(lm, texts, fused=True, max_rows=6)
-    want_tokens, want_steps = _run(lm, texts, fused=False)
-    assert tokens == want_tokens
-    assert len(steps) == len(want_steps) and sum(f for f, _ in steps) >= 8  # most steps ran fused
-    for (_, y), (_, want) in zip(steps, want_steps):
-        assert y.shape == want.shape
-        assert float((y - want).abs().max()) <= 1e-4
+    check_fused_equals_per_op(_int8_lm(hidden, heads, kv_heads, intermediate), num_requests)
 
 
 @kernel
 def test_fused_decode_duplicated_items_change_nothing() -> None:
-    """Grace 0: a thread out of work at once recomputes items another thread still holds (the path that covers a
-    thread losing its core); the results are those of the normal schedule, bit for bit."""
-    lm = _int8_lm(128, 4, 2, 256)
-    texts = [[40, 41, 42], [50, 51, 52, 53, 54], [60]]
-    tokens, steps = _run(lm, texts, fused=True, grace_ns=0)
-    want_tokens, want_steps = _run(lm, texts, fused=True)
-    assert tokens == want_tokens
-    for (_, y), (_, want) in zip(steps, want_steps):
-        assert torch.equal(y, want)
+    check_duplicated_items_change_nothing(_int8_lm(128, 4, 2, 256))
 
 
 @kernel

@@ -1,0 +1,85 @@
+"""Shared by the fused decode step tests (int8 and fp32): run an engine with or without its fused stack and record
+every step's log-probs."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from vocalis.config import PRESETS
+from vocalis.engine.config import EngineConfig
+from vocalis.engine.llm_engine import LLMEngine
+from vocalis.engine.model_runner import StepInputs
+from vocalis.engine.request import SamplingParams
+from vocalis.models.speech_lm import Qwen2LM
+
+# requests of different lengths: paged contexts that end mid-block, mixed prefill + decode steps
+TEXTS = [[40, 41, 42], [50, 51, 52, 53, 54], [60], [70, 71], [80, 81, 82, 83, 84, 85, 86], [90]]
+
+
+def tiny_lm(hidden: int, heads: int, kv_heads: int, intermediate: int) -> Qwen2LM:
+    """The tiny preset's LM with these widths (seed 0), eval mode, no gradients."""
+    cfg = PRESETS["tiny"].llm
+    cfg = dataclasses.replace(cfg, qwen=dataclasses.replace(
+        cfg.qwen, hidden_size=hidden, intermediate_size=intermediate, num_attention_heads=heads,
+        num_key_value_heads=kv_heads))
+    torch.manual_seed(0)
+    return Qwen2LM(cfg).eval().requires_grad_(False)
+
+
+def small_engine(lm: Qwen2LM) -> LLMEngine:
+    return LLMEngine(lm, EngineConfig(block_size=4, max_num_batched_tokens=16, num_kv_blocks=128))
+
+
+def run_steps(lm: Qwen2LM, texts: list[list[int]], fused: bool, max_rows: int = 4, grace_ns: int | None = None,
+              native: str | None = None) -> tuple[list[list[int]], list[tuple[bool, torch.Tensor]]]:
+    """Greedy tokens per request and (step ran fused, log-probs) per step. `native`: the expected class name of
+    the fused stack's native object."""
+    eng = small_engine(lm)
+    stack = eng.runner.fused_decode
+    assert stack is not None
+    if native is not None:
+        assert type(stack._native).__name__ == native
+    stack.max_rows = max_rows
+    if grace_ns is not None:
+        stack.set_grace_ns(grace_ns)
+    if not fused:
+        eng.runner.fused_decode = None
+    steps: list[tuple[bool, torch.Tensor]] = []
+    forward = eng.runner.forward
+
+    def recorded(inp: StepInputs) -> torch.Tensor:
+        y = forward(inp)
+        steps.append((fused and not inp.prefills and inp.ids.shape[0] <= max_rows, y.clone()))
+        return y
+
+    eng.runner.forward = recorded  # type: ignore[method-assign]
+    reqs = [eng.make_request(t, params=SamplingParams(greedy=True, min_len=8, max_len=12)) for t in texts]
+    got = eng.generate(reqs)
+    return [got[r.request_id] for r in reqs], steps
+
+
+def check_fused_equals_per_op(lm: Qwen2LM, num_requests: int, native: str | None = None) -> None:
+    """Same engine steps with and without the fused stack: log-probs within 1e-4, same greedy tokens. Row tiles of
+    1..6 (6 by raising max_rows to the kernel's limit), paged contexts of different lengths, mixed prefill + decode
+    steps (those take the per-op path in both)."""
+    texts = TEXTS[:num_requests]
+    tokens, steps = run_steps(lm, texts, fused=True, max_rows=6, native=native)
+    want_tokens, want_steps = run_steps(lm, texts, fused=False)
+    assert tokens == want_tokens
+    assert len(steps) == len(want_steps) and sum(f for f, _ in steps) >= 8  # most steps ran fused
+    for (_, y), (_, want) in zip(steps, want_steps):
+        assert y.shape == want.shape
+        assert float((y - want).abs().max()) <= 1e-4
+
+
+def check_duplicated_items_change_nothing(lm: Qwen2LM) -> None:
+    """Grace 0: a thread out of work at once recomputes items another thread still holds (the path that covers a
+    thread losing its core); the results are those of the normal schedule, bit for bit."""
+    texts = TEXTS[:3]
+    tokens, steps = run_steps(lm, texts, fused=True, grace_ns=0)
+    want_tokens, want_steps = run_steps(lm, texts, fused=True)
+    assert tokens == want_tokens
+    for (_, y), (_, want) in zip(steps, want_steps):
+        assert torch.equal(y, want)
