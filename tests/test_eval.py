@@ -177,3 +177,18 @@ def test_same_speaker_is_more_similar_than_another(speech: dict[str, Path], teac
     assert (speech["root"] / "other_speaker" / "eval" / "similarity.png").is_file()
     durations = [sf.info(str(speech["root"] / "other_speaker" / f"u{i}.wav")).duration for i in (1, 2)]
     assert other["duration"]["mean"] == pytest.approx(np.mean(durations), abs=1e-3)
+
+
+def test_pocketsphinx_transcript_does_not_depend_on_what_came_before(speech: dict[str, Path]) -> None:
+    """One transcriber over many files (as `vocalis eval` and scripts/measure_builtin.py use it): a clip's transcript
+    is the same after loud noise and another speaker as when heard first."""
+    from vocalis.eval.asr import PocketsphinxTranscriber
+
+    wav, sr = sf.read(str(speech["root"] / "teacher" / "u1.wav"), dtype="float32")
+    asr = PocketsphinxTranscriber()
+    first = asr(wav, sr)
+    noise = np.random.default_rng(0).uniform(-0.9, 0.9, 3 * 16000).astype(np.float32)
+    asr(noise, 16000)
+    other, other_sr = sf.read(str(speech["root"] / "other_speaker" / "u2.wav"), dtype="float32")
+    asr(other, other_sr)
+    assert asr(wav, sr) == first == PocketsphinxTranscriber()(wav, sr)

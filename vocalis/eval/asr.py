@@ -53,16 +53,19 @@ class PocketsphinxTranscriber:
             from pocketsphinx import Decoder
         except ImportError:
             raise InputError("the pocketsphinx ASR is not installed: pip install 'vocalis[eval]'") from None
-        self.decoder = Decoder(samprate=self.sample_rate, loglevel="FATAL")
+        self._decoder_class = Decoder
 
     def __call__(self, wav: np.ndarray, sample_rate: int) -> str:
         if sample_rate != self.sample_rate:
             wav = soxr.resample(wav, sample_rate, self.sample_rate)
         pcm = (np.clip(wav, -1.0, 1.0) * 32767).astype("<i2").tobytes()  # 16-bit little-endian PCM
-        self.decoder.start_utt()
-        self.decoder.process_raw(pcm, full_utt=True)
-        self.decoder.end_utt()
-        hyp = self.decoder.hyp()
+        # a fresh decoder (~0.3 s) per utterance: one reused decoder carries its live cepstral-mean normalisation
+        # over, so a transcript depended on what was heard before (2 of 20 teacher clips changed after model clips)
+        decoder = self._decoder_class(samprate=self.sample_rate, loglevel="FATAL")
+        decoder.start_utt()
+        decoder.process_raw(pcm, full_utt=True)
+        decoder.end_utt()
+        hyp = decoder.hyp()
         return hyp.hypstr if hyp is not None else ""
 
 
