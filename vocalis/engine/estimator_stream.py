@@ -21,6 +21,7 @@ Legend: R requests, n new frames (padded), C channels, D transformer width, H he
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -52,13 +53,15 @@ class ComputeWeights:
         self.kind = dtype
         self._cache: dict[int, tuple[nn.Module, tuple[torch.Tensor, torch.Tensor | None]]] = {}
 
-    def _gemm(self, key: nn.Module, weight: torch.Tensor, bias: torch.Tensor | None
+    def _gemm(self, key: nn.Module, weights: Callable[[], tuple[torch.Tensor, torch.Tensor | None]]
               ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(weight (N, K), bias (N,)) of `key` in the compute dtype, converted on first use."""
+        """(weight (N, K), bias (N,)) of `key` in the compute dtype; `weights()` (fp32, any layout work such as
+        fusing or reordering) runs on first use only."""
         hit = self._cache.get(id(key))
         if hit is None or hit[0] is not key:
-            w = weight.detach().to(self.kind)
-            hit = self._cache[id(key)] = (key, (w, None if bias is None else bias.detach().to(self.kind)))
+            weight, bias = weights()
+            hit = self._cache[id(key)] = (key, (weight.detach().to(self.kind),
+                                                None if bias is None else bias.detach().to(self.kind)))
         return hit[1]
 
     def _run(self, gemm: tuple[torch.Tensor, torch.Tensor | None], x: torch.Tensor) -> torch.Tensor:
@@ -67,23 +70,20 @@ class ComputeWeights:
 
     def linear(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
         """Linear layer on x (..., K) -> (..., N), output in the compute dtype."""
-        gemm = self._gemm(layer, layer.weight, layer.bias)
+        gemm = self._gemm(layer, lambda: (layer.weight, layer.bias))
         return self._run(gemm, x.reshape(-1, x.shape[-1])).view(*x.shape[:-1], -1)
 
     def qkv(self, attn: SelfAttention, x: torch.Tensor) -> torch.Tensor:
         """Fused (bias-free) q/k/v projections: x (M, D) -> (M, 3 * H * E) in the compute dtype."""
-        hit = self._cache.get(id(attn))
-        if hit is not None and hit[0] is attn:
-            return self._run(hit[1], x)
-        weight = torch.cat([attn.to_q.weight, attn.to_k.weight, attn.to_v.weight])  # (3 * H * E, D)
-        return self._run(self._gemm(attn, weight, None), x)
+        gemm = self._gemm(attn, lambda: (torch.cat([attn.to_q.weight, attn.to_k.weight, attn.to_v.weight]), None))
+        return self._run(gemm, x)  # weight (3 * H * E, D)
 
     def conv(self, conv: nn.Conv1d, full: torch.Tensor) -> torch.Tensor:
         """Valid (unpadded) conv as one GEMM: full (B, C_in, k - 1 + n) -> (B, C_out, n) fp32."""
         c_out, c_in, k = conv.weight.shape
         n = full.shape[2] - k + 1
         # (C_out, C_in, k) -> (C_out, k * C_in) with tap j's channels at [j * C_in, (j + 1) * C_in)
-        gemm = self._gemm(conv, conv.weight.permute(0, 2, 1).reshape(c_out, k * c_in), conv.bias)
+        gemm = self._gemm(conv, lambda: (conv.weight.permute(0, 2, 1).reshape(c_out, k * c_in), conv.bias))
         src = full.transpose(1, 2)  # (B, k - 1 + n, C_in)
         cols = src if k == 1 else torch.cat([src[:, j : j + n] for j in range(k)], dim=2)  # (B, n, k * C_in)
         y = self._run(gemm, cols.reshape(-1, k * c_in))  # (B * n, C_out)
