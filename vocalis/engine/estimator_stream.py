@@ -16,6 +16,11 @@ frames are right-padded to the longest request (harmless: everything but attenti
 and attention runs per request over its own keys). The arithmetic per op is the module's own, so results equal
 the module's streaming forward on the whole prefix up to float summation order.
 
+Attention in two parts: a voice prefix ends on a block boundary before every new frame, so it is fully visible
+to all new queries. The queries of every request on one prefix attend to it in one batched call (the prefix's
+keys read once, not copied per request), each request's queries attend to its own cached + new frames under the
+block-causal mask, and the two partial softmaxes are merged exactly by their log-sum-exps (`_merge`).
+
 Legend: R requests, n new frames (padded), C channels, D transformer width, H heads, E head width.
 """
 
@@ -137,7 +142,7 @@ class _ChunkRun:
         self.chunk = chunk
         self.conv_index = 0
         self.block_index = 0
-        self._mask: torch.Tensor | None = None  # attention bias, built by the first block
+        self._mask: tuple[torch.Tensor | None] | None = None  # own-key attention bias, built by the first block
 
     def conv(self, conv: nn.Conv1d, x: torch.Tensor) -> torch.Tensor:
         """Causal conv x (2R, C, n) -> (2R, C_out, n), left context from the caches."""
@@ -151,34 +156,46 @@ class _ChunkRun:
                     c.tails.append(zero)
         left = torch.cat([c.tails[i].to(x.dtype) for c in self.caches])  # (2R, C, ctx), request-major
         full = torch.cat([left, x], dim=2)  # (2R, C, ctx + n)
-        for r, c in enumerate(self.caches):
-            if self.keeps[r]:
-                m = self.lens[r]
-                c.tails[i] = full[2 * r : 2 * r + 2, :, m : m + ctx].clone()
+        if all(self.keeps) and all(m == self.lens[0] for m in self.lens):  # one copy, a view per request
+            m = self.lens[0]
+            tails = full[:, :, m : m + ctx].clone()
+            for r, c in enumerate(self.caches):
+                c.tails[i] = tails[2 * r : 2 * r + 2]
+        else:
+            for r, c in enumerate(self.caches):
+                if self.keeps[r]:
+                    m = self.lens[r]
+                    c.tails[i] = full[2 * r : 2 * r + 2, :, m : m + ctx].clone()
         if self.compute is None:
             return F.conv1d(full, conv.weight, conv.bias)
         return self.compute.conv(conv, full)
 
-    def _bias(self, rows: int, n: int, total: int, starts: list[int], like: torch.Tensor) -> torch.Tensor:
-        """The additive mask (2R, 1, n, K): block-causal within each request's frames, padding hidden. The same
-        for every transformer block of the call, so it is built once."""
+    def _own_bias(self, rows: int, n: int, width: int, starts: list[int], firsts: list[int], uniform: bool,
+                  like: torch.Tensor) -> torch.Tensor | None:
+        """The additive mask (2R, 1, n, L) over each request's own keys (own frame j at absolute frame
+        firsts[r] + j): block-causal, padding hidden; None when it hides nothing. The same for every transformer
+        block of the call, so it is built once. Prefix frames need none: they precede every new frame's block."""
         if self._mask is None:
-            bias = like.new_full((rows, 1, n, total), _MASK_BIAS)
-            kj = torch.arange(total, device=like.device)
-            for r, (a, m) in enumerate(zip(starts, self.lens)):
+            kj = torch.arange(width, device=like.device)
+            count = 1 if uniform else len(starts)
+            bias = like.new_full((count, 2, 1, n, width), _MASK_BIAS)
+            for r in range(count):
+                a, m, f = starts[r], self.lens[r], firsts[r]
                 qi = torch.arange(a, a + m, device=like.device)
-                limit = torch.clamp((qi // self.chunk + 1) * self.chunk, max=a + m)  # block end, within the row
-                bias[2 * r : 2 * r + 2, 0, :m] = torch.where(kj[None, :] < limit[:, None], 0.0, _MASK_BIAS).to(like.dtype)
-            self._mask = bias
-        return self._mask
+                limit = torch.clamp((qi // self.chunk + 1) * self.chunk, max=a + m) - f  # block end, own index
+                bias[r, :, 0, :m] = torch.where(kj[None, :] < limit[:, None], 0.0, _MASK_BIAS).to(like.dtype)
+            self._mask = (None,) if bool((bias == 0).all()) else (bias.expand(rows // 2, 2, 1, n, width)
+                                                                  .reshape(rows, 1, n, width) if uniform
+                                                                  else bias.view(rows, 1, n, width),)
+        return self._mask[0]
 
     def attention(self, attn: SelfAttention, x: torch.Tensor) -> torch.Tensor:
         """Self-attention of new frames x (2R, n, D) over cached + new keys -> (2R, n, D).
 
-        One attention call for the whole batch: each request's keys (shared prefix, own cached frames, new
-        frames) are laid out from position 0 in a (2R, H, K, E) tensor, K the longest, and a per-row additive
-        mask hides what the block-causal mask hides plus the padding (weight exactly 0, as exp(-1e10) is).
-        A voice prefix shared by several requests is upcast once per call, not once per request."""
+        Two parts, merged exactly by their log-sum-exps (`_merge`): every request's new queries against its own
+        keys (own cached frames + new frames, block-causal mask), and the queries of all requests continuing one
+        voice prefix against that prefix's keys as one batched attention (the prefix is the same for all of them
+        and fully visible to new frames), so a shared prefix is read once per call, never copied per request."""
         i = self.block_index
         self.block_index += 1
         rows, n, _ = x.shape
@@ -192,86 +209,131 @@ class _ChunkRun:
             qkv = self.compute.qkv(attn, x.reshape(rows * n, -1)).float().view(rows, n, 3, h, e)
             q, k, v = (qkv[:, :, j].transpose(1, 2) for j in range(3))  # (2R, H, n, E) each
         starts = [c.num_frames for c in self.caches]  # each request's first new frame (prefix + own so far)
-        total = max(a + m for a, m in zip(starts, self.lens))
-        keys = k.new_empty(rows, h, total, e)  # every row's positions are written below, its padding zeroed
-        values = v.new_empty(rows, h, total, e)
-        bias = self._bias(rows, n, total, starts, q)
-        if self._uniform(starts, n, i):
-            self._gather_uniform(i, k, v, keys, values, starts[0])
-        else:
-            self._gather(i, k, v, keys, values, starts, total)
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=bias)  # (2R, H, n, E)
-        out = out.transpose(1, 2).reshape(rows, n, h * e)  # (2R, n, H*E)
+        firsts = [_prefix_frames(c) for c in self.caches]  # each request's first own frame
+        uniform = self._uniform(starts, n)
+        own_k, own_v = (self._own_uniform if uniform else self._own)(i, k, v, starts, firsts)  # (2R, H, L, E)
+        bias = self._own_bias(rows, n, own_k.shape[2], starts, firsts, uniform, q)
+        out, lse = _attend(q, own_k, own_v, bias)  # (2R, H, n, E), (2R, H, n)
+        groups: dict[int, list[int]] = {}
+        for r, c in enumerate(self.caches):
+            if c.prefix is not None:
+                groups.setdefault(id(c.prefix), []).append(r)
+        result = q.new_empty(rows, n, h, e)  # the output projection's layout
+        merged = False
+        for reqs in groups.values():
+            prefix = self.caches[reqs[0]].prefix
+            pk, pv = prefix.keys[i].to(q.dtype), prefix.values[i].to(q.dtype)  # (2, H, P, E), once per call
+            every = len(reqs) == len(self.caches)
+            q5 = q.view(-1, 2, h, n, e)  # (R, 2, H, n, E)
+            qg = (q5 if every else q5[reqs]).permute(1, 2, 0, 3, 4).reshape(2, h, -1, e)  # (2, H, R_g * n, E)
+            out_p, lse_p = _attend(qg, pk, pv, None)
+            out_p = out_p.view(2, h, len(reqs), n, e).permute(2, 0, 1, 3, 4)  # (R_g, 2, H, n, E)
+            lse_p = lse_p.view(2, h, len(reqs), n).permute(2, 0, 1, 3)  # (R_g, 2, H, n)
+            if every:
+                _merge(out.view(-1, 2, h, n, e), lse.view(-1, 2, h, n), out_p, lse_p,
+                       result.view(-1, 2, n, h, e).transpose(2, 3))
+                merged = True
+            else:
+                idx = torch.tensor(reqs, device=q.device)
+                o5, l5 = out.view(-1, 2, h, n, e), lse.view(-1, 2, h, n)
+                part = torch.empty_like(out_p)
+                _merge(o5[idx], l5[idx], out_p, lse_p, part)
+                out = out.view(-1, 2, h, n, e).index_copy(0, idx, part).view(rows, h, n, e)
+        if not merged:
+            result.copy_(out.transpose(1, 2))
+        result = result.view(rows, n, h * e)  # (2R, n, H*E)
         if self.compute is None:
-            return attn.to_out[1](attn.to_out[0](out))
-        return self.compute.linear(attn.to_out[0], out).to(out_dtype)  # to_out[1]: dropout, identity in eval
+            return attn.to_out[1](attn.to_out[0](result))
+        return self.compute.linear(attn.to_out[0], result).to(out_dtype)  # to_out[1]: dropout, identity in eval
 
-    def _uniform(self, starts: list[int], n: int, i: int) -> bool:
+    def _uniform(self, starts: list[int], n: int) -> bool:
         """Whether every request has the same layout (same voice prefix, same cached frames, n new frames, same
         keep): the common case of streams started together, gathered with a few whole-batch copies."""
         c0 = self.caches[0]
         return all(c.prefix is c0.prefix and s == starts[0] and m == n and keep == self.keeps[0]
-                   and (len(c.keys) > i) == (len(c0.keys) > i)
                    for c, s, m, keep in zip(self.caches, starts, self.lens, self.keeps))
 
-    def _gather_uniform(self, i: int, k: torch.Tensor, v: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                        a: int) -> None:
-        """`_gather` for uniform requests: the same tensors, written by whole-batch copies (a handful of ops per
-        block instead of ~10 per request; each op costs a thread-pool round trip)."""
-        num = len(self.caches)
-        h, total, e = keys.shape[1:]
-        for c in self.caches:
-            if len(c.keys) == i:  # first chunk of this request
-                c.keys.append(k.new_zeros(2, h, 0, e, dtype=self.cache_dtype or k.dtype))
-                c.values.append(v.new_zeros(2, h, 0, e, dtype=self.cache_dtype or v.dtype))
-        for dst, new, store in ((keys, k, [c.keys for c in self.caches]),
-                                (values, v, [c.values for c in self.caches])):
-            per = dst.view(num, 2, h, total, e)
-            p = 0
-            prefix = self.caches[0].prefix
-            if prefix is not None:
-                shared = (prefix.keys if dst is keys else prefix.values)[i]  # (2, H, P, E), broadcast to all
-                p = shared.shape[2]
-                per[:, :, :, :p] = shared
-            if a > p:
-                per[:, :, :, p:a] = torch.stack([own[i] for own in store])
-            dst[:, :, a:] = new
-            if self.keeps[0]:  # own frames only; a reduced dtype is for storage: this chunk attended at full
-                kept = new.to(self.cache_dtype or new.dtype)
-                for r, own in enumerate(store):
-                    own[i] = torch.cat([own[i], kept[2 * r : 2 * r + 2]], dim=2)
+    def _stored(self, t: torch.Tensor) -> torch.Tensor:
+        """A fresh contiguous copy of t in the cache dtype (never a view: t may alias a whole-batch buffer)."""
+        return t.to(dtype=self.cache_dtype or t.dtype, memory_format=torch.contiguous_format, copy=True)
 
-    def _gather(self, i: int, k: torch.Tensor, v: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                starts: list[int], total: int) -> None:
-        """Lay each request's keys/values (prefix, own cached, new) out from position 0 of its rows of
-        `keys`/`values` (2R, H, K, E), zero its padding, and append its new frames to its caches."""
-        h, e = keys.shape[1], keys.shape[3]
-        upcast: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        for r, c in enumerate(self.caches):
-            a, m = starts[r], self.lens[r]
-            pair = slice(2 * r, 2 * r + 2)  # the request's conditional and unconditional rows
-            if len(c.keys) == i:  # first chunk of this request
-                c.keys.append(k.new_zeros(2, h, 0, e, dtype=self.cache_dtype or k.dtype))
-                c.values.append(v.new_zeros(2, h, 0, e, dtype=self.cache_dtype or v.dtype))
-            p = 0
-            if c.prefix is not None:
-                shared = upcast.get(id(c.prefix))
-                if shared is None:
-                    shared = upcast[id(c.prefix)] = (c.prefix.keys[i].to(k.dtype), c.prefix.values[i].to(v.dtype))
-                p = shared[0].shape[2]
-                keys[pair, :, :p], values[pair, :, :p] = shared
-            keys[pair, :, p:a] = c.keys[i]
-            values[pair, :, p:a] = c.values[i]
-            k_new, v_new = k[pair, :, :m], v[pair, :, :m]
-            keys[pair, :, a : a + m] = k_new
-            values[pair, :, a : a + m] = v_new
-            if a + m < total:  # padding: finite (zero) so the -1e10 mask gives it weight exactly 0
-                keys[pair, :, a + m :] = 0
-                values[pair, :, a + m :] = 0
-            if self.keeps[r]:  # own frames only; a reduced dtype is for storage: this chunk attended at full
-                store = self.cache_dtype or k.dtype
-                c.keys[i] = torch.cat([c.keys[i], k_new.to(store)], dim=2)
-                c.values[i] = torch.cat([c.values[i], v_new.to(store)], dim=2)
+    def _new_own(self, i: int, k: torch.Tensor) -> None:
+        """Empty own key/value caches for block i of requests on their first chunk."""
+        for c in self.caches:
+            if len(c.keys) == i:  # first chunk of this request: no own frames yet
+                c.keys.append(k.new_zeros(2, k.shape[1], 0, k.shape[3], dtype=self.cache_dtype or k.dtype))
+                c.values.append(k.new_zeros(2, k.shape[1], 0, k.shape[3], dtype=self.cache_dtype or k.dtype))
+
+    def _own_uniform(self, i: int, k: torch.Tensor, v: torch.Tensor, starts: list[int], firsts: list[int]
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`_own` for uniform requests: whole-batch copies (each op costs a thread-pool round trip), and a
+        request's new cache is its slice of one batch tensor."""
+        self._new_own(i, k)
+        held = starts[0] - firsts[0]  # own cached frames, the same for all
+        out = []
+        for new, store in ((k, [c.keys for c in self.caches]), (v, [c.values for c in self.caches])):
+            if held == 0:
+                own = new  # a view of the projection: nothing to copy
+            else:
+                own = new.new_empty(new.shape[0], new.shape[1], held + new.shape[2], new.shape[3])
+                own[:, :, :held] = torch.cat([s[i] for s in store])  # (2R, H, held, E), upcast
+                own[:, :, held:] = new
+            if self.keeps[0]:  # a reduced dtype is for storage: this chunk attended at full
+                kept = self._stored(own)
+                for r, s in enumerate(store):
+                    s[i] = kept[2 * r : 2 * r + 2]
+            out.append(own)
+        return out[0], out[1]
+
+    def _own(self, i: int, k: torch.Tensor, v: torch.Tensor, starts: list[int], firsts: list[int]
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Lay each request's own keys/values (own cached frames, then new) out from position 0 of its rows of
+        (2R, H, L, E) tensors, L the longest, padding zeroed (finite, so the -1e10 mask gives it weight exactly
+        0), and extend its caches with its new frames."""
+        self._new_own(i, k)
+        rows, h, _, e = k.shape
+        width = max(a - f + m for a, f, m in zip(starts, firsts, self.lens))
+        out = []
+        for new, store in ((k, [c.keys for c in self.caches]), (v, [c.values for c in self.caches])):
+            own = new.new_empty(rows, h, width, e)
+            for r, s in enumerate(store):
+                held, m = starts[r] - firsts[r], self.lens[r]
+                pair = slice(2 * r, 2 * r + 2)  # the request's conditional and unconditional rows
+                own[pair, :, :held] = s[i]
+                own[pair, :, held : held + m] = new[pair, :, :m]
+                own[pair, :, held + m :] = 0
+                if self.keeps[r]:
+                    s[i] = self._stored(own[pair, :, : held + m])
+            out.append(own)
+        return out[0], out[1]
+
+
+def _prefix_frames(cache: EstimatorCache) -> int:
+    """Frames a request reads from its voice's shared prefix (0 without one)."""
+    return 0 if cache.prefix is None else cache.prefix.num_frames
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention q (B, H, n, E) over k, v (B, H, L, E), additive bias (B, 1, n, L) or None -> output
+    (B, H, n, E) and the log-sum-exp of each query's scaled, biased scores (B, H, n), for `_merge`."""
+    if q.device.type == "cpu":  # the fused CPU kernel SDPA dispatches to, which also returns the log-sum-exp
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, attn_mask=bias)
+        return out, lse
+    scores = torch.matmul(q, k.transpose(-1, -2)) * q.shape[-1] ** -0.5
+    if bias is not None:
+        scores = scores + bias
+    lse = torch.logsumexp(scores, dim=-1)
+    return torch.matmul(torch.exp(scores - lse.unsqueeze(-1)), v), lse
+
+
+def _merge(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor,
+           dest: torch.Tensor) -> None:
+    """Write into dest the attention over keys A and B together, from each part's output (..., n, E) and
+    log-sum-exp (..., n): the parts' softmax weights are exp(lse_a), exp(lse_b) up to a common factor, so part
+    B's share is sigmoid(lse_b - lse_a) (no overflow: the difference, not the exponentials)."""
+    share = torch.sigmoid(lse_b - lse_a).unsqueeze(-1)  # (..., n, 1)
+    torch.lerp(out_a, out_b, share, out=dest)
 
 
 def _masked(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
