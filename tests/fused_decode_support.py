@@ -33,14 +33,17 @@ def small_engine(lm: Qwen2LM) -> LLMEngine:
 
 
 def run_steps(lm: Qwen2LM, texts: list[list[int]], fused: bool, max_rows: int = 4, grace_ns: int | None = None,
-              native: str | None = None) -> tuple[list[list[int]], list[tuple[bool, torch.Tensor]]]:
+              native: str | None = None, head: bool | None = None
+              ) -> tuple[list[list[int]], list[tuple[bool, torch.Tensor]]]:
     """Greedy tokens per request and (step ran fused, log-probs) per step. `native`: the expected class name of
-    the fused stack's native object."""
+    the fused stack's native object; `head`: whether the stack is expected to run the final norm and head too."""
     eng = small_engine(lm)
     stack = eng.runner.fused_decode
     assert stack is not None
     if native is not None:
         assert type(stack._native).__name__ == native
+    if head is not None:
+        assert stack.has_head == head
     stack.max_rows = max_rows
     if grace_ns is not None:
         stack.set_grace_ns(grace_ns)
@@ -60,12 +63,13 @@ def run_steps(lm: Qwen2LM, texts: list[list[int]], fused: bool, max_rows: int = 
     return [got[r.request_id] for r in reqs], steps
 
 
-def check_fused_equals_per_op(lm: Qwen2LM, num_requests: int, native: str | None = None) -> None:
+def check_fused_equals_per_op(lm: Qwen2LM, num_requests: int, native: str | None = None,
+                              head: bool | None = None) -> None:
     """Same engine steps with and without the fused stack: log-probs within 1e-4, same greedy tokens. Row tiles of
     1..6 (6 by raising max_rows to the kernel's limit), paged contexts of different lengths, mixed prefill + decode
     steps (those take the per-op path in both)."""
     texts = TEXTS[:num_requests]
-    tokens, steps = run_steps(lm, texts, fused=True, max_rows=6, native=native)
+    tokens, steps = run_steps(lm, texts, fused=True, max_rows=6, native=native, head=head)
     want_tokens, want_steps = run_steps(lm, texts, fused=False)
     assert tokens == want_tokens
     assert len(steps) == len(want_steps) and sum(f for f, _ in steps) >= 8  # most steps ran fused

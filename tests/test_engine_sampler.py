@@ -84,3 +84,19 @@ def test_min_len_masks_eos_only_unless_asked() -> None:
     got = Sampler(EOS, STOPS)(logp, reqs)
     assert got[0] == 38  # eos masked, the other stop id still wins (the released behaviour)
     assert got[1] not in STOPS
+
+
+def test_top_entries_are_the_stable_sort_prefix() -> None:
+    """`_top` (topk, then re-sorted) == the first k of the full stable descending sort, ties included."""
+    from vocalis.engine.sampler import _top
+
+    torch.manual_seed(1)
+    coarse = torch.randint(0, 6, (5, V)).float()  # many ties, also at the k-th value
+    fine = torch.randn(5, V).softmax(dim=-1)
+    fine[1, [3, 9, 20]] = fine[1].max()  # a tied maximum
+    fine[2, :] = 0.0  # all equal (fully masked row)
+    for probs in (coarse, fine):
+        ref_v, ref_i = probs.sort(dim=-1, descending=True, stable=True)
+        for k in (1, 3, 7, V - 1, V, V + 5):
+            v, i = _top(probs, k)
+            assert torch.equal(v, ref_v[:, :k]) and torch.equal(i, ref_i[:, :k]), k

@@ -4,12 +4,13 @@ in one native call over fp32 weights) against the engine's per-op fp32 path and 
 Bounds: log-probs within 1e-4 absolute of the per-op path's at every step (only fp32 summation order differs;
 measured ~1e-6), the same greedy tokens as the per-op path and as `Qwen2LM.generate` (the module path); a schedule
 where every waiting thread recomputes items still held by another gives the same values bit for bit. Skips where
-the kernel extension cannot be built (CPU without AVX-512 VNNI, no compiler).
+the kernel extension cannot be built (CPU without AVX-512, no compiler).
 """
 
 from __future__ import annotations
 
 import pytest
+import torch
 
 from tests.fused_decode_support import (
     TEXTS,
@@ -22,8 +23,8 @@ from vocalis.engine import int8_gemv
 from vocalis.engine.request import SamplingParams
 from vocalis.sampling import make_greedy_sampler
 
-kernel = pytest.mark.skipif(not int8_gemv.available(),
-                            reason=f"kernel extension unavailable: {int8_gemv.unavailable_reason()}")
+kernel = pytest.mark.skipif(int8_gemv.fp32_unavailable_reason() is not None,
+                            reason=f"kernel extension unavailable: {int8_gemv.fp32_unavailable_reason()}")
 
 
 @kernel
@@ -32,7 +33,8 @@ kernel = pytest.mark.skipif(not int8_gemv.available(),
 @pytest.mark.parametrize("num_requests", [1, 4, 6])
 def test_fused_fp32_step_equals_per_op_path(hidden: int, heads: int, kv_heads: int, intermediate: int,
                                             num_requests: int) -> None:
-    check_fused_equals_per_op(tiny_lm(hidden, heads, kv_heads, intermediate), num_requests, native="F32DecodeStack")
+    check_fused_equals_per_op(tiny_lm(hidden, heads, kv_heads, intermediate), num_requests, native="F32DecodeStack",
+                              head=True)
 
 
 @kernel
@@ -61,3 +63,29 @@ def test_fused_fp32_off_by_env_or_shape(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setenv("VOCALIS_FP32_FUSED", "0")
     eng = small_engine(tiny_lm(128, 4, 2, 256))
     assert eng.runner.fused_decode is None and all(p is not None for p in eng.runner.packed)
+
+
+@kernel
+def test_fused_fp32_reads_the_packed_storage() -> None:
+    """One weight layout for both paths: every fp32 weight the fused step reads is already (out, in) contiguous in
+    `packed_weights`' storage (so `_fp32_stack` takes it without a copy), the modules' weights are views into it."""
+    lm = tiny_lm(128, 4, 2, 256)
+    eng = small_engine(lm)
+    assert eng.runner.fused_decode is not None and eng.runner.fused_decode.has_head
+    assert lm.llm_decoder.weight.is_contiguous()
+    for layer, pk in zip(lm.qwen.layers, eng.runner.packed):
+        assert pk is not None
+        for w_t in (pk.qkv_t, pk.gate_up_t, pk.o_t, pk.down_t):
+            assert isinstance(w_t, torch.Tensor) and w_t.t().is_contiguous()
+        assert layer.self_attn.v_proj.weight.data_ptr() == pk.qkv_t.data_ptr() + 4 * (pk.q_dim + pk.kv_dim) * 128
+        assert layer.mlp.up_proj.weight.data_ptr() == pk.gate_up_t.data_ptr() + 4 * 256 * 128
+
+
+@kernel
+def test_fused_fp32_step_needs_no_vnni(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A CPU with AVX-512 but no VNNI: the int8 kernel is off, the fp32 fused step still runs."""
+    real = int8_gemv._cpu_reason
+    monkeypatch.setattr(int8_gemv, "_cpu_reason", lambda needed: "CPU lacks avx512_vnni"
+                        if "avx512_vnni" in needed else real(needed))
+    assert not int8_gemv.available() and int8_gemv.fp32_unavailable_reason() is None
+    assert small_engine(tiny_lm(128, 4, 2, 256)).runner.fused_decode is not None

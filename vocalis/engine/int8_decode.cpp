@@ -14,6 +14,7 @@
 //   (quantize attention out) -> o_proj panels, added into x
 //   norm2 (+ quantize) -> gate/up panel pairs (gate p with up p + I/64) -> SiLU(gate) * up
 //   (quantize act) -> down_proj panels, added into x
+// and, in forward_logits, after the last layer: final norm (+ quantize) -> speech-head panels -> logits
 // The math is the torch path's (RMSNorm, half-split rotary, softmax attention over the row's context slots;
 // int8: per-row int8 activations, exact int32 sums; fp32: fp32 dot products); only fp32 rounding order differs
 // (vector exp, summation order).
@@ -368,6 +369,22 @@ void bind_layer(Layer<F32Ref>& l, const torch::Tensor* t, int64_t d, int64_t qkv
   TORCH_CHECK(l.qkv.k == d && l.gate_up.k == d, "q/k/v and gate/up take D inputs");  // rows read exactly K
 }
 
+// The speech head from its tensors: int8 w, scale, corr, bias (bias may be empty); fp32 w (N, D), bias (N,).
+template <typename Ref>
+Ref bind_head(const std::vector<torch::Tensor>& t, int64_t n);
+
+template <>
+PackedRef bind_head<PackedRef>(const std::vector<torch::Tensor>& t, int64_t n) {
+  TORCH_CHECK(t.size() == 4, "int8 head: w, scale, corr, bias");
+  return packed_ref(t[0], t[1], t[2], t[3], n);
+}
+
+template <>
+F32Ref bind_head<F32Ref>(const std::vector<torch::Tensor>& t, int64_t n) {
+  TORCH_CHECK(t.size() == 2, "fp32 head: w, bias");
+  return f32_ref(t[0], t[1], n);
+}
+
 }  // namespace
 
 // The decoder stack of one LLM for decode steps of 1..kMaxFusedRows single-query rows; Op: the weight kind
@@ -408,6 +425,30 @@ class DecodeStack {
   // how long a waiting thread lets another finish a claimed item before computing it too (0: at once; tests)
   void set_grace_ns(int64_t ns) { grace_ns_ = ns; }
 
+  // The final RMSNorm (norm (D,), eps) and the speech head (N outputs; tensors: see bind_head), which
+  // forward_logits runs as one more phase of the same parallel region (why: run on their own they cost a
+  // thread-pool wake, a torch RMSNorm and a GEMV call per step, ~0.5 ms of a ~14 ms int8 batch-1 step).
+  void set_head(torch::Tensor norm, std::vector<torch::Tensor> head, int64_t n, double eps) {
+    TORCH_CHECK(norm.scalar_type() == torch::kFloat && norm.is_contiguous() && norm.numel() == d_, "norm (D,)");
+    head_ = bind_head<Ref>(head, n);
+    TORCH_CHECK(head_.in_width() - d_ < 4 && d_ <= head_.in_width(), "the head takes D inputs");
+    head_norm_ = norm;
+    head_eps_ = eps;
+    head_keep_ = std::move(head);
+    has_head_ = true;
+  }
+  bool has_head() const { return has_head_; }
+
+  // as forward, then the final norm and the head: (M, N) fp32 logits of every row
+  torch::Tensor forward_logits(torch::Tensor x, torch::Tensor cos, torch::Tensor sin_signed, torch::Tensor k_cache,
+                               torch::Tensor v_cache, torch::Tensor write_slots, torch::Tensor gather_slots,
+                               torch::Tensor ctx_len) {
+    TORCH_CHECK(has_head_, "set_head first");
+    torch::Tensor logits = torch::empty({x.size(0), head_.n}, x.options());
+    run(x, cos, sin_signed, k_cache, v_cache, write_slots, gather_slots, ctx_len, &logits);
+    return logits;
+  }
+
   // x (M, D) fp32, updated in place and returned: the hidden states after the last layer (before the final
   // norm). cos / sin_signed (M, Dh): rotary tables of each row's position (sin's first half negated, as
   // model_runner._rope); k_cache / v_cache (L, S, Hkv, Dh) fp32: each row's new K/V is written at
@@ -416,6 +457,15 @@ class DecodeStack {
   torch::Tensor forward(torch::Tensor x, torch::Tensor cos, torch::Tensor sin_signed, torch::Tensor k_cache,
                         torch::Tensor v_cache, torch::Tensor write_slots, torch::Tensor gather_slots,
                         torch::Tensor ctx_len) {
+    run(x, cos, sin_signed, k_cache, v_cache, write_slots, gather_slots, ctx_len, nullptr);
+    return x;
+  }
+
+ private:
+  // forward's work; logits (M, N) non-null: also the final norm and the head
+  void run(torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin_signed, torch::Tensor& k_cache,
+           torch::Tensor& v_cache, const torch::Tensor& write_slots, const torch::Tensor& gather_slots,
+           const torch::Tensor& ctx_len, torch::Tensor* logits) {
     const int64_t m_rows = x.size(0);
     TORCH_CHECK(x.dim() == 2 && x.size(1) == d_ && x.scalar_type() == torch::kFloat && x.is_contiguous(),
                 "x must be contiguous (M, D) fp32");
@@ -446,7 +496,7 @@ class DecodeStack {
     const int64_t q_dim = h_ * dh_, kv_dim = hkv_ * dh_, g_heads = h_ / hkv_;
     const int64_t qkv_width = layers_[0].qkv.panels * kPanel;
     const Layer<Ref>& l0 = layers_[0];
-    const int64_t k_max = std::max({l0.qkv.in_width(), l0.o.in_width(), l0.down.in_width()});
+    const int64_t k_max = std::max({l0.qkv.in_width(), l0.o.in_width(), l0.down.in_width(), head_.in_width()});
     // shared between threads
     // shared, one set per layer: an item may be finished twice (see run_phase), and a late duplicate must never
     // overwrite a later layer's values. Layer li reads xs[2 li], writes xs[2 li + 1] (after o_proj) and
@@ -461,14 +511,16 @@ class DecodeStack {
     const float scale = 1.f / std::sqrt(static_cast<float>(dh_));
     const int nt_want = std::max(1, at::get_num_threads());
 
-    // one pair of counters per (layer, phase): 5 phases per layer
-    std::unique_ptr<Phase[]> phases(new Phase[n_layers * 5]);
+    // one pair of counters per (layer, phase): 5 phases per layer, then the head's
+    std::unique_ptr<Phase[]> phases(new Phase[n_layers * 5 + 1]);
     int64_t n_flags = 0;
     // GEMV work items: one panel, or (int8) two for one row (two streams)
     const int64_t per_item = Op::kTwoPanelItems && m_rows == 1 ? 2 : 1;
     auto items = [&](const Ref& w) { return (w.panels + per_item - 1) / per_item; };
     for (const Layer<Ref>& l : layers_)
       n_flags += items(l.qkv) + m_rows * hkv_ + items(l.o) + l.gate_up.panels / 2 + items(l.down);
+    const int64_t head_items = logits != nullptr ? items(head_) : 0;
+    n_flags += head_items;
     std::unique_ptr<std::atomic<uint8_t>[]> flags(new std::atomic<uint8_t>[n_flags]);
     for (int64_t i = 0; i < n_flags; ++i) flags[i].store(0, std::memory_order_relaxed);
     {
@@ -481,7 +533,9 @@ class DecodeStack {
           at += counts[k];
         }
       }
+      phases[n_layers * 5].item_done = flags.get() + at;
     }
+    float* logits_d = logits != nullptr ? logits->data_ptr<float>() : nullptr;
 
 #pragma omp parallel num_threads(nt_want)
     {
@@ -490,9 +544,9 @@ class DecodeStack {
       Op op(m_rows, k_max);
       std::vector<float> qh(g_heads * dh_), scores(g_heads * lmax), oacc(g_heads * dh_), inv_sum(g_heads);
 
-      auto norm_in = [&](const float* xin, const float* w, const Ref& ref) {  // h = norm(x) -> the operand
+      auto norm_in = [&](const float* xin, const float* w, const Ref& ref, double eps) {  // h = norm(x) -> operand
         for (int64_t m = 0; m < m_rows; ++m)
-          rms_norm_row(xin + m * d_, w, d_, static_cast<float>(eps_), &h[m * d_]);
+          rms_norm_row(xin + m * d_, w, d_, static_cast<float>(eps), &h[m * d_]);
         op.set(h.data(), mr, d_, ref);
       };
       // residual: xout[:, panel p] = xin[:, panel p] + v, for the real columns
@@ -521,7 +575,7 @@ class DecodeStack {
 
         // ---- q, k, v (+ bias)
         run_phase(ph[0], items(l.qkv), grace_ns_,
-                  [&] { norm_in(x_in, l.norm1.template data_ptr<float>(), l.qkv); },
+                  [&] { norm_in(x_in, l.norm1.template data_ptr<float>(), l.qkv, eps_); },
                   [&](int64_t i) {
                     gemv_item(l.qkv, i, [&](int64_t p, const float* vp) {
                       for (int64_t m = 0; m < m_rows; ++m)
@@ -594,7 +648,7 @@ class DecodeStack {
         // ---- gate/up (pairs: gate panel p with up panel p + I/64), SiLU(gate) * up
         const int64_t pairs = l.gate_up.panels / 2;
         run_phase(ph[3], pairs, grace_ns_,
-                  [&] { norm_in(x_mid, l.norm2.template data_ptr<float>(), l.gate_up); },
+                  [&] { norm_in(x_mid, l.norm2.template data_ptr<float>(), l.gate_up, eps_); },
                   [&](int64_t p) {
                     float* vg = v.data();
                     float* vu = v.data() + kMaxFusedRows * kPanel;
@@ -613,16 +667,30 @@ class DecodeStack {
                   [&] { op.set(act_l, mr, i_, l.down); },
                   [&](int64_t i) { gemv_item(l.down, i, residual(x_mid, x_out)); });
       }
+      // ---- final norm + head: logits[:, panel p], the real columns
+      if (logits_d != nullptr)
+        run_phase(phases[n_layers * 5], head_items, grace_ns_,
+                  [&] { norm_in(&xs[2 * n_layers * m_rows * d_], head_norm_.data_ptr<float>(), head_, head_eps_); },
+                  [&](int64_t i) {
+                    gemv_item(head_, i, [&](int64_t p, const float* vp) {
+                      const int64_t c0 = p * kPanel, c1 = std::min(head_.n, c0 + kPanel);
+                      for (int64_t m = 0; m < m_rows; ++m)
+                        std::copy(vp + m * kPanel, vp + m * kPanel + (c1 - c0), logits_d + m * head_.n + c0);
+                    });
+                  });
     }
     std::copy(xs.end() - m_rows * d_, xs.end(), x.data_ptr<float>());
-    return x;
   }
 
- private:
   int64_t d_, h_, hkv_, dh_, i_;
   double eps_;
   int64_t grace_ns_ = Op::kGraceNs;
   std::vector<Layer<Ref>> layers_;
+  bool has_head_ = false;
+  Ref head_{};
+  torch::Tensor head_norm_;
+  double head_eps_ = 0;
+  std::vector<torch::Tensor> head_keep_;  // the tensors head_ points into
 };
 
 template <typename Stack>
@@ -632,7 +700,10 @@ void bind_stack(pybind11::module_& m, const char* name) {
       .def("num_layers", &Stack::num_layers)
       .def("max_rows", &Stack::max_rows)
       .def("set_grace_ns", &Stack::set_grace_ns)
-      .def("forward", &Stack::forward, pybind11::call_guard<pybind11::gil_scoped_release>());
+      .def("set_head", &Stack::set_head)
+      .def("has_head", &Stack::has_head)
+      .def("forward", &Stack::forward, pybind11::call_guard<pybind11::gil_scoped_release>())
+      .def("forward_logits", &Stack::forward_logits, pybind11::call_guard<pybind11::gil_scoped_release>());
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {

@@ -17,13 +17,14 @@ prefill, larger batches and every other precision).
 
 fp32 weights get the same step (the native `F32DecodeStack`: the same phases, work claiming, attention, norm
 and rotary code; the GEMVs are AVX-512 FMA dot products over 64-channel panels). It lives in the int8 kernel's
-extension, so it needs the same CPU and compiler, and the first fp32 engine on a machine builds it. A panel is 64
-rows of a weight in its usual (out, in) layout, one contiguous run: o_proj and down_proj are read from the
-modules' own storage (no copy); q/k/v and gate/up, whose storage `packed_weights` lays out (in, out) for the
-per-op path's MKL GEMMs (still needed for prefill and > 4 rows), are copied once into (out, in) rows: extra
-memory (Dq + 2 Dkv + 2 I) * D * 4 bytes per layer, ~0.94 GB at the 0.5B shapes (65 % of the decoder layers'
-1.43 GB). Rounding differs from the per-op path only in summation order (and the polynomial exp in softmax and
-SiLU). `VOCALIS_FP32_FUSED=0` turns the fp32 step off.
+extension, so it needs its compiler and AVX-512 (not VNNI: `int8_gemv.fp32_unavailable_reason`), and the first
+fp32 engine on a machine builds it. A panel is 64 rows of a weight in its usual (out, in) layout, one contiguous
+run, read from `packed_weights`' storage, which the per-op path (prefill, > 4 rows) shares: no copy. Rounding
+differs from the per-op path only in summation order (and the polynomial exp in softmax and SiLU).
+`VOCALIS_FP32_FUSED=0` turns the fp32 step off.
+
+Both steps also run the final RMSNorm and the speech head (`forward_logits`) where the head is the stack's kind:
+int8 packed for the kernel, or fp32 (out, in) rows.
 
 Legend: M rows, D hidden, L layers, S cache slots, Hkv key/value heads, Dh head width, Lmax context length.
 """
@@ -35,9 +36,10 @@ import os
 from collections.abc import Sequence
 
 import torch
+from torch import nn
 
 from vocalis.engine import int8_gemv
-from vocalis.engine.int8_gemv import Int8Weight
+from vocalis.engine.int8_gemv import Int8Linear, Int8Weight
 from vocalis.engine.packed_weights import PackedLayer
 from vocalis.models.speech_lm import Qwen2LM
 
@@ -55,6 +57,7 @@ class FusedDecodeStack:
     def __init__(self, native: object, max_rows: int) -> None:
         self._native = native
         self.max_rows = max_rows
+        self.has_head = False  # whether `forward_logits` applies (the final norm and the speech head are bound)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor, k_cache: torch.Tensor,
                 v_cache: torch.Tensor, write_slots: torch.Tensor, gather_slots: torch.Tensor,
@@ -67,6 +70,15 @@ class FusedDecodeStack:
         native = self._native
         return native.forward(x, cos, sin_signed, k_cache, v_cache, write_slots,  # type: ignore[attr-defined]
                               gather_slots, context_lens)
+
+    def forward_logits(self, x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor, k_cache: torch.Tensor,
+                       v_cache: torch.Tensor, write_slots: torch.Tensor, gather_slots: torch.Tensor,
+                       context_lens: torch.Tensor) -> torch.Tensor:
+        """As `forward`, then the final RMSNorm and the speech head in the same native call: (M, V) fp32 logits of
+        every row."""
+        native = self._native
+        return native.forward_logits(x, cos, sin_signed, k_cache, v_cache,  # type: ignore[attr-defined]
+                                     write_slots, gather_slots, context_lens)
 
     def set_grace_ns(self, ns: int) -> None:
         """How long a thread out of work waits for a claimed item before computing it too (0: at once, which
@@ -89,7 +101,7 @@ def decode_stack(llm: Qwen2LM, packed: Sequence[PackedLayer | None],
     ext = int8_gemv.extension()
     assert ext is not None
     if fp32:
-        return _fp32_stack(llm, ext)
+        return _with_head(_fp32_stack(llm, packed, ext), llm)
     q = llm.config.qwen
     tensors: list[torch.Tensor] = []
     for layer, pk in zip(llm.qwen.layers, packed):
@@ -106,26 +118,46 @@ def decode_stack(llm: Qwen2LM, packed: Sequence[PackedLayer | None],
     native = ext.DecodeStack(tensors, q.hidden_size, q.num_attention_heads, q.num_key_value_heads, q.head_dim,
                              q.intermediate_size, float(llm.qwen.layers[0].input_layernorm.eps))
     log.info("int8 decode steps of 1..%d rows run fused (one native call per step)", MAX_ROWS)
-    return FusedDecodeStack(native, MAX_ROWS)
+    return _with_head(FusedDecodeStack(native, MAX_ROWS), llm)
 
 
-def _fp32_stack(llm: Qwen2LM, ext: object) -> FusedDecodeStack:
+def _with_head(stack: FusedDecodeStack, llm: Qwen2LM) -> FusedDecodeStack:
+    """Bind the final norm and the speech head where the stack can run them (an int8 head packed for the kernel
+    on an int8 stack; an fp32 head in its (out, in) rows on an fp32 stack); else the step leaves them to torch."""
+    native, head, norm = stack._native, llm.llm_decoder, llm.qwen.norm
+    if norm.weight.dtype != torch.float32:
+        return stack
+    fp32 = type(native).__name__ == "F32DecodeStack"
+    if not fp32 and isinstance(head, Int8Linear):
+        pk = head.packed
+        tensors = [pk.w, pk.scale, pk.corr, _NO_BIAS if pk.bias is None else pk.bias]
+    elif fp32 and type(head) is nn.Linear and head.weight.dtype == torch.float32 and head.weight.is_contiguous():
+        tensors = [head.weight.detach(), _NO_BIAS if head.bias is None else head.bias.detach().contiguous()]
+    else:
+        return stack
+    native.set_head(norm.weight.detach().contiguous(), tensors, head.out_features,  # type: ignore[attr-defined]
+                    float(norm.eps))
+    stack.has_head = True
+    return stack
+
+
+def _fp32_stack(llm: Qwen2LM, packed: Sequence[PackedLayer | None], ext: object) -> FusedDecodeStack:
     """fp32 layers: norm1, qkv (Dq + 2 Dkv, D) + bias, o (D, Dq), norm2, gate_up (2 I, D), down (D, I), all
-    (out, in) row-major: q/k/v and gate/up copied (the modules keep views into the per-op path's (in, out)
-    storage), o and down the modules' own weights."""
+    (out, in) row-major, read from `packed_weights`' storage (the per-op path reads the same tensors: no copy)."""
     q = llm.config.qwen
     tensors: list[torch.Tensor] = []
-    for layer in llm.qwen.layers:
-        attn, mlp = layer.self_attn, layer.mlp
-        qkv = (attn.q_proj, attn.k_proj, attn.v_proj)
-        biased = all(m.bias is not None for m in qkv)
+    for layer, pk in zip(llm.qwen.layers, packed):
+        assert pk is not None and isinstance(pk.qkv_t, torch.Tensor) and isinstance(pk.gate_up_t, torch.Tensor)
+        assert isinstance(pk.o_t, torch.Tensor) and isinstance(pk.down_t, torch.Tensor)
+        # .t() undoes the packed (in, out) views; contiguous() is a no-op on packed_weights' layout and copies
+        # only where a weight arrived otherwise laid out
         tensors += [layer.input_layernorm.weight.detach().contiguous(),
-                    torch.cat([m.weight.detach() for m in qkv]),  # (Dq + 2 Dkv, D): a copy
-                    torch.cat([m.bias.detach() for m in qkv]) if biased else _NO_BIAS,  # type: ignore[union-attr]
-                    attn.o_proj.weight.detach().contiguous(),  # (D, Dq): the module's storage
+                    pk.qkv_t.t().contiguous(),  # (Dq + 2 Dkv, D)
+                    _NO_BIAS if pk.qkv_bias is None else pk.qkv_bias.contiguous(),
+                    pk.o_t.t().contiguous(),  # (D, Dq): the module's storage
                     layer.post_attention_layernorm.weight.detach().contiguous(),
-                    torch.cat([mlp.gate_proj.weight.detach(), mlp.up_proj.weight.detach()]),  # (2 I, D): a copy
-                    mlp.down_proj.weight.detach().contiguous()]  # (D, I): the module's storage
+                    pk.gate_up_t.t().contiguous(),  # (2 I, D)
+                    pk.down_t.t().contiguous()]  # (D, I): the module's storage
     native = ext.F32DecodeStack(tensors, q.hidden_size, q.num_attention_heads,  # type: ignore[attr-defined]
                                 q.num_key_value_heads, q.head_dim, q.intermediate_size,
                                 float(llm.qwen.layers[0].input_layernorm.eps))
@@ -153,7 +185,9 @@ def _unsupported(llm: Qwen2LM, packed: Sequence[PackedLayer | None], cache_dtype
                                                                     for layer in layers}
     if len(eps) != 1 or any(layer.input_layernorm.weight.dtype != torch.float32 for layer in layers):
         return "norms not uniform fp32"
-    # last: for fp32 weights this may build the kernel (once per machine), only where the step would apply
-    if not int8_gemv.available() or not hasattr(int8_gemv.extension(), "F32DecodeStack"):
-        return f"kernel unavailable ({int8_gemv.unavailable_reason()})"
+    # last: for fp32 weights this may build the extension (once per machine), only where the step would apply.
+    # The fp32 step needs the extension only, not the int8 kernel's VNNI
+    reason = int8_gemv.fp32_unavailable_reason() if fp32 else int8_gemv.unavailable_reason()
+    if reason is not None:
+        return f"native kernels unavailable ({reason})"
     return None

@@ -185,6 +185,10 @@ class ModelRunner:
         if fused is not None and not inp.prefills and n_tok <= fused.max_rows:
             # only single-query rows: every layer in one native call (int8_decode)
             assert inp.gather_slots is not None and inp.context_lens is not None
+            if fused.has_head:  # the final norm and the head too
+                logits = fused.forward_logits(x, cos.view(n_tok, dh), sin.view(n_tok, dh), self.k_cache,
+                                              self.v_cache, inp.write_slots, inp.gather_slots, inp.context_lens)
+                return logits.index_select(0, inp.sample_rows).log_softmax(dim=-1)  # (R, V)
             x = fused.forward(x, cos.view(n_tok, dh), sin.view(n_tok, dh), self.k_cache, self.v_cache,
                               inp.write_slots, inp.gather_slots, inp.context_lens)
             return self._head(x, inp)

@@ -1,15 +1,20 @@
-"""CPU weight layout for decoding: fused q/k/v and gate/up GEMMs over (in, out)-contiguous weights.
+"""CPU weight layout for decoding: fused q/k/v and gate/up weights, every weight in its usual (out, in) rows.
 
-Decoding multiplies a few rows by every weight, so the step is a string of skinny GEMMs whose speed depends
-on layout and count. Measured on the 2-core CPU at the 0.5B shapes: MKL's plain NN GEMM over an (in, out)
-contiguous weight ran 1.3-1.9x faster at batch 1 than `F.linear` over the usual (out, in) weight for the wide
-fused projections, and fewer, wider GEMMs (3 projections -> 1, gate + up -> 1) cut the per-call costs; the
-narrow-output o_proj and down_proj are faster in their usual (out, in) layout. `gemm` picks the kernel by row
-count: MKL for a few rows, oneDNN from `ONEDNN_MIN_ROWS` rows (1.7x faster than MKL at 16 rows here).
+Decoding multiplies a few rows by every weight, so the step is a string of skinny GEMMs whose speed depends on
+their count: fewer, wider GEMMs (3 projections -> 1, gate + up -> 1) cut the per-call costs. `gemm` picks the
+kernel by row count: MKL for a few rows, oneDNN from `ONEDNN_MIN_ROWS` rows (1.7x faster than MKL at 16 rows).
+
+One layout for both decode paths: every weight stays (out, in) row-major, q/k/v and gate/up concatenated along
+`out` into one contiguous (sum out, in) tensor. The fused decode step (int8_decode) streams 64-channel panels of
+these rows from this very storage, and the per-op path (prefill, > 4 rows, or the fused step off) multiplies by
+their transposed views. Why not the (in, out) layout this module used before: at batch 1 MKL's NN GEMM over
+(in, out) columns had run the wide projections 1.3-1.9x faster, but batch-1..4 decode steps now run fused, and
+keeping (in, out) for the per-op path forced the fp32 fused step to hold a second, (out, in) copy of q/k/v and
+gate/up (~0.94 GB at the 0.5B shapes). The speech head stays (out, in) too (the fused step reads it).
 
 The packing is in place and costs no memory: each module's `weight` (and bias) becomes a view into the fused
-storage with its usual shape and values, so the modules, the reference path and `state_dict()` keep working
-(saving makes them contiguous again). Only plain fp32 `nn.Linear` layers are packed this way; a layer a
+storage with its usual shape and values (a contiguous row range), so the modules, the reference path and
+`state_dict()` keep working. Only plain fp32 `nn.Linear` layers are packed this way; a layer a
 precision backend replaced (quantised, or cast to bf16) is left to its module, except the int8 backend's
 `Int8Linear` layers (our VNNI kernel, `int8_gemv`), whose packed int8 weights are fused the same way (q, k, v
 and gate, up concatenated; the modules keep views) and which `gemm` runs through the kernel.
@@ -31,10 +36,11 @@ from vocalis.models.speech_lm import Qwen2LM
 
 @dataclass(frozen=True, slots=True)
 class PackedLayer:
-    # fp32: as commented; int8 (`Int8Weight`, its bias inside): the same products packed for the kernel
-    qkv_t: torch.Tensor | Int8Weight  # (D, Dq + 2 Dkv), rows contiguous
+    # fp32: (in, out) views of (out, in) row-major storage (`.t()` of each is contiguous: the rows the fused step
+    # reads); int8 (`Int8Weight`, its bias inside): the same products packed for the kernel
+    qkv_t: torch.Tensor | Int8Weight  # (D, Dq + 2 Dkv): the fused (Dq + 2 Dkv, D) storage, transposed
     qkv_bias: torch.Tensor | None  # (Dq + 2 Dkv,)
-    gate_up_t: torch.Tensor | Int8Weight  # (D, 2 I)
+    gate_up_t: torch.Tensor | Int8Weight  # (D, 2 I): the fused (2 I, D) storage (gate rows, then up), transposed
     o_t: torch.Tensor | Int8Weight  # (Dq, D): o_proj.weight.t(), a view (the module keeps its (out, in) storage)
     down_t: torch.Tensor | Int8Weight  # (I, D): down_proj.weight.t(), a view
     q_dim: int
@@ -46,23 +52,18 @@ def _plain(*linears: nn.Linear) -> bool:
 
 
 def _fuse(linears: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Concatenate the weights along `out` into one (in, sum out) contiguous tensor (and the biases into one
-    vector); the modules' weights and biases become views into them."""
-    fused = torch.cat([m.weight.detach().t() for m in linears], dim=1).contiguous()  # (in, sum out)
+    """Concatenate the weights along `out` into one (sum out, in) contiguous tensor (and the biases into one
+    vector); the modules' weights and biases become views into them (row ranges, still contiguous)."""
+    fused = torch.cat([m.weight.detach() for m in linears])  # (sum out, in)
     bias = torch.cat([m.bias.detach() for m in linears]) if all(m.bias is not None for m in linears) else None
     start = 0
     for m in linears:
         n = m.out_features
-        m.weight.data = fused[:, start:start + n].t()
+        m.weight.data = fused[start:start + n]
         if bias is not None:
             m.bias.data = bias[start:start + n]  # type: ignore[union-attr]
         start += n
     return fused, bias
-
-
-def _column_major(linear: nn.Linear) -> None:
-    if _plain(linear) and linear.weight.is_contiguous():
-        linear.weight.data = linear.weight.data.t().contiguous().t()
 
 
 ONEDNN_MIN_ROWS = 4
@@ -114,20 +115,15 @@ def pack_layer(layer: Qwen2DecoderLayer) -> PackedLayer | None:
         return packed
     if not _plain(attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj):
         return None
-    qkv, qkv_bias = _fuse([attn.q_proj, attn.k_proj, attn.v_proj])
-    gate_up, _ = _fuse([mlp.gate_proj, mlp.up_proj])
+    qkv, qkv_bias = _fuse([attn.q_proj, attn.k_proj, attn.v_proj])  # (Dq + 2 Dkv, D)
+    gate_up, _ = _fuse([mlp.gate_proj, mlp.up_proj])  # (2 I, D)
     assert qkv_bias is not None
-    # o_proj and down_proj keep the usual (out, in) rows: measured in a full 24-layer chain at batch 1, their
-    # GEMMs over (out, in) rows ran the step ~10 % faster than over (in, out) columns (unlike the wide qkv and
-    # gate/up GEMMs, where (in, out) wins)
-    packed = PackedLayer(qkv, qkv_bias, gate_up, attn.o_proj.weight.t(), mlp.down_proj.weight.t(),
+    packed = PackedLayer(qkv.t(), qkv_bias, gate_up.t(), attn.o_proj.weight.t(), mlp.down_proj.weight.t(),
                          attn.q_proj.out_features, attn.k_proj.out_features)
     layer._vocalis_packed = packed  # type: ignore[attr-defined]
     return packed
 
 
 def pack_llm(llm: Qwen2LM) -> list[PackedLayer | None]:
-    """Pack every decoder layer (None where a layer cannot be) and re-lay the speech head. In place, once."""
-    packed = [pack_layer(layer) for layer in llm.qwen.layers]
-    _column_major(llm.llm_decoder)
-    return packed
+    """Pack every decoder layer (None where a layer cannot be). In place, once."""
+    return [pack_layer(layer) for layer in llm.qwen.layers]
