@@ -100,3 +100,15 @@ def test_top_entries_are_the_stable_sort_prefix() -> None:
         for k in (1, 3, 7, V - 1, V, V + 5):
             v, i = _top(probs, k)
             assert torch.equal(v, ref_v[:, :k]) and torch.equal(i, ref_i[:, :k]), k
+
+
+def test_single_rows_match_reference() -> None:
+    """One row at a time (the batch-1 path: index_fill masking, no thread switch), min-length masking on or off,
+    nucleus cuts from one item to all top_k: the reference sampler's ids."""
+    torch.manual_seed(2)
+    logp = torch.randn(12, V).mul(2).log_softmax(dim=-1)
+    for i in range(12):
+        params = SamplingParams(seed=20 + i, top_k=(1, 5, 25)[i % 3], top_p=(0.05, 0.5, 0.8, 1.0)[i % 4],
+                                min_len=(0, 9)[i % 2], stop_all_masked=i % 4 == 1, temperature=(1.0, 0.7)[i % 2])
+        req = _req(params, outputs=[3, 4])
+        assert Sampler(EOS, STOPS)(logp[i:i + 1], [req]) == [_reference(logp[i], req)]
