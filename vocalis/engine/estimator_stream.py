@@ -105,7 +105,9 @@ class ComputeWeights:
 class EstimatorCache:
     """One request at one Euler step: keys/values per transformer block and input tails per causal conv.
 
-    Tensors are (2, ...) with the conditional row first; they are replaced, never written in place.
+    Tensors are (2, ...) with the conditional row first; they are replaced, never written in place. Requests
+    extended in one uniform step hold views (their row pairs) of one whole-batch tensor: a finished request's
+    slice is freed when the others of that step replace theirs (their next chunk or their end).
     A request that starts from a voice's shared prompt prefix points at it (`prefix`, read only, shared by every
     request of that voice) and holds only its own frames [prefix.num_frames, num_frames) in `keys`/`values`,
     so its memory is its own frames, not the prompt's again.
