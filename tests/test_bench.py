@@ -38,10 +38,21 @@ def test_bench_llm_part_only(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     ref, eng = report["reference"], report["engine"]["fp32"]
     assert "token2wav" not in ref and "e2e" not in ref and "e2e" not in eng
     assert set(eng["llm"]) == {"1", "3"} and all(v["decode_tps"] > 0 for v in eng["llm"].values())
-    assert len(eng["bandwidth_gbps_before_after"]) == 2 and eng["decode_limit_tps"] > 0
-    assert "decode_b1_fraction_of_limit[fp32]" in report["targets"]
+    assert eng["decode_limit_tps"] > 0
+    # batch 1 against the bandwidth limit: quick = 8 tokens in 2 segments, a probe around each segment
+    b1 = eng["decode_b1"]
+    assert b1["tokens"] == 8 and len(b1["segment_tps"]) == 2
+    assert len(b1["read_gbps"]) == len(b1["copy_gbps"]) == 3 and b1["probe_threads"] == 2
+    assert b1["read_gbps_spread"]["min"] <= b1["bandwidth_gbps"] <= b1["read_gbps_spread"]["max"]
+    assert b1["bandwidth_gbps"] == eng["bandwidth_gbps"] and b1["decode_tps"] == eng["llm"]["1"]["decode_tps"]
+    # a step reads the weights plus the row's K/V (prompt + outputs so far)
+    assert b1["bytes_per_token"] > b1["weight_bytes"] == eng["bytes_per_token"]
+    assert b1["fraction_of_limit"] == pytest.approx(b1["decode_tps"] * b1["bytes_per_token"] / 1e9
+                                                    / b1["bandwidth_gbps"])
+    assert report["targets"]["decode_b1_fraction_of_limit[fp32]"] == b1["fraction_of_limit"]
     printed = capsys.readouterr().out
     assert "LLM decode tok/s, batch 3" in printed and "token2wav" not in printed
+    assert "fraction of limit (batch 1)" in printed and "read GB/s probes min/med/max" in printed
 
 
 @pytest.mark.parametrize("args, message", [

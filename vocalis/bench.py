@@ -3,7 +3,8 @@
 Each side runs in its own process (so each has its own peak RSS and neither warms the other's caches): the
 reference path (`Qwen2LM.generate`, `inference.token2wav.Token2Wav`, `Synthesizer` one request at a time, fp32)
 and the engine at every requested precision. Reported: LLM prefill and decode tokens/s at each batch, the
-machine's copy bandwidth and the decode limit it implies for the precision, token2wav RTF, end-to-end RTF and
+machine's memory bandwidth (streaming-read probes interleaved with the batch-1 decode, see
+`bench_measure` / `bench_bandwidth`) and the decode limit it implies for the precision with the fraction reached, token2wav RTF, end-to-end RTF and
 first-chunk latency, audio seconds per second at each concurrency, peak RSS; a JSON file and a PNG plot.
 
 The reference path serves one request at a time, so its throughput at any concurrency is its single-stream
@@ -29,8 +30,8 @@ from vocalis.errors import InputError
 log = logging.getLogger(__name__)
 
 PARTS = ("llm", "token2wav", "e2e")  # as bench_measure.PARTS (not imported here: it pulls in torch)
-QUICK = {"batches": (1, 4), "concurrency": (1, 4), "decode_tokens": 6, "tokens": 40, "prompt_tokens": 30,
-         "text_words": 6}
+QUICK = {"batches": (1, 4), "concurrency": (1, 4), "decode_tokens": 6, "b1_decode_tokens": 8, "b1_segments": 2,
+         "b1_warmup_tokens": 1, "tokens": 40, "prompt_tokens": 30, "text_words": 6}
 TARGETS = {
     "decode_b1_fraction_of_limit": ">= 0.70",
     "first_chunk_vs_reference": "<= 0.333",
@@ -94,9 +95,9 @@ def targets(report: dict[str, Any]) -> dict[str, Any]:
     ref, engines = report["reference"], report["engine"]
     out: dict[str, Any] = {"wanted": TARGETS}
     for p, eng in engines.items():
-        b1 = eng.get("llm", {}).get("1")
-        if b1:
-            out[f"decode_b1_fraction_of_limit[{p}]"] = b1["decode_tps"] / eng["decode_limit_tps"]
+        b1 = eng.get("decode_b1")
+        if b1:  # decode bytes/s over the median read probe interleaved with it (bench_bandwidth)
+            out[f"decode_b1_fraction_of_limit[{p}]"] = b1["fraction_of_limit"]
         c1 = eng.get("e2e", {}).get("1")
         if c1:
             out[f"first_chunk_vs_reference[{p}]"] = c1["first_chunk_s"] / ref["e2e"]["first_chunk_s"]
@@ -116,13 +117,13 @@ def summary(report: dict[str, Any]) -> str:
     m = report["machine"]
     lines = [(f"memory bandwidth (numpy copy): {m['copy_gbps']:.1f} GB/s; threads {m['threads']}; "
               f"load average {m['loadavg_before']:.1f} before, {m['loadavg_after']:.1f} after")]
-    lines.append(f"{'':34}{'reference':>12}" + "".join(f"{'engine ' + p:>14}" for p in engines))
+    lines.append(f"{'':34}{'reference':>12}" + "".join(f"{'engine ' + p:>16}" for p in engines))
 
-    def row(label: str, ref_value: float | None, values: list[float | None], fmt: str = "{:.2f}") -> None:
-        def cell(v: float | None) -> str:
+    def row(label: str, ref_value: float | None, values: list[Any], fmt: str = "{:.2f}") -> None:
+        def cell(v: Any) -> str:
             return fmt.format(v) if v is not None else "-"
 
-        lines.append(f"{label:34}{cell(ref_value):>12}" + "".join(f"{cell(v):>14}" for v in values))
+        lines.append(f"{label:34}{cell(ref_value):>12}" + "".join(f"{cell(v):>16}" for v in values))
 
     parts = report["config"].get("parts", PARTS)
     batches = report["config"]["batches"] if "llm" in parts else []
@@ -133,8 +134,7 @@ def summary(report: dict[str, Any]) -> str:
         row(f"LLM decode tok/s, batch {b}", ref["llm"]["decode_tps"] if b == 1 else None,
             [e["llm"][str(b)]["decode_tps"] for e in engines.values()])
     if "llm" in parts:
-        row("copy GB/s around decoding", None, [e.get("bandwidth_gbps") for e in engines.values()], "{:.1f}")
-        row("decode limit tok/s (batch 1)", None, [e["decode_limit_tps"] for e in engines.values()])
+        _limit_rows(row, engines)
     if "token2wav" in parts:
         _token2wav_rows(row, ref, engines)
     if "e2e" in parts:
@@ -143,6 +143,22 @@ def summary(report: dict[str, Any]) -> str:
     lines.append("targets: " + ", ".join(f"{k} = {v:.3g}" for k, v in report["targets"].items()
                                          if isinstance(v, float)))
     return "\n".join(lines)
+
+
+def _limit_rows(row: Any, engines: dict[str, Any]) -> None:
+    """Batch 1 against the bandwidth limit: the probes' spread, the limit from their median, the fraction."""
+    b1s = [e.get("decode_b1") for e in engines.values()]
+
+    def spread(b1: dict[str, Any] | None, key: str, fmt: str) -> str | None:
+        return "/".join(fmt.format(b1[key][k]) for k in ("min", "median", "max")) if b1 else None
+
+    row("read GB/s probes min/med/max", None, [spread(b, "read_gbps_spread", "{:.0f}") for b in b1s], "{}")
+    row("copy GB/s probes min/med/max", None, [spread(b, "copy_gbps_spread", "{:.0f}") for b in b1s], "{}")
+    row("MB read per decode step", None, [b["bytes_per_token"] / 1e6 if b else None for b in b1s], "{:.0f}")
+    row("decode limit tok/s (batch 1)", None, [e["decode_limit_tps"] for e in engines.values()])
+    row("fraction of limit (batch 1)", None, [b["fraction_of_limit"] if b else None for b in b1s], "{:.3f}")
+    row("  per segment min/med/max", None, [spread(b, "segment_fraction_spread", "{:.2f}") for b in b1s], "{}")
+    row("  vs median copy probe", None, [b["fraction_of_copy_limit"] if b else None for b in b1s], "{:.3f}")
 
 
 def _token2wav_rows(row: Any, ref: dict[str, Any], engines: dict[str, Any]) -> None:

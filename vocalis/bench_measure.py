@@ -4,6 +4,11 @@ precision. Random weights at a preset's shapes; every utterance is forced to a f
 
 The scenario is a saved zero-shot voice (a prompt of `prompt_tokens` speech tokens with its transcript), the
 common cloning case; every request speaks `tokens` speech tokens (25 per second of audio).
+
+The LLM's batch-1 decode is also set against its memory-bandwidth limit: `b1_decode_tokens` steps in
+`b1_segments` timed segments, a streaming-read bandwidth probe (in a separate process, same thread count) before
+each segment and after the last; the fraction is the decode's bytes/s (weights + the row's K/V per step) over the
+median probe. Why and how: `vocalis.bench_bandwidth`.
 """
 
 from __future__ import annotations
@@ -43,7 +48,10 @@ class BenchConfig:
     threads: int = 2
     batches: tuple[int, ...] = (1, 4, 16)
     concurrency: tuple[int, ...] = (1, 4, 8, 16)
-    decode_tokens: int = 16  # decode steps timed per LLM measurement
+    decode_tokens: int = 16  # decode steps timed per LLM measurement at batch > 1
+    b1_decode_tokens: int = 64  # batch-1 decode steps timed against the bandwidth limit (bench_bandwidth)
+    b1_segments: int = 4  # ... in this many segments, a bandwidth probe before each and after the last
+    b1_warmup_tokens: int = 4  # untimed batch-1 decode steps first (the first steps after prefill ran slower)
     tokens: int = 75  # speech tokens per utterance (3 s)
     prompt_tokens: int = 75  # the voice's prompt speech (3 s)
     text_words: int = 12
@@ -100,7 +108,8 @@ def measure_bandwidth(mib: int = 256, repeats: int = 5) -> dict[str, float]:
 def llm_bytes_per_token(config: SpeechLMConfig, precision: str) -> int:
     """Weight bytes one decode step reads: the Qwen2 layers' Linear weights and biases and the speech head at the
     precision's width, the norms in fp32 (not the embedding tables: a step reads one row). Counted on a meta-device
-    model, since a quantised module no longer lists its weights as parameters."""
+    model, since a quantised module no longer lists its weights as parameters. (int8's per-channel scales and
+    offsets, 8 bytes per output channel, are left out: under 0.2 % of its weight bytes.)"""
     per = {"fp32": 4, "bf16": 2, "fp16": 2, "int8": 1}[precision]
     with torch.device("meta"):
         llm = Qwen2LM(config)
@@ -108,6 +117,14 @@ def llm_bytes_per_token(config: SpeechLMConfig, precision: str) -> int:
     linear += sum(p.numel() for p in llm.llm_decoder.parameters())
     norms = sum(p.numel() for n, p in llm.qwen.named_parameters() if "norm" in n)
     return linear * per + norms * 4
+
+
+def kv_bytes_per_position(config: SpeechLMConfig, precision: str) -> int:
+    """K/V cache bytes a decode step reads per context position: every layer's keys and values. The engine's
+    cache has the model's activation dtype (fp32 for fp32 and int8, 16-bit for bf16/fp16)."""
+    q = config.qwen
+    width = 2 if precision in ("bf16", "fp16") else 4
+    return q.num_hidden_layers * 2 * q.num_key_value_heads * q.head_dim * width
 
 
 # ---- inputs -----------------------------------------------------------------------------------------------
@@ -270,21 +287,19 @@ def run_engine(cfg: BenchConfig, precision: str) -> dict[str, Any]:
 
 def _engine_llm(cfg: BenchConfig, model: LoadedModel, voice: Voice, precision: str,
                 bytes_per_token: int) -> dict[str, Any]:
+    from vocalis.bench_bandwidth import BandwidthProbe, spread
     from vocalis.engine.config import EngineConfig
     from vocalis.engine.llm_engine import LLMEngine
     from vocalis.engine.request import SamplingParams
 
     tok = model.tokenizer
     assert tok is not None
-    out: dict[str, Any] = {}
-    n = cfg.decode_tokens + 1
+    out: dict[str, Any] = {"llm": {}}
     eng = LLMEngine(model.llm, EngineConfig(enable_prefix_caching=False, max_num_seqs=max(cfg.batches)))
     eng.generate([eng.make_request([5, 6], params=SamplingParams(min_len=2, max_len=2))])  # warm-up
-    # bandwidth right before and right after the decodes, in this process, with as many copy threads as decode
-    # threads: on a shared machine the limit then reflects the conditions the decode ran under (their mean)
-    before = _copy_gbps(cfg)
-    out["llm"] = {}
+    kv = kv_bytes_per_position(model.config.llm, precision)
     for b in cfg.batches:
+        n = (cfg.b1_warmup_tokens + cfg.b1_decode_tokens if b == 1 else cfg.decode_tokens) + 1
         reqs = [eng.make_request(tok.encode(bench_text(cfg, i)), voice.prompt_text_ids, voice.prompt_speech_ids,
                                  SamplingParams(seed=i, min_len=n, max_len=n, stop_all_masked=True))
                 for i in range(b)]
@@ -294,26 +309,69 @@ def _engine_llm(cfg: BenchConfig, model: LoadedModel, voice: Voice, precision: s
         while any(r.num_output_tokens == 0 for r in reqs):
             eng.step()
         first = time.perf_counter()
+        prefill_tps = sum(r.num_prompt_tokens for r in reqs) / (first - start)
+        if b == 1:
+            out["decode_b1"] = _b1_against_bandwidth(cfg, eng, reqs[0], bytes_per_token, kv)
+            out["llm"]["1"] = {"prefill_tps": prefill_tps, "decode_tps": out["decode_b1"]["decode_tps"]}
+            log.info("engine %s LLM batch 1: %s", precision, out["decode_b1"])
+            continue
         # [fair count] a request whose prefill ended early may already have decoded while others prefilled:
         # count only the ids sampled from here on, by steps that are decode steps for every row
         done_before = sum(r.num_output_tokens for r in reqs)
         while eng.has_unfinished():
             eng.step()
         end = time.perf_counter()
-        out["llm"][str(b)] = {"prefill_tps": sum(r.num_prompt_tokens for r in reqs) / (first - start),
-                              "decode_tps": (b * n - done_before) / (end - first)}
+        out["llm"][str(b)] = {"prefill_tps": prefill_tps, "decode_tps": (b * n - done_before) / (end - first)}
         log.info("engine %s LLM batch %d: %s", precision, b, out["llm"][str(b)])
-    after = _copy_gbps(cfg)
     del eng
-    out["bandwidth_gbps_before_after"] = [before, after]
-    out["bandwidth_gbps"] = (before + after) / 2
-    out["decode_limit_tps"] = out["bandwidth_gbps"] * 1e9 / bytes_per_token
+    if "decode_b1" in out:  # the limit and fraction come from the interleaved batch-1 measurement
+        d = out["decode_b1"]
+        out["bandwidth_gbps"], out["decode_limit_tps"] = d["bandwidth_gbps"], d["decode_limit_tps"]
+    else:  # no batch 1 asked for: the limit from probes alone, no fraction
+        with BandwidthProbe(cfg.threads) as probe:
+            reads = [probe.measure()["read_gbps"] for _ in range(3)]
+        out["bandwidth_gbps"] = spread(reads)["median"]
+        out["decode_limit_tps"] = out["bandwidth_gbps"] * 1e9 / bytes_per_token
     return out
 
 
-def _copy_gbps(cfg: BenchConfig) -> float:
-    bw = measure_bandwidth(mib=128, repeats=3)
-    return bw["copy_gbps_1_thread"] if cfg.threads == 1 else bw["copy_gbps"]
+def _b1_against_bandwidth(cfg: BenchConfig, eng: Any, req: Any, weight_bytes: int, kv_bytes: int) -> dict[str, Any]:
+    """Decode `req` (alone in `eng`, its prefill done) in `cfg.b1_segments` timed segments with a bandwidth probe
+    before each and after the last (see bench_bandwidth), after `cfg.b1_warmup_tokens` untimed steps (steady
+    state: in the first segment right after prefill both precisions ran ~10-20 % slower). A step's bytes: the
+    weights plus the K/V of the row's context at that step (its mean over the segment)."""
+    from vocalis.bench_bandwidth import BandwidthProbe, decode_fraction, spread
+
+    total = cfg.b1_decode_tokens
+    sizes = [total // cfg.b1_segments + (i < total % cfg.b1_segments) for i in range(cfg.b1_segments)]
+    sizes = [s for s in sizes if s > 0]
+    segments: list[tuple[int, float]] = []
+    step_bytes: list[float] = []
+    while req.num_output_tokens < 1 + cfg.b1_warmup_tokens:
+        eng.step()
+    with BandwidthProbe(cfg.threads) as probe:
+        for size in sizes:
+            probe.measure()
+            before = req.num_output_tokens
+            context = req.num_prompt_tokens + before  # positions the next step's attention reads (incl. its own)
+            start = time.perf_counter()
+            while req.num_output_tokens < before + size:
+                eng.step()
+            seconds = time.perf_counter() - start
+            done = req.num_output_tokens - before
+            segments.append((done, seconds))
+            step_bytes.append(weight_bytes + kv_bytes * (context + (done - 1) / 2))
+        probe.measure()
+        samples = probe.samples
+    while eng.has_unfinished():
+        eng.step()
+    reads = [s["read_gbps"] for s in samples]
+    copies = [s["copy_gbps"] for s in samples]
+    out = decode_fraction(segments, reads, step_bytes)
+    out.update(weight_bytes=weight_bytes, kv_bytes_per_position=kv_bytes, probe_threads=cfg.threads,
+               read_gbps=reads, read_gbps_spread=spread(reads), copy_gbps=copies, copy_gbps_spread=spread(copies),
+               fraction_of_copy_limit=out["decode_gbps"] / spread(copies)["median"])
+    return out
 
 
 def _engine_token2wav(cfg: BenchConfig, model: LoadedModel, voice: Voice, precision: str) -> dict[str, Any]:
