@@ -160,3 +160,36 @@ def test_input_errors_surface_from_the_iteration(model: LoadedModel) -> None:
             assert ok[-1].final
 
     asyncio.run(run())
+
+
+def test_grouped_token2wav_steps_give_the_same_audio_in_fewer_steps(model: LoadedModel) -> None:
+    """Requests prefilled in different LLM steps become ready a few steps apart: the grouping policy holds the
+    first for the others (fewer token2wav steps, each over more requests) and the audio is unchanged."""
+    import dataclasses
+
+    from vocalis.engine.request import SamplingParams
+    from vocalis.engine.step_grouping import StepGrouping
+
+    class FixedLength(AsyncEngine):
+        def llm_params(self, text_ids: list[int]) -> SamplingParams:
+            return dataclasses.replace(super().llm_params(text_ids), min_len=60, max_len=60, stop_all_masked=True)
+
+    requests = [_request(model, t, seed=i) for i, t in enumerate(TEXTS)]
+
+    async def run(grouping: StepGrouping) -> tuple[list[list[AudioChunk]], list[int]]:
+        eng = FixedLength.from_model(model, EngineConfig(max_num_batched_tokens=24), grouping=grouping)
+        sizes: list[int] = []
+        step = eng.token2wav.step
+        eng.token2wav.step = lambda states: (sizes.append(len(states)), step(states))[1]  # type: ignore[method-assign]
+        with eng:
+            out = await asyncio.gather(*[_collect(eng.submit(r)) for r in requests])
+        return out, sizes
+
+    grouped, grouped_sizes = asyncio.run(run(StepGrouping(max_wait_steps=16, max_wait_s=60.0)))
+    alone, alone_sizes = asyncio.run(run(StepGrouping(enabled=False)))
+    assert sum(grouped_sizes) == sum(alone_sizes)  # the same chunks...
+    assert len(grouped_sizes) < len(alone_sizes)  # ...in fewer token2wav steps
+    for a, b in zip(grouped, alone):
+        assert [c.final for c in a] == [c.final for c in b]
+        np.testing.assert_allclose(np.concatenate([c.samples for c in a]), np.concatenate([c.samples for c in b]),
+                                   atol=ATOL, rtol=0)

@@ -8,7 +8,9 @@ normalisation and tokenisation run in the default executor before a job is poste
 no polling: an idle loop sleeps on the condition.
 
 One iteration: take the inbox; one LLM step (all running requests, prefill chunks and decodes); one token2wav
-step over the requests with a chunk ready (first chunks first). A job speaks its sentences in order: sentence
+step over the requests with a chunk ready (first chunks first), unless the grouping policy (`step_grouping`) holds
+them for a few more LLM steps because other requests are about to have a chunk ready too (one token2wav step over
+all of them costs much less than two). A job speaks its sentences in order: sentence
 k + 1's LLM request starts when sentence k's ends (they share the request's RNG, as on the reference path);
 only the oldest unfinished sentence of a job is vocoded, so chunks arrive in order.
 Text given in pieces (bi-streaming) is read on the caller's event loop (an async iterable is awaited; a
@@ -36,7 +38,8 @@ import torch
 from vocalis.config import StreamConfig
 from vocalis.engine.config import EngineConfig
 from vocalis.engine.llm_engine import LLMEngine
-from vocalis.engine.request import Request, SamplingParams
+from vocalis.engine.request import Request, RequestStatus, SamplingParams
+from vocalis.engine.step_grouping import StepGrouping, StreamReadiness, plan_token2wav_step
 from vocalis.engine.token2wav import StreamState, Token2WavChunk, Token2WavConfig, Token2WavEngine
 from vocalis.errors import InputError, VocalisError
 from vocalis.inference.request import AudioChunk, Mode, SynthesisRequest
@@ -69,6 +72,7 @@ class _Job:
     emitting: int = 0  # sentence whose audio is being emitted
     submitted: float = field(default_factory=time.monotonic)
     first_chunk_at: float | None = None
+    ready_since: tuple[int, float] | None = None  # (LLM step count, monotonic time) its chunk became ready
 
 
 class StreamHandle:
@@ -140,10 +144,13 @@ class StreamHandle:
 class AsyncEngine:
     """Batched synthesis for many concurrent requests. Use as a context manager, or `start()` / `close()`."""
 
-    def __init__(self, model: LoadedModel, llm: LLMEngine, token2wav: Token2WavEngine) -> None:
+    def __init__(self, model: LoadedModel, llm: LLMEngine, token2wav: Token2WavEngine,
+                 grouping: StepGrouping | None = None) -> None:
         self.model = model
         self.llm = llm
         self.token2wav = token2wav
+        self.grouping = grouping if grouping is not None else StepGrouping()
+        self._llm_step_s = 0.0  # recent seconds per LLM step (moving average), for the grouping's time bound
         self.frontend = Synthesizer(model)  # text normalisation, voices, prompts: the reference path's rules
         self.sample_rate = model.config.sample_rate
         self._cond = threading.Condition()
@@ -158,11 +165,11 @@ class AsyncEngine:
 
     @classmethod
     def from_model(cls, model: LoadedModel, config: EngineConfig | None = None,
-                   token2wav_config: Token2WavConfig | None = None, stream: StreamConfig | None = None
-                   ) -> AsyncEngine:
+                   token2wav_config: Token2WavConfig | None = None, stream: StreamConfig | None = None,
+                   grouping: StepGrouping | None = None) -> AsyncEngine:
         """Build the LLM engine and the batched token2wav engine over a loaded model's modules."""
         return cls(model, LLMEngine(model.llm, config),
-                   Token2WavEngine(model.flow, model.hift, token2wav_config, stream))
+                   Token2WavEngine(model.flow, model.hift, token2wav_config, stream), grouping)
 
     # ---- lifecycle ------------------------------------------------------------------------------------
     def start(self) -> Self:
@@ -340,13 +347,16 @@ class AsyncEngine:
 
     def _iteration(self) -> None:
         if self.llm.has_work():
+            start = time.perf_counter()
             self.llm.step()
+            elapsed = time.perf_counter() - start
+            self._llm_step_s = elapsed if self.num_llm_steps == 0 else 0.8 * self._llm_step_s + 0.2 * elapsed
             self.num_llm_steps += 1
             for job in list(self._jobs.values()):
                 if job.llm_request is not None and job.llm_request.finished:
                     job.llm_request = None
                     self._start_llm(job)
-        ready = [(job, s) for job in self._jobs.values() if (s := self._vocodable(job)) is not None]
+        ready = self._grouped_ready()
         if not ready:
             return
         ready.sort(key=lambda js: (js[1].chunks_done > 0, js[0].submitted))  # [latency] first chunks first
@@ -354,7 +364,48 @@ class AsyncEngine:
         self.num_token2wav_steps += 1
         by_state = {s.request_id: job for job, s in ready}
         for chunk in chunks:
-            self._deliver(by_state[chunk.request_id], chunk)
+            job = by_state[chunk.request_id]
+            job.ready_since = None
+            self._deliver(job, chunk)
+
+    def _grouped_ready(self) -> list[tuple[_Job, StreamState]]:
+        """The jobs (with their emitting stream) to vocode now: [] while none is ready, or while the grouping
+        policy holds the ready ones for a job a few LLM steps from its own chunk."""
+        now = time.monotonic()
+        views: list[StreamReadiness] = []
+        vocodable: dict[str, tuple[_Job, StreamState]] = {}
+        for job in self._jobs.values():
+            s = self._vocodable(job)
+            if s is not None:
+                if job.ready_since is None:
+                    job.ready_since = (self.num_llm_steps, now)
+                steps, at = job.ready_since
+                vocodable[job.job_id] = (job, s)
+                views.append(StreamReadiness(job.job_id, True, waited_steps=self.num_llm_steps - steps,
+                                             waited_s=now - at))
+            else:
+                views.append(StreamReadiness(job.job_id, False, steps_to_ready=self._steps_to_ready(job)))
+        if not vocodable:
+            return []
+        keys = plan_token2wav_step(self.grouping, views, self.llm.has_work(), self._llm_step_s)
+        return [vocodable[k] for k in keys]
+
+    def _steps_to_ready(self, job: _Job) -> int | None:
+        """About how many LLM steps until the job's emitting stream has a chunk ready (None: unknown)."""
+        s = job.states[job.emitting]
+        req = job.llm_request
+        if s.input_done or s.finished or req is None or job.next_segment - 1 != job.emitting:
+            return None  # its tokens do not come from the running LLM request
+        if req.bistream is not None or req.status is not RequestStatus.RUNNING:
+            return None  # a bi-stream's speech ids depend on its text arriving; a queued request has no step yet
+        # positions to compute before its next id: 1 when decoding; a prefill yields its first id on its last chunk
+        to_compute = max(req.num_tokens - req.num_computed_tokens, 1)
+        prefill_steps = -(-to_compute // self.llm.config.max_num_batched_tokens) - 1
+        to_end = max(req.params.max_len - req.num_output_tokens, 1)  # the request ends by then: its final chunk
+        if not s.streaming:
+            return prefill_steps + to_end
+        to_hop = self.token2wav.this_hop(s) + self.token2wav.stream.pre_lookahead_len - (len(s.tokens) - s.token_offset)
+        return prefill_steps + max(1, min(to_hop, to_end))
 
     def _vocodable(self, job: _Job) -> StreamState | None:
         s = job.states[job.emitting]
