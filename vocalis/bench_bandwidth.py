@@ -9,11 +9,11 @@ per-segment fractions are reported with it, so a reader sees how much the host m
 
 A probe is a streaming read of a buffer 8x the 32 MiB LLC (`READ_MIB`), split over `threads` Python threads each
 running a SIMD byte-max reduction (numpy drops the GIL in it; it does far less work per byte than memory
-delivers, so it measures memory, not arithmetic: an fp32 sum read 19 GB/s on one thread where this read ~28). It
-counts the bytes read over the wall time of all passes (a sustained figure, like the decode's; no best-of). The
-STREAM-style copy (bytes read + written, numpy copyto) is probed too and reported for context; the limit uses the
-read figure, which on this machine is the higher of the two (~42 vs ~33 GB/s on one quiet run), i.e. the
-stricter limit.
+delivers, so it measures memory, not arithmetic: on one thread an fp32 sum read 19 GB/s where the byte max read
+21-28). It counts the bytes read over the wall time of all passes (a sustained figure, like the decode's; no
+best-of). The STREAM-style copy (bytes read + written, numpy copyto) is probed too and reported for context; the
+limit uses the read figure, which on this machine is the higher of the two (medians 31-47 vs 28-39 GB/s in the
+README's runs), i.e. the stricter limit.
 
 The probes run in a separate process (`BandwidthProbe`, spawned before the caller builds its model), so their
 buffers never count in the bench side's peak RSS; the caller blocks while a probe runs, so the two never overlap.
