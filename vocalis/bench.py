@@ -3,9 +3,10 @@
 Each side runs in its own process (so each has its own peak RSS and neither warms the other's caches): the
 reference path (`Qwen2LM.generate`, `inference.token2wav.Token2Wav`, `Synthesizer` one request at a time, fp32)
 and the engine at every requested precision. Reported: LLM prefill and decode tokens/s at each batch, the
-machine's memory bandwidth (streaming-read probes interleaved with the batch-1 decode, see
-`bench_measure` / `bench_bandwidth`) and the decode limit it implies for the precision with the fraction reached, token2wav RTF, end-to-end RTF and
-first-chunk latency, audio seconds per second at each concurrency, peak RSS; a JSON file and a PNG plot.
+machine's memory bandwidth (streaming-read probes interleaved with the batch-1 decode, see `bench_measure` /
+`bench_bandwidth`), the decode limit it implies for the precision and the fraction reached, token2wav RTF,
+end-to-end RTF and first-chunk latency, audio seconds per second at each concurrency, peak RSS; a JSON file and
+a PNG plot.
 
 The reference path serves one request at a time, so its throughput at any concurrency is its single-stream
 figure (measured once) and its LLM speed at any batch is its batch-1 speed.
