@@ -16,9 +16,9 @@ limit uses the read figure, which on this machine is the higher of the two (medi
 README's runs), i.e. the stricter limit.
 
 Page size: numpy asks for transparent huge pages on large buffers (madvise), so the probe reads from 2 MiB pages;
-torch allocates on 4 KiB pages unless THP_MEM_ALLOC_ENABLE=1. In one quiet run the probe on 4 KiB pages read 19-24
-GB/s against 26-31 on huge pages. The limit keeps the huge-page figure: it is what the memory delivers, and the
-page size of the engine's weights is the engine's to choose (the report records THP_MEM_ALLOC_ENABLE).
+torch does too once THP_MEM_ALLOC_ENABLE=1, which `import vocalis` sets unless the caller chose otherwise. In one
+quiet run the probe on 4 KiB pages read 19-24 GB/s against 26-31 on huge pages. The limit keeps the huge-page
+figure: it is what the memory delivers (the report records THP_MEM_ALLOC_ENABLE).
 
 The probes run in a separate process (`BandwidthProbe`, spawned before the caller builds its model), so their
 buffers never count in the bench side's peak RSS; the caller blocks while a probe runs, so the two never overlap.
