@@ -82,6 +82,7 @@ def run(cfg: Any) -> dict[str, Any]:
                     "omp_wait_policy": _side_env()["OMP_WAIT_POLICY"],
                     # torch's CPU tensors on transparent huge pages (the bandwidth probe's numpy buffer always is)
                     "thp_mem_alloc_enable": os.environ.get("THP_MEM_ALLOC_ENABLE", "0"),
+                    "vocalis_huge_pages": os.environ.get("VOCALIS_HUGE_PAGES", "1"),
                     "processor": platform.processor() or platform.machine(), **bandwidth,
                     # other processes share the cores: 1-minute load averages around the run, for context
                     "loadavg_before": load_before[0], "loadavg_after": load_after[0]},

@@ -18,15 +18,18 @@ new positions / context, H query heads, Hkv key/value heads, G = H / Hkv, Dh hea
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
+from vocalis.engine.huge_pages import to_huge_pages
 from vocalis.engine.id_space import IdSpace
 from vocalis.engine.int8_decode import decode_stack
+from vocalis.engine.int8_gemv import Int8Linear
 from vocalis.engine.packed_weights import PackedLayer, gemm
 from vocalis.engine.request import Request
 from vocalis.models.qwen2 import Qwen2RMSNorm, rotary_cos_sin
@@ -91,8 +94,23 @@ class ModelRunner:
         # int8 or fp32 decode steps of a few rows: the whole layer stack in one native call (int8_decode; off with
         # VOCALIS_INT8_FUSED=0 / VOCALIS_FP32_FUSED=0), else None
         self.fused_decode = decode_stack(llm, self.packed, self.dtype)
+        on_huge = to_huge_pages(self._long_lived_tensors())
+        if on_huge:
+            log.info("decoder weights and KV cache: %.0f MiB on huge pages", on_huge / 2**20)
         log.info("KV cache: %d blocks x %d positions (%.1f MiB)", num_blocks, block_size,
                  2 * self.k_cache.numel() * self.k_cache.element_size() / 2**20)
+
+    def _long_lived_tensors(self) -> Iterator[torch.Tensor]:
+        """Everything a decode step reads besides its activations: weights (with the int8 kernel's packed ones)
+        and the KV cache."""
+        yield from self.llm.parameters()
+        yield from self.llm.buffers()
+        for m in self.llm.modules():
+            if isinstance(m, Int8Linear):
+                values = (getattr(m.packed, f.name) for f in dataclasses.fields(m.packed))
+                yield from (t for t in values if isinstance(t, torch.Tensor))
+        yield self.k_cache
+        yield self.v_cache
 
     # ---- inputs --------------------------------------------------------------------------------------
     def _slots(self, block_table: Sequence[int], start: int, end: int) -> list[int]:
