@@ -1,62 +1,66 @@
-"""`import vocalis` asks torch for transparent huge pages (THP_MEM_ALLOC_ENABLE=1) unless the caller said otherwise.
-
-Each check runs in a fresh interpreter: torch reads the variable once, at its allocator's first use, and this test
-process has long since imported torch.
-"""
+"""`huge_pages.to_huge_pages` moves long-lived tensors onto 2 MiB pages in place, values and addresses unchanged;
+the engine applies it to the decoder's weights and KV cache; `VOCALIS_HUGE_PAGES=0` turns it off."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
+import re
 from pathlib import Path
 
 import pytest
+import torch
+
+from vocalis.engine import huge_pages
+from vocalis.engine.huge_pages import HUGE_PAGE, to_huge_pages
 
 _THP_MODE = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
-# Prints the variable as torch saw it and the growth of AnonHugePages (kB) over one 64 MiB tensor, touched.
-_PROBE = """
-import os, re
-import vocalis, torch
-def anon_huge_kb():
-    text = open("/proc/self/smaps_rollup").read()
-    return int(re.search(r"AnonHugePages:\\s+(\\d+) kB", text).group(1))
-before = anon_huge_kb()
-t = torch.empty(64 << 20, dtype=torch.uint8)
-t.fill_(1)
-print(os.environ.get("THP_MEM_ALLOC_ENABLE"), anon_huge_kb() - before)
-"""
-
-
-def _run_probe(env_value: str | None) -> tuple[str, int]:
-    env = {k: v for k, v in os.environ.items() if k != "THP_MEM_ALLOC_ENABLE"}
-    if env_value is not None:
-        env["THP_MEM_ALLOC_ENABLE"] = env_value
-    out = subprocess.run([sys.executable, "-c", _PROBE], env=env, check=True, capture_output=True, text=True,
-                         timeout=120).stdout.split()
-    return out[0], int(out[1])
-
 
 def _thp_mode() -> str | None:
-    """The kernel's selected THP mode (`always`, `madvise`, `never`), None where the kernel has no THP."""
-    if not _THP_MODE.exists() or not Path("/proc/self/smaps_rollup").exists():
+    if not _THP_MODE.exists() or not Path("/proc/self/smaps").exists():
         return None
     text = _THP_MODE.read_text()
     return text[text.index("[") + 1:text.index("]")]
 
 
-def test_import_puts_torch_tensors_on_huge_pages() -> None:
-    mode = _thp_mode()
-    if mode not in ("always", "madvise"):
-        pytest.skip(f"kernel THP mode is {mode!r}: no huge pages to ask for")
-    value, grown_kb = _run_probe(None)
-    assert value == "1"
-    assert grown_kb > 0  # at least one 2 MiB huge page under the tensor
+needs_thp = pytest.mark.skipif(_thp_mode() not in ("always", "madvise"), reason="no transparent huge pages here")
 
 
-def test_callers_explicit_zero_wins() -> None:
-    value, grown_kb = _run_probe("0")
-    assert value == "0"
-    if _thp_mode() == "madvise":  # with `always` the kernel gives huge pages whatever torch asks
-        assert grown_kb == 0
+def _huge_kb_at(address: int) -> int:
+    """AnonHugePages (kB) of the mapping that holds `address`."""
+    inside = False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = re.match(r"^([0-9a-f]+)-([0-9a-f]+) ", line)
+        if head:
+            inside = int(head.group(1), 16) <= address < int(head.group(2), 16)
+        elif inside and line.startswith("AnonHugePages:"):
+            return int(line.split()[1])
+    raise AssertionError(f"no mapping holds {address:#x}")
+
+
+@needs_thp
+@pytest.mark.parametrize("mib", [6, 24])
+def test_tensor_moves_onto_huge_pages_in_place(mib: int) -> None:
+    t = torch.randn(mib << 18)  # mib MiB of fp32
+    expected = t.clone()
+    ptr = t.data_ptr()
+    moved = to_huge_pages([t, t[10:]])  # a view of the same storage is collapsed once
+    assert moved >= HUGE_PAGE
+    assert moved <= (mib << 20) + 2 * HUGE_PAGE
+    assert t.data_ptr() == ptr
+    assert torch.equal(t, expected)
+    assert _huge_kb_at(ptr + (mib << 19)) >= HUGE_PAGE >> 10
+
+
+def test_switched_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VOCALIS_HUGE_PAGES", "0")
+    t = torch.randn(8 << 18)
+    assert to_huge_pages([t]) == 0
+
+
+def test_ranges_merge_frames() -> None:
+    a = torch.empty(3 << 20, dtype=torch.uint8)
+    ranges = huge_pages._ranges([a, a[5:], torch.empty(0)])
+    assert len(ranges) == 1
+    start, end = ranges[0]
+    assert start % HUGE_PAGE == 0 and end % HUGE_PAGE == 0
+    assert start <= a.data_ptr() and a.data_ptr() + a.numel() <= end

@@ -5,17 +5,8 @@ Public names are imported on first use, so `import vocalis` stays cheap.
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING, Any
 
-# Put torch's large CPU allocations (the engine's weights above all) on transparent huge pages. Batch-1 decode
-# streams every weight once per token, and on 4 KiB pages it reads measurably slower than on huge pages (TLB misses;
-# see README, "bench"). torch reads THP_MEM_ALLOC_ENABLE once, when its CPU allocator is first used, so this must run
-# before any torch tensor exists: every Vocalis entry point (the CLI, `python -m vocalis.*`, the server) imports this
-# package before torch. If the caller imported torch and allocated first, the setting cannot apply in that process.
-# setdefault: a caller's explicit THP_MEM_ALLOC_ENABLE=0 wins. It only asks (madvise); with the kernel's THP mode
-# `never` nothing changes. Costs ~+130 MiB peak RSS (huge-page rounding), measured with the bench.
-os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
 __all__ = ["TTS", "AudioChunk", "Mode", "SynthesisRequest", "Voice", "ModelConfig", "VocalisError"]
 __version__ = "0.1.0"

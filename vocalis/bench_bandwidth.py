@@ -16,9 +16,10 @@ limit uses the read figure, which on this machine is the higher of the two (medi
 README's runs), i.e. the stricter limit.
 
 Page size: numpy asks for transparent huge pages on large buffers (madvise), so the probe reads from 2 MiB pages;
-torch does too once THP_MEM_ALLOC_ENABLE=1, which `import vocalis` sets unless the caller chose otherwise. In one
-quiet run the probe on 4 KiB pages read 19-24 GB/s against 26-31 on huge pages. The limit keeps the huge-page
-figure: it is what the memory delivers (the report records THP_MEM_ALLOC_ENABLE).
+the engine moves its decoder weights and KV cache onto them too (`engine.huge_pages`, unless
+VOCALIS_HUGE_PAGES=0). In one quiet run the probe on 4 KiB pages read 19-24 GB/s against 26-31 on huge pages. The
+limit keeps the huge-page figure: it is what the memory delivers (the report records VOCALIS_HUGE_PAGES and
+THP_MEM_ALLOC_ENABLE).
 
 The probes run in a separate process (`BandwidthProbe`, spawned before the caller builds its model), so their
 buffers never count in the bench side's peak RSS; the caller blocks while a probe runs, so the two never overlap.

@@ -8,30 +8,36 @@ ms on glibc's defaults). So only the tensors that live as long as the engine are
 built: MADV_COLLAPSE (Linux 6.1+) copies the pages under a range into huge pages in place, at the same addresses,
 so views, packed layouts and pointers a native kernel already holds stay valid.
 
-Only the 2 MiB-aligned interior of each storage can be collapsed; storages under 4 MiB are left alone. Where the
-kernel cannot (THP mode `never`, an older kernel, not Linux) nothing changes. `VOCALIS_HUGE_PAGES=0` turns it off.
+Where the kernel cannot (THP mode `never`, an older kernel, not Linux) nothing changes. `VOCALIS_HUGE_PAGES=0` turns it off.
 """
 
 from __future__ import annotations
 
 import ctypes
+import errno
 import logging
 import os
 import sys
 from collections.abc import Iterable
+from pathlib import Path
 
 import torch
 
 log = logging.getLogger(__name__)
 
 HUGE_PAGE = 2 << 20
-_MADV_COLLAPSE = 25  # linux/mman.h
+_MADV_HUGEPAGE = 14  # linux/mman.h
+_MADV_COLLAPSE = 25
+_THP_MODE = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
 
 def _madvise() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
+    """libc's madvise, or None where collapsing cannot apply (not Linux, turned off, THP mode `never`)."""
     if not sys.platform.startswith("linux") or os.environ.get("VOCALIS_HUGE_PAGES", "1") == "0":
         return None
     try:
+        if "[never]" in _THP_MODE.read_text():
+            return None
         fn = ctypes.CDLL(None, use_errno=True).madvise
     except (OSError, AttributeError):
         return None
@@ -40,29 +46,44 @@ def _madvise() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
     return fn
 
 
+def _ranges(tensors: Iterable[torch.Tensor]) -> list[tuple[int, int]]:
+    """The 2 MiB frames under the tensors' storages, as merged [start, end) address ranges."""
+    frames = []
+    for t in tensors:
+        if t.device.type != "cpu" or t.untyped_storage().nbytes() == 0:
+            continue
+        ptr = t.untyped_storage().data_ptr()
+        frames.append((ptr // HUGE_PAGE * HUGE_PAGE, -(-(ptr + t.untyped_storage().nbytes()) // HUGE_PAGE) * HUGE_PAGE))
+    merged: list[tuple[int, int]] = []
+    for start, end in sorted(frames):
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((start, end))
+    return merged
+
+
 def to_huge_pages(tensors: Iterable[torch.Tensor]) -> int:
-    """Collapse the memory under these CPU tensors' storages (each storage once) into huge pages, in place;
-    returns the bytes now on huge pages (0 where the kernel cannot)."""
+    """Collapse the memory under these CPU tensors' storages into huge pages, in place; returns the bytes now on
+    huge pages (0 where the kernel cannot).
+
+    Whole 2 MiB frames are collapsed, so a small tensor (a layer's 1 MiB int8 q/k/v weight) gets its huge page
+    too, shared with whatever else lies in the frame (other weights, the heap); a frame the kernel refuses (it
+    crosses into another mapping) is left on small pages frame by frame."""
     madvise = _madvise()
     if madvise is None:
         return 0
-    seen: set[int] = set()
     moved = 0
-    for t in tensors:
-        if t.device.type != "cpu":
+    for start, end in _ranges(tensors):
+        madvise(start, end - start, _MADV_HUGEPAGE)  # pages not yet touched (KV cache) fault in as huge pages
+        if madvise(start, end - start, _MADV_COLLAPSE) == 0:
+            moved += end - start
             continue
-        storage = t.untyped_storage()
-        ptr = storage.data_ptr()
-        if ptr in seen:
-            continue
-        seen.add(ptr)
-        start = -(-ptr // HUGE_PAGE) * HUGE_PAGE
-        end = (ptr + storage.nbytes()) // HUGE_PAGE * HUGE_PAGE
-        if end <= start:
-            continue
-        if madvise(start, end - start, _MADV_COLLAPSE) != 0:
-            err = ctypes.get_errno()
-            log.debug("huge pages unavailable (madvise: %s)", os.strerror(err))
-            return moved
-        moved += end - start
+        # e.g. EINVAL or ENOMEM: the range crosses mappings the kernel will not collapse (or THP is off)
+        log.debug("madvise(%d MiB): %s; frame by frame", (end - start) >> 20, os.strerror(ctypes.get_errno()))
+        for frame in range(start, end, HUGE_PAGE):
+            if madvise(frame, HUGE_PAGE, _MADV_COLLAPSE) == 0:
+                moved += HUGE_PAGE
+            elif ctypes.get_errno() in (errno.EPERM, errno.ENOSYS):  # not allowed or no MADV_COLLAPSE here
+                return moved
     return moved
