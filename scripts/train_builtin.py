@@ -10,13 +10,17 @@ and in the background on a shared machine:
 
 Stages (each one a `vocalis` command, printed before it runs):
   corpus     vocalis corpus RUN/corpus --hours H                         (festival + espeak-ng teachers)
+  corpus_b   vocalis corpus RUN/corpus_b --hours HB --seed 1             (new sentences and voice variants: with
+             one 5 h corpus the LLM learned its sentences instead of how text sounds; docs/builtin-model.md)
   base       a random `builtin`-preset model directory with speaker_encoder.json (resemblyzer): the frontend
              source of every later stage
   prep_tok   vocalis prepare ... --no-speech-tokens --no-speaker-embeddings  (mel, F0, audio; tokenizer + HiFT data)
   tokenizer  vocalis train tokenizer twice (preset `builtin`: FSQ 3^6 = 729 ids, CTC on `latin` characters):
              RUN/tok_warm with the FSQ unrounded, then RUN/tokenizer from it with rounding -> exported into base
   prep       vocalis prepare ... --speech-tokenizer base/speech_tokenizer.safetensors (speech ids, resemblyzer x-vectors)
-  llm, flow  vocalis train llm|flow --set model.preset=builtin        (run concurrently, one thread each)
+  prep_b     the same for corpus_b
+  llm, flow  vocalis train llm|flow --data RUN/prep RUN/prep_b --set model.preset=builtin   (concurrently, one
+             thread each; learning rate held, then annealed as 1/sqrt(steps past the hold): `noam_hold`)
   hift       vocalis train hift on prep_tok, RUN/hift_warm: mel + F0 losses, no critic (concurrently with the rest)
   export     vocalis export (newest checkpoints) --base RUN/base, plus a default voice from a festival SLT clip
   install    (only with --install) copy the export to vocalis/assets/model
@@ -118,6 +122,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("run", type=Path, help="run folder (outside the repository), e.g. /work/runs/builtin")
     ap.add_argument("--hours", type=float, default=5.0, help="corpus size")
+    ap.add_argument("--hours-b", type=float, default=12.0, help="second corpus size (0: none)")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--tokenizer-warm-steps", type=int, default=1200)
     ap.add_argument("--tokenizer-steps", type=int, default=300)
@@ -135,10 +140,16 @@ def main() -> int:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     want = (lambda s: args.only is None or s in args.only)
     corpus, manifest = run / "corpus", run / "corpus" / "manifest.jsonl"
+    second = args.hours_b > 0
 
     if want("corpus") and stage(run, "corpus"):
         vocalis("corpus", str(corpus), "--hours", str(args.hours), "--workers", str(args.workers))
         mark(run, "corpus")
+    if second and want("corpus_b") and stage(run, "corpus_b"):
+        # another seed: other sentences and espeak-ng voice variants (the measurement's held-out ones stay out)
+        vocalis("corpus", str(run / "corpus_b"), "--hours", str(args.hours_b), "--workers", str(args.workers),
+                "--seed", "1")
+        mark(run, "corpus_b")
     base = make_base(run)
     if want("prep_tok") and stage(run, "prep_tok"):
         vocalis("prepare", str(manifest), str(run / "prep_tok"), "--model", str(base), "--workers", str(args.workers),
@@ -152,8 +163,8 @@ def main() -> int:
             # warm-up without a critic (mel + F0 losses): intelligible audio in far fewer, cheaper steps than the GAN
             # plus log-mel L1 at 512/1024-sample windows: the official 1920 one alone leaves 10-30 ms detail loose
             ["model.preset=builtin", "hift.adversarial=none", "hift.extra_mel_ffts=[512, 1024]", "optim.lr=1e-3",
-             "optim.betas=[0.8, 0.99]",
-             "scheduler.name=constant", "scheduler.warmup_steps=200", "data.max_frames_in_batch=816",
+             "optim.betas=[0.8, 0.99]", "scheduler.name=noam_hold", "scheduler.warmup_steps=200",
+             "scheduler.hold_steps=4600", "scheduler.decay_rate=1.0", "data.max_frames_in_batch=816",
              "data.segment_frames=51"]), background=True)
 
     if want("tokenizer") and stage(run, "tokenizer"):
@@ -176,23 +187,28 @@ def main() -> int:
             shutil.copy2(tok_export / f, base / f)
         mark(run, "tokenizer")
 
-    if want("prep") and stage(run, "prep"):
-        vocalis("prepare", str(manifest), str(run / "prep"), "--model", str(base), "--workers", str(args.workers),
-                "--utts-per-shard", "500", "--speech-tokenizer", str(base / "speech_tokenizer.safetensors"),
-                "--no-audio")
-        mark(run, "prep")
+    token_data = [("prep", manifest)] + ([("prep_b", run / "corpus_b" / "manifest.jsonl")] if second else [])
+    for name, source in token_data:
+        if want(name) and stage(run, name):
+            vocalis("prepare", str(source), str(run / name), "--model", str(base), "--workers", str(args.workers),
+                    "--utts-per-shard", "500", "--speech-tokenizer", str(base / "speech_tokenizer.safetensors"),
+                    "--no-audio")
+            mark(run, name)
+    data = [str(run / name) for name, _ in token_data]
 
     procs = []
     if want("llm"):
-        procs.append(vocalis("train", "llm", "--data", str(run / "prep"), *common_train_args(
+        procs.append(vocalis("train", "llm", "--data", *data, *common_train_args(
             run / "llm", args.llm_steps, 1,
-            ["model.preset=builtin", "optim.lr=1e-3", "scheduler.name=constant", "scheduler.warmup_steps=200",
-             "data.max_frames_in_batch=3000", "llm.bistream_prob=0.0"]), background=True))
+            ["model.preset=builtin", "optim.lr=1e-3", "scheduler.name=noam_hold", "scheduler.warmup_steps=200",
+             "scheduler.hold_steps=2000", "scheduler.decay_rate=1.0", "data.max_frames_in_batch=3000",
+             "llm.bistream_prob=0.0"]), background=True))
     if want("flow"):
-        procs.append(vocalis("train", "flow", "--data", str(run / "prep"), *common_train_args(
+        procs.append(vocalis("train", "flow", "--data", *data, *common_train_args(
             run / "flow", args.flow_steps, 1,
-            ["model.preset=builtin", "optim.lr=5e-4", "scheduler.name=constant", "scheduler.warmup_steps=200",
-             "data.max_frames_in_batch=3000"]), background=True))
+            ["model.preset=builtin", "optim.lr=5e-4", "scheduler.name=noam_hold", "scheduler.warmup_steps=200",
+             "scheduler.hold_steps=4400", "scheduler.decay_rate=1.0", "data.max_frames_in_batch=3000"]),
+            background=True))
     for p in [*procs, hift_proc]:
         if p is not None and p.wait() != 0:
             log(f"a training process exited with {p.returncode}")
