@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-
 __all__ = ["TTS", "AudioChunk", "Mode", "SynthesisRequest", "Voice", "ModelConfig", "VocalisError"]
 __version__ = "0.1.0"
 

@@ -8,7 +8,9 @@ ms on glibc's defaults). So only the tensors that live as long as the engine are
 built: MADV_COLLAPSE (Linux 6.1+) copies the pages under a range into huge pages in place, at the same addresses,
 so views, packed layouts and pointers a native kernel already holds stay valid.
 
-Where the kernel cannot (THP mode `never`, an older kernel, not Linux) nothing changes. `VOCALIS_HUGE_PAGES=0` turns it off.
+Where the kernel cannot (THP mode `never`, an older kernel, not Linux) nothing changes. `VOCALIS_HUGE_PAGES=0`
+turns it off. Untouched pages cannot be collapsed (the KV cache before use); MADV_HUGEPAGE makes them fault in
+as huge pages later.
 """
 
 from __future__ import annotations
