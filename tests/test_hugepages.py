@@ -64,3 +64,23 @@ def test_ranges_merge_frames() -> None:
     start, end = ranges[0]
     assert start % HUGE_PAGE == 0 and end % HUGE_PAGE == 0
     assert start <= a.data_ptr() and a.data_ptr() + a.numel() <= end
+
+
+@needs_thp
+def test_engine_kv_cache_faults_in_on_huge_pages(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The KV cache is untouched when the engine is built (nothing to collapse): it is marked so its first use
+    faults in huge pages."""
+    from vocalis.config import PRESETS
+    from vocalis.engine.config import EngineConfig
+    from vocalis.engine.llm_engine import LLMEngine
+    from vocalis.models.speech_lm import Qwen2LM
+
+    monkeypatch.setenv("VOCALIS_HUGE_PAGES", "1")
+    torch.manual_seed(0)
+    lm = Qwen2LM(PRESETS["tiny"].llm).eval().requires_grad_(False)
+    engine = LLMEngine(lm, EngineConfig(block_size=16, num_kv_blocks=4096))
+    cache = engine.runner.k_cache
+    assert cache.nbytes >= 8 * HUGE_PAGE
+    cache.fill_(1.0)  # first touch, after the engine was built
+    assert _huge_kb_at(cache.data_ptr() + cache.nbytes // 2) >= HUGE_PAGE >> 10
+
