@@ -404,8 +404,7 @@ class AsyncEngine:
         to_end = max(req.params.max_len - req.num_output_tokens, 1)  # the request ends by then: its final chunk
         if not s.streaming:
             return prefill_steps + to_end
-        to_hop = self.token2wav.this_hop(s) + self.token2wav.stream.pre_lookahead_len - (len(s.tokens) - s.token_offset)
-        return prefill_steps + max(1, min(to_hop, to_end))
+        return prefill_steps + max(1, min(self.token2wav.tokens_short(s), to_end))
 
     def _vocodable(self, job: _Job) -> StreamState | None:
         s = job.states[job.emitting]

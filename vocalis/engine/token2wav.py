@@ -272,12 +272,17 @@ class Token2WavEngine:
             return state.hop + math.ceil(p / chunk) * chunk - p
         return state.hop
 
+    def tokens_short(self, state: StreamState) -> int:
+        """Generated tokens a streaming request still needs for its next non-final chunk (its hop plus the
+        look-ahead); <= 0 when the chunk is ready."""
+        return self.this_hop(state) + self.stream.pre_lookahead_len - (len(state.tokens) - state.token_offset)
+
     def next_work(self, state: StreamState) -> str | None:
         """"chunk" (a non-final streaming chunk is ready), "final", or None (waiting for tokens)."""
         if state.finished:
             return None
         if state.streaming:
-            if len(state.tokens) - state.token_offset >= self.this_hop(state) + self.stream.pre_lookahead_len:
+            if self.tokens_short(state) <= 0:
                 return "chunk"
             return "final" if state.input_done else None
         return "final" if state.input_done else None
