@@ -52,10 +52,11 @@ def _ranges(tensors: Iterable[torch.Tensor]) -> list[tuple[int, int]]:
     """The 2 MiB frames under the tensors' storages, as merged [start, end) address ranges."""
     frames = []
     for t in tensors:
-        if t.device.type != "cpu" or t.untyped_storage().nbytes() == 0:
+        storage = t.untyped_storage()
+        if t.device.type != "cpu" or storage.nbytes() == 0:
             continue
-        ptr = t.untyped_storage().data_ptr()
-        frames.append((ptr // HUGE_PAGE * HUGE_PAGE, -(-(ptr + t.untyped_storage().nbytes()) // HUGE_PAGE) * HUGE_PAGE))
+        ptr = storage.data_ptr()
+        frames.append((ptr // HUGE_PAGE * HUGE_PAGE, -(-(ptr + storage.nbytes()) // HUGE_PAGE) * HUGE_PAGE))
     merged: list[tuple[int, int]] = []
     for start, end in sorted(frames):
         if merged and start <= merged[-1][1]:

@@ -101,11 +101,14 @@ class ModelRunner:
                  2 * self.k_cache.numel() * self.k_cache.element_size() / 2**20)
 
     def _long_lived_tensors(self) -> Iterator[torch.Tensor]:
-        """Everything a decode step reads besides its activations: weights (with the int8 kernel's packed ones)
-        and the KV cache."""
-        yield from self.llm.parameters()
-        yield from self.llm.buffers()
-        for m in self.llm.modules():
+        """What a decode step streams whole: the decoder layers' and the speech head's weights (with the int8
+        kernel's packed ones) and the KV cache. Not the embedding tables (a step reads one row of them; Qwen's text
+        table alone is ~0.5 GB at the 0.5B shapes, a cost to collapse at start-up for nothing)."""
+        decoder = (self.llm.qwen.layers, self.llm.qwen.norm, self.llm.llm_decoder)
+        for part in decoder:
+            yield from part.parameters()
+            yield from part.buffers()
+        for m in (m for part in decoder for m in part.modules()):
             if isinstance(m, Int8Linear):
                 values = (getattr(m.packed, f.name) for f in dataclasses.fields(m.packed))
                 yield from (t for t in values if isinstance(t, torch.Tensor))
