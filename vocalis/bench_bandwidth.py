@@ -7,13 +7,14 @@ the decode got (fractions above 1 were seen). The bench therefore interleaves: p
 probe, and divides the decode's bytes/s by the *median* probe. The min/median/max of the probes and of the
 per-segment fractions are reported with it, so a reader sees how much the host moved during the run.
 
-A probe is a streaming read of a buffer 8x the 32 MiB LLC (`READ_MIB`), split over `threads` Python threads each
-running a SIMD byte-max reduction (numpy drops the GIL in it; it does far less work per byte than memory
-delivers, so it measures memory, not arithmetic: on one thread an fp32 sum read 19 GB/s where the byte max read
-21-28). It counts the bytes read over the wall time of all passes (a sustained figure, like the decode's; no
-best-of). The STREAM-style copy (bytes read + written, numpy copyto) is probed too and reported for context; the
-limit uses the read figure, which on this machine is the higher of the two (medians 31-47 vs 28-39 GB/s in the
-README's runs), i.e. the stricter limit.
+A probe is a streaming read of a buffer 8x the 32 MiB LLC (`READ_MIB`): torch's uint8 `max()` over it on `threads`
+OpenMP threads, `READ_PASSES` times. It counts the bytes read over the wall time of all passes (a sustained
+figure, like the decode's; no best-of). Why native threads: the probe used to be numpy's byte max split over
+`threads` Python threads, 2 passes; each thread's pass over its 128 MiB took a few ms, so thread start-up skew was
+a real share of it. Interleaved on this machine (training paused, medians of 8): that probe read 27.3 / 28.3 GB/s,
+the same with 8 passes 31.6, this one 34.0 / 34.7, and a C++ AVX-512 read loop on 2 OpenMP threads ~34 in such
+windows (57 in a window where the host was fast). The old probe set a limit ~20-25 % too low. The
+STREAM-style copy (bytes read + written, numpy copyto) is probed too and reported for context.
 
 Page size: numpy asks for transparent huge pages on large buffers (madvise), so the probe reads from 2 MiB pages;
 the engine moves its decoder weights and KV cache onto them too (`engine.huge_pages`, unless
@@ -35,22 +36,25 @@ from collections.abc import Sequence
 from typing import Any, Self
 
 import numpy as np
+import torch
 
 READ_MIB = 256  # probe buffer: 8x this machine's LLC, so every pass streams from DRAM
 COPY_MIB = 128  # copy probe: source and destination each this size (read + write = 2x)
+READ_PASSES = 4
 
 
-def read_gbps(buf: np.ndarray, threads: int, passes: int = 2) -> float:
-    """Streaming-read bandwidth, GB/s: `passes` reads of `buf` (uint8) split over `threads` threads."""
-    chunks = np.array_split(buf, threads)
-
-    def read(chunk: np.ndarray) -> None:
-        np.maximum.reduce(chunk)
-
-    start = time.perf_counter()
-    for _ in range(passes):
-        _in_threads(read, [(c,) for c in chunks])
-    return passes * buf.nbytes / (time.perf_counter() - start) / 1e9
+def read_gbps(buf: np.ndarray, threads: int, passes: int = READ_PASSES) -> float:
+    """Streaming-read bandwidth, GB/s: `passes` reads of `buf` (uint8) by torch's max() on `threads` OpenMP threads."""
+    data = torch.from_numpy(buf)  # the same memory, no copy
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        start = time.perf_counter()
+        for _ in range(passes):
+            data.max()
+        return passes * buf.nbytes / (time.perf_counter() - start) / 1e9
+    finally:
+        torch.set_num_threads(before)
 
 
 def copy_gbps(src: np.ndarray, dst: np.ndarray, threads: int, passes: int = 1) -> float:
