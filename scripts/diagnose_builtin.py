@@ -8,7 +8,7 @@ f0:        the vocoder alone (teacher mel -> HiFT) with HiFT's own predicted F0 
            its source: WER of each, and the predicted F0's mean error on voiced frames.
 
     python scripts/diagnose_builtin.py prompting --model DIR --measure OUT [-n 24]
-    python scripts/diagnose_builtin.py f0 --model DIR --measure OUT [-n 30]
+    python scripts/diagnose_builtin.py f0 --model DIR --measure OUT [-n 24]   (the docs' figures: -n 30)
 
 Wavs are written beside the teacher clips (`zero_shot-*.wav`, `cross_lingual-*.wav`, `f0p-*.wav`, `f0t-*.wav`).
 """

@@ -201,7 +201,7 @@ def main() -> int:
             vocalis("train", "tokenizer", "--data", *audio, *common_train_args(
                 run / "tokenizer2", args.tokenizer2_steps, 1,
                 ["tokenizer.preset=builtin", "tokenizer.unit=latin",
-                 f"tokenizer.init_from={tok_export / 'speech_tokenizer.safetensors'}", "optim.lr=3e-4",
+                 f"tokenizer.init_from={tok_export}", "optim.lr=3e-4",
                  "scheduler.name=constant", "scheduler.warmup_steps=50", "data.max_frames_in_batch=6000"]))
             tok_export = export_tokenizer(run / "tokenizer2")
         for f in ("speech_tokenizer.safetensors", "speech_tokenizer.json"):

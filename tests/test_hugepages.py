@@ -83,4 +83,3 @@ def test_engine_kv_cache_faults_in_on_huge_pages(monkeypatch: pytest.MonkeyPatch
     assert cache.nbytes >= 8 * HUGE_PAGE
     cache.fill_(1.0)  # first touch, after the engine was built
     assert _huge_kb_at(cache.data_ptr() + cache.nbytes // 2) >= HUGE_PAGE >> 10
-
