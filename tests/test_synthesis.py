@@ -58,6 +58,29 @@ def test_streaming_has_same_tokens_and_length_as_whole(tts: TTS, prompt_wav: Pat
     _audio_ok(streamed, tts)
 
 
+def test_stream_sends_a_chunk_as_soon_as_it_is_computed(tts: TTS, prompt_wav: Path) -> None:
+    """When the caller has the first chunk, the LLM has written only the tokens that chunk needed (25 + 3 look-ahead
+    + prompt padding), not those of the chunk after it."""
+    llm = tts.model.llm
+    generate, written = llm.generate, []
+
+    def counting(*args, **kwargs):
+        for token in generate(*args, **kwargs):
+            written.append(token)
+            yield token
+
+    llm.generate = counting
+    try:
+        chunks = tts.stream(TEXT, prompt_wav=prompt_wav, prompt_text="A short prompt.", seed=3)
+        first = next(chunks)
+        at_first = len(written)
+        rest = list(chunks)
+    finally:
+        del llm.generate
+    assert not first.final and rest and rest[-1].final
+    assert at_first <= 25 + 3 + 25 < len(written)
+
+
 def test_cross_lingual_instruct_and_modes_differ(tts: TTS, prompt_wav: Path) -> None:
     cross = tts.synthesize(TEXT, prompt_wav=prompt_wav, seed=5)
     instruct = tts.synthesize(TEXT, prompt_wav=prompt_wav, instruct="Speak slowly.", seed=5)

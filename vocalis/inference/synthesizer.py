@@ -156,32 +156,42 @@ class Synthesizer:
                                           generator=gen)
 
     def run(self, request: SynthesisRequest, stream: bool = False) -> Iterator[AudioChunk]:
-        """Audio for `request`: one chunk per segment, or several per segment when streaming."""
+        """Audio for `request`: one chunk per segment, or several per segment when streaming.
+
+        A streaming chunk goes out as soon as it is computed. Only a segment's last chunk is held back until the
+        next segment has audio or the request ends: it is the request's last (`final`) exactly when no segment
+        after it produces any."""
         llm_gen, voc_gen = self.generators(request.seed)
         prompt = self.flow_prompt(request)
-        pending: AudioChunk | None = None
+        held: AudioChunk | None = None
         for segment, tokens in enumerate(self._speech_token_streams(request, llm_gen)):
-            for wav in self._token_audio(tokens, prompt, request.speed, stream, voc_gen):
-                if pending is not None:
-                    yield pending
-                pending = AudioChunk(wav.reshape(-1).numpy().astype(np.float32), self.sample_rate, segment, False)
-        if pending is None:
+            for wav, ends_segment in self._token_audio(tokens, prompt, request.speed, stream, voc_gen):
+                chunk = AudioChunk(wav.reshape(-1).numpy().astype(np.float32), self.sample_rate, segment, False)
+                if held is not None:
+                    yield held
+                    held = None
+                if ends_segment:
+                    held = chunk
+                else:
+                    yield chunk
+        if held is None:  # every segment with audio ends on a held chunk, so none had any
             raise InputError("nothing was synthesised (the model produced no speech tokens)")
-        yield AudioChunk(pending.samples, pending.sample_rate, pending.segment, True)
+        yield AudioChunk(held.samples, held.sample_rate, held.segment, True)
 
     def _token_audio(self, tokens: Iterable[int], prompt: FlowPrompt, speed: float, stream: bool,
-                     gen: torch.Generator) -> Iterator[torch.Tensor]:
+                     gen: torch.Generator) -> Iterator[tuple[torch.Tensor, bool]]:
+        """(waveform, whether it ends the segment) as the tokens arrive."""
         t2w = self.token2wav
         if not stream:
             ids = list(tokens)
             if ids:
-                yield t2w.offline(torch.tensor([ids], dtype=torch.int32), prompt, speed, gen)
+                yield t2w.offline(torch.tensor([ids], dtype=torch.int32), prompt, speed, gen), True
             return
         state = t2w.new_state(prompt, gen)
         ids: list[int] = []
         for tok in tokens:
             ids.append(tok)
             if t2w.ready(state, len(ids)):
-                yield t2w.stream_step(state, torch.tensor([ids], dtype=torch.int32), speed)
+                yield t2w.stream_step(state, torch.tensor([ids], dtype=torch.int32), speed), False
         if ids:  # also flushes the tail held back by the last chunk
-            yield t2w.finish(state, torch.tensor([ids], dtype=torch.int32), speed)
+            yield t2w.finish(state, torch.tensor([ids], dtype=torch.int32), speed), True
