@@ -8,8 +8,9 @@ Precision (what the heavy matmuls run in):
 - int8 (CPU only): the LLM's Linear layers run our AVX-512 VNNI int8 kernel (`int8_gemv`: int8 weights per
   output channel, activations quantized per row and call; 1.1-1.5x fbgemm's decode speed at batch 16-1), or, where
   the kernel cannot be built or run (no AVX-512 VNNI, no compiler; logged once), dynamic quantization
-  (`torch.ao.quantization.quantize_dynamic`, fbgemm) as the flow estimator's Linear layers always do (their
-  many-row GEMMs are fbgemm's strength).
+  (`torch.ao.quantization.quantize_dynamic`, fbgemm). The flow estimator's Linear layers always run as fbgemm int8
+  GEMMs (`dynamic_int8`: per-channel weights, 8-bit activations on CPUs with VNNI; many-row GEMMs are fbgemm's
+  strength).
 Swapping modules (not an autocast context) means every caller of the modules, the reference path, the LLM engine
 and the token2wav engine's incremental path alike, runs the chosen precision with no extra plumbing.
 
@@ -45,6 +46,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vocalis.engine.dynamic_int8 import quantize_estimator_int8
 from vocalis.errors import InputError
 
 log = logging.getLogger(__name__)
@@ -198,7 +200,7 @@ def apply_backend(model: object, backend: str = "torch", precision: str = "fp32"
         else:
             n_llm = quantize_linears_int8(llm)
             notes.append(f"{n_llm} LLM Linear layers int8 (dynamic, fbgemm)")
-        n = quantize_linears_int8(estimator)
+        n = quantize_estimator_int8(estimator)
         notes.append(f"{n} flow-estimator Linear layers int8 (dynamic), the rest fp32")
     if backend == "compile":
         flow.decoder.estimator = torch.compile(estimator)
