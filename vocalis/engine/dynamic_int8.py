@@ -17,6 +17,7 @@ Legend: K / N input / output width.
 from __future__ import annotations
 
 import functools
+import warnings
 from pathlib import Path
 
 import torch
@@ -48,7 +49,9 @@ class Int8Linear(nn.Module):
         _use_x86_engine()
         w = weight.detach().float().contiguous()
         scale = (w.abs().amax(dim=1) / 127.0).clamp_min(1e-12).double()
-        qweight = torch.quantize_per_channel(w, scale, torch.zeros_like(scale, dtype=torch.long), 0, torch.qint8)
+        with warnings.catch_warnings():  # quantized tensors are deprecated upstream but present in torch 2.13
+            warnings.simplefilter("ignore")
+            qweight = torch.quantize_per_channel(w, scale, torch.zeros_like(scale, dtype=torch.long), 0, torch.qint8)
         self.out_features, self.in_features = w.shape
         self._packed = torch.ops.quantized.linear_prepack(qweight, None if bias is None else bias.detach().float())
         self._reduce_range = not eight_bit_activations()
