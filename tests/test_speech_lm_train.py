@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -100,3 +101,21 @@ def test_label_smoothing_matches_kl_to_smoothed_target() -> None:
     assert torch.allclose(label_smoothing_loss(logits, target, eps), expected, atol=1e-6)
     ce = F.cross_entropy(logits[0], target[0], ignore_index=IGNORE_ID)
     assert torch.allclose(label_smoothing_loss(logits, target, 0.0), ce, atol=1e-6)
+
+
+def test_residual_dropout_acts_in_training_only() -> None:
+    text, tl, speech, sl = _batch([4, 3], [6, 5])
+    plain, dropped = _tiny(), _tiny()
+    dropped.qwen.set_residual_dropout(0.3)
+    for m in (plain, dropped):
+        m.eval()
+    ref = lm_training_forward(plain, text, tl, speech, sl, rng=random.Random(0), bistream_prob=0.0).loss
+    same = lm_training_forward(dropped, text, tl, speech, sl, rng=random.Random(0), bistream_prob=0.0).loss
+    assert torch.equal(ref, same)  # eval mode: no dropout, the released numerics
+    dropped.train()
+    torch.manual_seed(1)
+    a = lm_training_forward(dropped, text, tl, speech, sl, rng=random.Random(0), bistream_prob=0.0).loss
+    b = lm_training_forward(dropped, text, tl, speech, sl, rng=random.Random(0), bistream_prob=0.0).loss
+    assert not torch.equal(a, b) and not torch.equal(a, ref)
+    with pytest.raises(ValueError, match="dropout"):
+        dropped.qwen.set_residual_dropout(1.0)

@@ -135,6 +135,9 @@ class Qwen2DecoderLayer(nn.Module):
         self.mlp = Qwen2MLP(config)
         self.input_layernorm = Qwen2RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = Qwen2RMSNorm(config.hidden_size, config.rms_norm_eps)
+        # dropout on the attention and MLP outputs before each residual add, in training mode only: a training
+        # choice, not part of the architecture (the released Qwen2 has none); see Qwen2Model.set_residual_dropout
+        self.residual_dropout = 0.0
 
     def forward(
         self,
@@ -147,8 +150,10 @@ class Qwen2DecoderLayer(nn.Module):
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         """x: (B, T, D) -> (B, T, D) and the layer's keys/values."""
         attn, kv = self.self_attn(self.input_layernorm(x), cos, sin, attn_mask, is_causal, past)
-        x = x + attn
-        x = x + self.mlp(self.post_attention_layernorm(x))
+        p = self.residual_dropout if self.training else 0.0
+        x = x + (F.dropout(attn, p, True) if p > 0 else attn)
+        mlp = self.mlp(self.post_attention_layernorm(x))
+        x = x + (F.dropout(mlp, p, True) if p > 0 else mlp)
         return x, kv
 
 
@@ -161,6 +166,13 @@ class Qwen2Model(nn.Module):
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(Qwen2DecoderLayer(config) for _ in range(config.num_hidden_layers))
         self.norm = Qwen2RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def set_residual_dropout(self, p: float) -> None:
+        """Dropout rate on every layer's attention and MLP outputs in training mode (0: none, as released)."""
+        if not 0.0 <= p < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {p}")
+        for layer in self.layers:
+            layer.residual_dropout = p
 
     def forward(self, inputs_embeds: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Causal pass over a batch. inputs_embeds: (B, T, D); attention_mask: (B, T) bool/int, true/1 = real

@@ -46,6 +46,11 @@ class ModelInitConfig:
 class LLMTaskConfig:
     bistream_prob: float = 0.5  # share of eligible samples trained as 5:15 text-speech interleaving
     label_smoothing: float | None = None  # None: the model config's lsm_weight
+    dropout: float = 0.0  # residual dropout in the Qwen2 layers while training (Qwen2Model.set_residual_dropout)
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"llm.dropout must be in [0, 1), got {self.dropout}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -38,6 +38,7 @@ class LLMTask(Task):
         assert isinstance(llm, Qwen2LM)
         if config.llm.label_smoothing is not None:
             llm.config = dataclasses.replace(llm.config, lsm_weight=config.llm.label_smoothing)
+        llm.qwen.set_residual_dropout(config.llm.dropout)
         self.modules = {"llm": llm}
         self.objective: nn.Module = LMObjective(llm, config.llm.bistream_prob)
 
