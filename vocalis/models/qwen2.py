@@ -179,7 +179,7 @@ class Qwen2Model(nn.Module):
         position (right padding), None = all real. Returns the final-norm hidden states (B, T, D); positions
         start at 0 in every row, and outputs at padded positions are meaningless.
         """
-        b, t, _ = inputs_embeds.shape
+        t = inputs_embeds.shape[1]
         positions = torch.arange(t, device=inputs_embeds.device)
         if attention_mask is None:
             mask, is_causal = None, t > 1
