@@ -4,12 +4,12 @@ Weights are quantized once, symmetric int8 per output channel; activations are q
 zero point over the whole input, asymmetric uint8), products summed exactly in int32 and scaled back to fp32.
 
 Why not `torch.ao.quantization.quantize_dynamic`'s modules: they always ask fbgemm for 7-bit activations
-(`reduce_range`), which only CPUs without VNNI need (their u8 x s8 pair products are summed into saturating int16;
-VPDPBUSD sums into int32, and fbgemm uses it where the CPU has AVX-512 VNNI). With 8-bit activations the error halves at
-the same speed (a 768 -> 256 layer on 200 rows: max error 1.3e-2 vs 2.8e-2 of the output's range, 139 vs 138 us).
-Per-channel weights and 8-bit activations together: mel error of the int8 estimator against fp32 5.6e-3 of the
-mel's range on the built-in model (9.5e-3 with `quantize_dynamic`), 7.2e-3 at the 0.5B shapes with random weights
-(9.2e-3).
+(`reduce_range`), which only CPUs without VNNI need (their u8 x s8 pair products are summed into saturating
+int16; VPDPBUSD sums into int32; tests/test_backends.py checks for saturation on the input that would cause it).
+With 8-bit activations the error halves at the same speed (a 768 -> 256 layer on 200 rows: max error 1.3e-2 vs
+2.8e-2 of the output's range, 139 vs 138 us). Per-channel weights and 8-bit activations together: mel error of the
+int8 estimator against fp32 5.6e-3 of the mel's range on a trained built-in model (9.5e-3 with `quantize_dynamic`),
+7.2e-3 at the 0.5B shapes with random weights (9.2e-3).
 
 Legend: K / N input / output width.
 """
@@ -26,7 +26,7 @@ from torch import nn
 
 @functools.cache
 def eight_bit_activations() -> bool:
-    """Whether fbgemm may quantize activations to all 8 bits here: only with VNNI's int32 sums (see the module doc)."""
+    """Whether fbgemm may quantize activations to all 8 bits here: only with VNNI's int32 sums (module doc)."""
     try:
         flags = next((line.split(":", 1)[1].split() for line in Path("/proc/cpuinfo").read_text().splitlines()
                       if line.startswith("flags")), [])
@@ -65,7 +65,8 @@ class Int8Linear(nn.Module):
         return y.view(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, 8-bit activations: {not self._reduce_range}"
+        bits = 7 if self._reduce_range else 8
+        return f"in_features={self.in_features}, out_features={self.out_features}, {bits}-bit activations"
 
 
 def quantize_estimator_int8(estimator: nn.Module) -> int:
