@@ -5,8 +5,8 @@ reference path (`Qwen2LM.generate`, `inference.token2wav.Token2Wav`, `Synthesize
 and the engine at every requested precision. Reported: LLM prefill and decode tokens/s at each batch, the
 machine's memory bandwidth (streaming-read probes interleaved with the batch-1 decode, see `bench_measure` /
 `bench_bandwidth`), the decode limit it implies for the precision and the fraction reached, token2wav RTF,
-end-to-end RTF and first-chunk latency, audio seconds per second at each concurrency, peak RSS; a JSON file and
-a PNG plot.
+end-to-end RTF and first-chunk latency (single-stream: medians of `e2e_repeats` requests on each side), audio
+seconds per second at each concurrency, peak RSS; a JSON file and a PNG plot.
 
 The reference path serves one request at a time, so its throughput at any concurrency is its single-stream
 figure (measured once) and its LLM speed at any batch is its batch-1 speed.
@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 
 PARTS = ("llm", "token2wav", "e2e")  # as bench_measure.PARTS (not imported here: it pulls in torch)
 QUICK = {"batches": (1, 4), "concurrency": (1, 4), "decode_tokens": 6, "b1_decode_tokens": 8, "b1_segments": 2,
-         "b1_warmup_tokens": 1, "tokens": 40, "prompt_tokens": 30, "text_words": 6}
+         "b1_warmup_tokens": 1, "e2e_repeats": 1, "tokens": 40, "prompt_tokens": 30, "text_words": 6}
 TARGETS = {
     "decode_b1_fraction_of_limit": ">= 0.70",
     "first_chunk_vs_reference": "<= 0.333",
@@ -239,6 +239,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--concurrency", help="concurrent streams, comma separated (default 1,4,8,16)")
     p.add_argument("--parts", default=",".join(PARTS),
                    help=f"what to measure, comma separated: {', '.join(PARTS)} (e.g. --parts llm: LLM only, quick)")
+    p.add_argument("--e2e-repeats", type=int,
+                   help="single-stream end-to-end requests per side, their medians reported (default 3)")
     p.add_argument("--quick", action="store_true", help="a small subset: batches 1,4, streams 1,4, short utterances")
     p.add_argument("--json", default="vocalis-bench.json", help="JSON report path")
     p.add_argument("--plot", default="vocalis-bench.png", help="PNG plot path ('' for none)")
@@ -255,6 +257,8 @@ def config_from_args(args: argparse.Namespace) -> Any:
         raise InputError(f"--parts takes a comma-separated subset of {', '.join(PARTS)}, got {args.parts!r}")
     if args.tokens is not None:
         kw["tokens"] = args.tokens
+    if args.e2e_repeats is not None:
+        kw["e2e_repeats"] = args.e2e_repeats
     for name in ("batches", "concurrency"):
         value = getattr(args, name)
         if value:
@@ -268,8 +272,9 @@ def config_from_args(args: argparse.Namespace) -> Any:
 
         # resolve "auto" and fail with a clear message now rather than from a side process
         kw["precisions"] = tuple(dict.fromkeys(resolve(args.backend, p)[1] for p in kw["precisions"]))
-    if kw.get("tokens", 1) < 1 or any(v < 1 for v in kw.get("batches", ()) + kw.get("concurrency", ())):
-        raise InputError("--tokens, --batches and --concurrency must be positive")
+    if kw.get("tokens", 1) < 1 or kw.get("e2e_repeats", 1) < 1 \
+            or any(v < 1 for v in kw.get("batches", ()) + kw.get("concurrency", ())):
+        raise InputError("--tokens, --e2e-repeats, --batches and --concurrency must be positive")
     return BenchConfig(**kw)
 
 

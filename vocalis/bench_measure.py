@@ -53,6 +53,7 @@ class BenchConfig:
     b1_decode_tokens: int = 64  # batch-1 decode steps timed against the bandwidth limit (bench_bandwidth)
     b1_segments: int = 4  # ... in this many segments, a bandwidth probe before each and after the last
     b1_warmup_tokens: int = 4  # untimed batch-1 decode steps first (the first steps after prefill ran slower)
+    e2e_repeats: int = 3  # single-stream end-to-end requests per side; their medians are reported (one varies ~10 %)
     tokens: int = 75  # speech tokens per utterance (3 s)
     prompt_tokens: int = 75  # the voice's prompt speech (3 s)
     text_words: int = 12
@@ -223,19 +224,28 @@ def _reference_e2e(cfg: BenchConfig, model: LoadedModel, voice: Voice, synth: An
         return generate(*args, min_len=cfg.tokens, max_len=cfg.tokens, sample_fn=fn)
 
     lm.generate = fixed_generate  # type: ignore[method-assign]
+    runs = []
     try:
-        request = SynthesisRequest(voice, Mode.ZERO_SHOT, bench_text(cfg, 1), seed=0, text_frontend=False)
-        start = time.perf_counter()
-        first_chunk, audio = None, 0.0
-        for chunk in synth.run(request, stream=True):
-            first_chunk = first_chunk or time.perf_counter() - start
-            audio += chunk.duration
-        wall = time.perf_counter() - start
+        for _ in range(cfg.e2e_repeats):
+            request = SynthesisRequest(voice, Mode.ZERO_SHOT, bench_text(cfg, 1), seed=0, text_frontend=False)
+            start = time.perf_counter()
+            first_chunk, audio = None, 0.0
+            for chunk in synth.run(request, stream=True):
+                first_chunk = first_chunk or time.perf_counter() - start
+                audio += chunk.duration
+            wall = time.perf_counter() - start
+            runs.append({"first_chunk_s": first_chunk, "rtf": wall / audio, "audio_s": audio, "wall_s": wall,
+                         "audio_s_per_s": audio / wall})
+            log.info("reference end to end: %s", runs[-1])
     finally:
         del lm.generate
-    out = {"first_chunk_s": first_chunk, "rtf": wall / audio, "audio_s": audio, "wall_s": wall,
-           "audio_s_per_s": audio / wall}
-    log.info("reference end to end: %s", out)
+    return _medians(runs)
+
+
+def _medians(runs: list[dict[str, float]]) -> dict[str, Any]:
+    """The median of every figure over repeated runs, and the runs themselves under "runs"."""
+    out: dict[str, Any] = {k: float(np.median([r[k] for r in runs])) for k in runs[0]}
+    out["runs"] = runs
     return out
 
 
@@ -398,8 +408,11 @@ async def _engine_e2e(cfg: BenchConfig, model: LoadedModel, voice: Voice) -> dic
     with engine:
         await _engine_batch(engine, voice, cfg, 1, salt=100)  # warm-up (text path, caches)
         for c in cfg.concurrency:
-            results[str(c)] = await _engine_batch(engine, voice, cfg, c, salt=c)
-            log.info("engine end to end, %d streams: %s", c, results[str(c)])
+            runs = []
+            for _ in range(cfg.e2e_repeats if c == 1 else 1):  # as the reference's single-stream figures
+                runs.append(await _engine_batch(engine, voice, cfg, c, salt=c))
+                log.info("engine end to end, %d streams: %s", c, runs[-1])
+            results[str(c)] = _medians(runs)
     return results
 
 
