@@ -46,7 +46,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vocalis.engine.dynamic_int8 import quantize_estimator_int8
+from vocalis.engine.dynamic_int8 import quantize_estimator_int8, use_x86_quantized_engine
 from vocalis.errors import InputError
 
 log = logging.getLogger(__name__)
@@ -101,8 +101,7 @@ def cast_linears(module: nn.Module, dtype: torch.dtype) -> int:
 def quantize_linears_int8(module: nn.Module) -> int:
     """Dynamic int8 quantization of every `nn.Linear` below `module` (in place, CPU); returns how many."""
     count = sum(1 for m in module.modules() if type(m) is nn.Linear)
-    if "x86" in torch.backends.quantized.supported_engines:
-        torch.backends.quantized.engine = "x86"  # fastest here at batch 1 and at flow-sized batches
+    use_x86_quantized_engine()
     with warnings.catch_warnings():  # eager dynamic quantization is deprecated upstream but present in torch 2.13
         warnings.simplefilter("ignore")
         torch.ao.quantization.quantize_dynamic(module, {nn.Linear}, dtype=torch.qint8, inplace=True)

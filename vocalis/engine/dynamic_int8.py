@@ -18,26 +18,23 @@ from __future__ import annotations
 
 import functools
 import warnings
-from pathlib import Path
 
 import torch
 from torch import nn
+
+from vocalis.engine.int8_gemv import _cpu_reason
 
 
 @functools.cache
 def eight_bit_activations() -> bool:
     """Whether fbgemm may quantize activations to all 8 bits here: only with VNNI's int32 sums (module doc)."""
-    try:
-        flags = next((line.split(":", 1)[1].split() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                      if line.startswith("flags")), [])
-    except OSError:
-        return False
-    return "avx512_vnni" in flags
+    return _cpu_reason(("avx512_vnni",)) is None
 
 
-def _use_x86_engine() -> None:
+def use_x86_quantized_engine() -> None:
+    """Quantized ops through fbgemm's x86 kernels (fastest here at batch 1 and at flow-sized batches)."""
     if "x86" in torch.backends.quantized.supported_engines:
-        torch.backends.quantized.engine = "x86"  # fbgemm's kernels; fastest here at flow-sized GEMMs
+        torch.backends.quantized.engine = "x86"
 
 
 class Int8Linear(nn.Module):
@@ -46,7 +43,7 @@ class Int8Linear(nn.Module):
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
         """weight (N, K) fp32, bias (N,) or None."""
         super().__init__()
-        _use_x86_engine()
+        use_x86_quantized_engine()
         w = weight.detach().float().contiguous()
         scale = (w.abs().amax(dim=1) / 127.0).clamp_min(1e-12).double()
         with warnings.catch_warnings():  # quantized tensors are deprecated upstream but present in torch 2.13
