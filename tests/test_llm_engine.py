@@ -164,3 +164,34 @@ def test_packed_weights_are_views_with_the_same_values() -> None:
     with torch.inference_mode():
         torch.testing.assert_close(lm(x), want, atol=1e-5, rtol=0)
     assert LLMEngine(lm, EngineConfig(num_kv_blocks=8)).runner.packed[0] is packed  # packed once per model
+
+
+def test_padded_graph_decode_equals_eager_decode(lm: Qwen2LM) -> None:
+    """The CUDA-graph decode path's padding (rows up to a captured batch size, context up to a bucket, padding rows
+    on the scratch slot), run eagerly here: same log-probs and ids as the eager path, across a context bucket."""
+    from vocalis.engine.decode_graphs import CONTEXT_SIZES, DecodeGraphs
+
+    long_text = [100 + i % 50 for i in range(CONTEXT_SIZES[0] - 12)]  # its decode crosses the first bucket
+
+    def run(padded: bool) -> tuple[list[list[int]], list[torch.Tensor]]:
+        eng = _engine(lm, max_num_batched_tokens=512)  # every prefill in the first step
+        if padded:
+            eng.runner.graphs = DecodeGraphs(eng.runner, capture=False)
+        texts = [*TEXTS[:3], long_text]  # 4 requests, then 3 when the first ends: a padding row
+        reqs = [eng.make_request(t, *_prompt(i), SamplingParams(greedy=True, min_len=8 + 4 * i, max_len=8 + 4 * i))
+                for i, t in enumerate(texts)]
+        for r in reqs:
+            eng.add_request(r)
+        rows: list[torch.Tensor] = []
+        while eng.scheduler.has_unfinished():
+            out = eng.scheduler.schedule()
+            logp = eng.runner.execute(out.scheduled)
+            rows.extend(logp)
+            eng.scheduler.update(out, eng.sampler(logp, out.sampled))
+        return [r.output_ids for r in reqs], rows
+
+    (eager_ids, eager_rows), (padded_ids, padded_rows) = run(False), run(True)
+    assert padded_ids == eager_ids
+    assert len(padded_rows) == len(eager_rows)
+    for p, e in zip(padded_rows, eager_rows):
+        torch.testing.assert_close(p, e, atol=1e-4, rtol=0)

@@ -84,6 +84,8 @@ def run(cfg: Any) -> dict[str, Any]:
                     "thp_mem_alloc_enable": os.environ.get("THP_MEM_ALLOC_ENABLE", "0"),
                     "vocalis_huge_pages": os.environ.get("VOCALIS_HUGE_PAGES", "1"),
                     "processor": platform.processor() or platform.machine(), **bandwidth,
+                    "device": cfg.device,
+                    "device_name": torch.cuda.get_device_name(cfg.device) if cfg.device.startswith("cuda") else None,
                     # other processes share the cores: 1-minute load averages around the run, for context
                     "loadavg_before": load_before[0], "loadavg_after": load_after[0]},
         "config": cfg.to_json(),
@@ -118,6 +120,8 @@ def summary(report: dict[str, Any]) -> str:
     m = report["machine"]
     lines = [(f"memory bandwidth (numpy copy): {m['copy_gbps']:.1f} GB/s; threads {m['threads']}; "
               f"load average {m['loadavg_before']:.1f} before, {m['loadavg_after']:.1f} after")]
+    if m.get("device_name"):
+        lines.append(f"device: {m['device']} ({m['device_name']})")
     lines.append(f"{'':34}{'reference':>12}" + "".join(f"{'engine ' + p:>16}" for p in engines))
 
     def row(label: str, ref_value: float | None, values: list[Any], fmt: str = "{:.2f}") -> None:
@@ -233,6 +237,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", default="cosyvoice2-0.5b", help="model shapes (random weights): cosyvoice2-0.5b, tiny")
     p.add_argument("--precision", default="fp32", help="engine precisions, comma separated: fp32,bf16,int8")
     p.add_argument("--backend", default="torch", help="engine backend (see vocalis.engine.backends)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda (both sides run there)")
     p.add_argument("--threads", type=int, default=min(os.cpu_count() or 1, 2), help="torch threads per side")
     p.add_argument("--tokens", type=int, help="speech tokens per utterance (25 per second)")
     p.add_argument("--batches", help="LLM batch sizes, comma separated (default 1,4,16)")
@@ -250,7 +255,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
     from vocalis.bench_measure import BenchConfig
 
     kw: dict[str, Any] = dict(QUICK) if args.quick else {}
-    kw.update(preset=args.preset, backend=args.backend, threads=args.threads,
+    kw.update(preset=args.preset, backend=args.backend, threads=args.threads, device=args.device,
               precisions=tuple(p.strip() for p in args.precision.split(",") if p.strip()))
     kw["parts"] = tuple(p.strip() for p in args.parts.split(",") if p.strip())
     if not kw["parts"] or set(kw["parts"]) - set(PARTS):
@@ -267,11 +272,13 @@ def config_from_args(args: argparse.Namespace) -> Any:
 
     if args.preset not in PRESETS:
         raise InputError(f"unknown preset {args.preset!r}; choose one of {', '.join(PRESETS)}")
-    if kw["precisions"] != ("fp32",) or args.backend != "torch":
+    if args.device != "cpu" and args.device != "cuda" and not args.device.startswith("cuda:"):
+        raise InputError(f"--device takes cpu, cuda or cuda:N, got {args.device!r}")
+    if kw["precisions"] != ("fp32",) or args.backend != "torch" or args.device != "cpu":
         from vocalis.engine.backends import resolve
 
         # resolve "auto" and fail with a clear message now rather than from a side process
-        kw["precisions"] = tuple(dict.fromkeys(resolve(args.backend, p)[1] for p in kw["precisions"]))
+        kw["precisions"] = tuple(dict.fromkeys(resolve(args.backend, p, args.device)[1] for p in kw["precisions"]))
     if kw.get("tokens", 1) < 1 or kw.get("e2e_repeats", 1) < 1 \
             or any(v < 1 for v in kw.get("batches", ()) + kw.get("concurrency", ())):
         raise InputError("--tokens, --e2e-repeats, --batches and --concurrency must be positive")

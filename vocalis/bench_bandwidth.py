@@ -119,6 +119,49 @@ class BandwidthProbe:
         self.close()
 
 
+class DeviceBandwidthProbe:
+    """`BandwidthProbe`'s interface for a CUDA device: the same read (uint8 max) and copy probes, on device memory,
+    in this process (the buffers live in GPU memory, so they do not count in the side's peak RSS)."""
+
+    def __init__(self, device: torch.device, read_mib: int = 4096, copy_mib: int = 2048) -> None:
+        self.device = device
+        self._buf = torch.ones(read_mib * 2**20, dtype=torch.uint8, device=device)
+        self._src = torch.ones(copy_mib * 2**20, dtype=torch.uint8, device=device)
+        self._dst = torch.zeros_like(self._src)
+        self.samples: list[dict[str, float]] = []
+        self._timed(lambda: self._buf.max())  # warm-up
+
+    def _timed(self, fn: Any, passes: int = READ_PASSES) -> float:
+        torch.cuda.synchronize(self.device)
+        start = time.perf_counter()
+        for _ in range(passes):
+            fn()
+        torch.cuda.synchronize(self.device)
+        return (time.perf_counter() - start) / passes
+
+    def measure(self) -> dict[str, float]:
+        sample = {"read_gbps": self._buf.numel() / self._timed(lambda: self._buf.max()) / 1e9,
+                  "copy_gbps": 2 * self._src.numel() / self._timed(lambda: self._dst.copy_(self._src)) / 1e9}
+        self.samples.append(sample)
+        return sample
+
+    def close(self) -> None:
+        del self._buf, self._src, self._dst
+        torch.cuda.empty_cache()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def probe_for(device: str | torch.device, threads: int) -> BandwidthProbe | DeviceBandwidthProbe:
+    """The probe matching where the decode runs: host memory (a probe process) or the CUDA device's memory."""
+    dev = torch.device(device)
+    return DeviceBandwidthProbe(dev) if dev.type == "cuda" else BandwidthProbe(threads)
+
+
 def spread(values: Sequence[float]) -> dict[str, float]:
     return {"min": min(values), "median": statistics.median(values), "max": max(values)}
 

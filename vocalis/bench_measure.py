@@ -60,6 +60,7 @@ class BenchConfig:
     text_words: int = 12
     seed: int = 0
     parts: tuple[str, ...] = ("llm", "token2wav", "e2e")  # what each side measures (PARTS)
+    device: str = "cpu"  # both sides run there ("cuda": the decode limit comes from the GPU's memory bandwidth)
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -144,14 +145,25 @@ def forced_sampler(sampling: SamplingConfig, generator: torch.Generator | None, 
 
 def build(cfg: BenchConfig, precision: str | None) -> tuple[LoadedModel, str]:
     torch.set_num_threads(cfg.threads)
-    model = random_model(cfg.preset, seed=cfg.seed)
+    model = random_model(cfg.preset, seed=cfg.seed).to(cfg.device)
     if precision is None:
-        return model, "reference path, fp32 torch"
+        return model, f"reference path, fp32 torch, {cfg.device}"
     if precision == "fp32" and cfg.backend == "torch":
-        return model, "backend torch, precision fp32"
+        return model, f"backend torch, precision fp32, {cfg.device}"
     from vocalis.engine.backends import apply_backend
 
-    return model, apply_backend(model, cfg.backend, precision).describe()
+    return model, apply_backend(model, cfg.backend, precision, cfg.device).describe()
+
+
+def _generator(cfg: BenchConfig, seed: int) -> torch.Generator:
+    """A seeded generator on the bench's device (sampling and the vocoder's noise draw there)."""
+    return torch.Generator(device=cfg.device).manual_seed(seed)
+
+
+def _sync(cfg: BenchConfig) -> None:
+    """Wait for queued GPU work before reading a clock (CPU work is synchronous)."""
+    if torch.device(cfg.device).type == "cuda":
+        torch.cuda.synchronize(cfg.device)
 
 
 # ---- the reference path -------------------------------------------------------------------------------------
@@ -178,7 +190,7 @@ def _reference_llm(cfg: BenchConfig, model: LoadedModel, voice: Voice, text_ids:
     n = cfg.decode_tokens + 1
     _drain(lm.generate(text_ids[:3], max_len=2, min_len=2, sample_fn=forced_sampler(model.config.sampling, None,
                                                                                      stops)))  # warm-up
-    gen = torch.Generator().manual_seed(0)
+    gen = _generator(cfg, 0)
     it = lm.generate(text_ids, voice.prompt_text_ids, voice.prompt_speech_ids, min_len=n, max_len=n,
                      sample_fn=forced_sampler(model.config.sampling, gen, stops))
     start = time.perf_counter()
@@ -198,17 +210,20 @@ def _reference_token2wav(cfg: BenchConfig, model: LoadedModel, voice: Voice, syn
     t2w = Token2Wav(model.flow, model.hift)
     prompt = synth.flow_prompt(SynthesisRequest(voice, Mode.ZERO_SHOT, "x"))
     tokens = torch.randint(0, model.config.llm.speech_token_size, (1, cfg.tokens),
-                           generator=torch.Generator().manual_seed(1), dtype=torch.int32)
+                           generator=torch.Generator().manual_seed(1), dtype=torch.int32).to(cfg.device)
     seconds = cfg.tokens / TOKEN_RATE
+    _sync(cfg)
     start = time.perf_counter()
-    t2w.offline(tokens, prompt, generator=torch.Generator().manual_seed(2))
+    t2w.offline(tokens, prompt, generator=_generator(cfg, 2))
+    _sync(cfg)
     offline = time.perf_counter() - start
     start = time.perf_counter()
-    state = t2w.new_state(prompt, torch.Generator().manual_seed(2))
+    state = t2w.new_state(prompt, _generator(cfg, 2))
     for i in range(1, cfg.tokens + 1):
         if t2w.ready(state, i):
             t2w.stream_step(state, tokens[:, :i])
     t2w.finish(state, tokens)
+    _sync(cfg)
     out = {"offline_rtf": offline / seconds, "stream_rtf": (time.perf_counter() - start) / seconds}
     log.info("reference token2wav: %s", out)
     return out
@@ -272,7 +287,7 @@ def run_engine(cfg: BenchConfig, precision: str) -> dict[str, Any]:
 
 def _engine_llm(cfg: BenchConfig, model: LoadedModel, voice: Voice, precision: str,
                 bytes_per_token: int) -> dict[str, Any]:
-    from vocalis.bench_bandwidth import BandwidthProbe, spread
+    from vocalis.bench_bandwidth import probe_for, spread
     from vocalis.engine.config import EngineConfig
     from vocalis.engine.llm_engine import LLMEngine
     from vocalis.engine.request import SamplingParams
@@ -313,7 +328,7 @@ def _engine_llm(cfg: BenchConfig, model: LoadedModel, voice: Voice, precision: s
         d = out["decode_b1"]
         out["bandwidth_gbps"], out["decode_limit_tps"] = d["bandwidth_gbps"], d["decode_limit_tps"]
     else:  # no batch 1 asked for: the limit from probes alone, no fraction
-        with BandwidthProbe(cfg.threads) as probe:
+        with probe_for(cfg.device, cfg.threads) as probe:
             reads = [probe.measure()["read_gbps"] for _ in range(3)]
         out["bandwidth_gbps"] = spread(reads)["median"]
         out["decode_limit_tps"] = out["bandwidth_gbps"] * 1e9 / bytes_per_token
@@ -325,7 +340,7 @@ def _b1_against_bandwidth(cfg: BenchConfig, eng: Any, req: Any, weight_bytes: in
     before each and after the last (see bench_bandwidth), after `cfg.b1_warmup_tokens` untimed steps (steady
     state: in the first segment right after prefill both precisions ran ~10-20 % slower). A step's bytes: the
     weights plus the K/V of the row's context at that step (its mean over the segment)."""
-    from vocalis.bench_bandwidth import BandwidthProbe, decode_fraction, spread
+    from vocalis.bench_bandwidth import decode_fraction, probe_for, spread
 
     total = cfg.b1_decode_tokens
     sizes = [total // cfg.b1_segments + (i < total % cfg.b1_segments) for i in range(cfg.b1_segments)]
@@ -334,7 +349,7 @@ def _b1_against_bandwidth(cfg: BenchConfig, eng: Any, req: Any, weight_bytes: in
     step_bytes: list[float] = []
     while req.num_output_tokens < 1 + cfg.b1_warmup_tokens:
         eng.step()
-    with BandwidthProbe(cfg.threads) as probe:
+    with probe_for(cfg.device, cfg.threads) as probe:
         for size in sizes:
             probe.measure()
             before = req.num_output_tokens
@@ -367,9 +382,9 @@ def _engine_token2wav(cfg: BenchConfig, model: LoadedModel, voice: Voice, precis
     tokens = torch.randint(0, model.config.llm.speech_token_size, (cfg.tokens,),
                            generator=torch.Generator().manual_seed(1)).tolist()
     seconds = cfg.tokens / TOKEN_RATE
-    _t2w_run(t2w, prompt, tokens[:30], True)  # warm-up; also caches the voice's prompt prefix (a saved voice)
-    offline = _t2w_run(t2w, prompt, tokens, False)
-    stream = _t2w_run(t2w, prompt, tokens, True)
+    _t2w_run(cfg, t2w, prompt, tokens[:30], True)  # warm-up; also caches the voice's prompt prefix (a saved voice)
+    offline = _t2w_run(cfg, t2w, prompt, tokens, False)
+    stream = _t2w_run(cfg, t2w, prompt, tokens, True)
     out = {"offline_rtf": offline / seconds, "stream_rtf": stream / seconds}
     log.info("engine %s token2wav: %s", precision, out)
     return out
@@ -381,13 +396,15 @@ def _flow_prompt(model: LoadedModel, voice: Voice):  # -> FlowPrompt
     return Synthesizer(model).flow_prompt(SynthesisRequest(voice, Mode.ZERO_SHOT, "x"))
 
 
-def _t2w_run(t2w: Any, prompt: Any, tokens: list[int], streaming: bool) -> float:
+def _t2w_run(cfg: BenchConfig, t2w: Any, prompt: Any, tokens: list[int], streaming: bool) -> float:
+    _sync(cfg)
     start = time.perf_counter()
-    state = t2w.new_stream("bench", prompt, streaming=streaming, generator=torch.Generator().manual_seed(2))
+    state = t2w.new_stream("bench", prompt, streaming=streaming, generator=_generator(cfg, 2))
     state.add_tokens(tokens)
     state.end_input()
     while not state.finished:
         t2w.step([state])
+    _sync(cfg)
     return time.perf_counter() - start
 
 

@@ -67,6 +67,13 @@ class LoadedModel:
         where = str(self.path) if self.path else "built in"
         return f"{self.kind} model ({where})"
 
+    def to(self, device: str | torch.device) -> LoadedModel:
+        """Move the three networks to `device` in place (the frontends stay on the CPU); returns self."""
+        if torch.device(device).type != "cpu":
+            for m in (self.llm, self.flow, self.hift):
+                m.to(device)
+        return self
+
 
 def build_modules(config: ModelConfig) -> tuple[Qwen2LM, CausalMaskedDiffWithXvec, HiFTGenerator]:
     return Qwen2LM(config.llm), CausalMaskedDiffWithXvec(config.flow), HiFTGenerator(config.hift)

@@ -43,10 +43,7 @@ class TTS:
         """
         dev = torch.device(device)
         resolve(backend, precision, dev)  # fail fast, before loading
-        model = load_model(path)
-        if dev.type != "cpu":
-            for m in (model.llm, model.flow, model.hift):
-                m.to(dev)
+        model = load_model(path).to(dev)
         runtime = apply_backend(model, backend, precision, dev)
         tts = cls(model)
         tts.runtime = runtime

@@ -40,12 +40,15 @@ def outputs(model: Any, seed: int = 0, llm: bool = True, num_tokens: int = 60, n
         text = torch.randint(0, model.config.llm.qwen.vocab_size, (20,), generator=g).tolist()
         speech = torch.randint(0, model.config.llm.speech_token_size, (60,), generator=g).tolist()
         emb = model.llm.prefill_embeddings(text, (), speech)  # (1, L, D)
-        out["logp"] = model.llm(emb)[0].float().log_softmax(-1)  # (L, V)
-    tokens, prompt = _inputs(model, seed, num_tokens, num_prompt)
+        out["logp"] = model.llm(emb)[0].float().log_softmax(-1).cpu()  # (L, V)
+    tokens, prompt = _inputs(model, seed, num_tokens, num_prompt)  # drawn on the CPU: the same on any device
+    dev = model.flow.input_embedding.weight.device
+    tokens = tokens.to(dev)
+    prompt = FlowPrompt(prompt.speech_ids.to(dev), prompt.mel.to(dev), prompt.embedding.to(dev))
     t2w = Token2Wav(model.flow, model.hift)
-    out["mel"] = t2w._flow(tokens, prompt, streaming=False, finalize=True)
-    gen = torch.Generator(device=model.flow.input_embedding.weight.device).manual_seed(seed)
-    out["wav"] = t2w._vocode(t2w.new_state(prompt, gen), out["mel"], finalize=True).double()
+    out["mel"] = t2w._flow(tokens, prompt, streaming=False, finalize=True).cpu()
+    gen = torch.Generator(device=dev).manual_seed(seed)
+    out["wav"] = t2w._vocode(t2w.new_state(prompt, gen), out["mel"].to(dev), finalize=True).double().cpu()
     return out
 
 

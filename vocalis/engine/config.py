@@ -20,6 +20,7 @@ class EngineConfig:
     enable_prefix_caching: share the KV of identical full prompt blocks (a saved voice's [sos] + prompt text).
     pack_weights: on CPU, fuse the LLM's q/k/v and gate/up fp32 weights into (in, out)-contiguous tensors, in
         place (the modules keep views with the same values; see `packed_weights`).
+    cuda_graphs: on a CUDA device, replay decode steps as captured CUDA graphs (`decode_graphs`).
     """
 
     block_size: int = 16
@@ -30,6 +31,7 @@ class EngineConfig:
     max_model_len: int = 4096
     enable_prefix_caching: bool = True
     pack_weights: bool = True
+    cuda_graphs: bool = True
 
     def __post_init__(self) -> None:
         if self.block_size < 1:

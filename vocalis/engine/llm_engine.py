@@ -38,7 +38,7 @@ class LLMEngine:
         num_blocks = cfg.num_kv_blocks or self._blocks_for_budget()
         self.max_model_len = min(cfg.max_model_len, llm.config.qwen.max_position_embeddings,
                                  num_blocks * cfg.block_size)
-        self.runner = ModelRunner(llm, num_blocks, cfg.block_size, self.max_model_len, packed)
+        self.runner = ModelRunner(llm, num_blocks, cfg.block_size, self.max_model_len, packed, cfg.cuda_graphs)
         self.block_manager = BlockManager(num_blocks, cfg.block_size, cfg.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, cfg.max_num_seqs, cfg.max_num_batched_tokens,
                                    llm.config.stop_token_ids)

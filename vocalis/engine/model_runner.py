@@ -9,8 +9,9 @@ attention reshapes queries into their key/value groups instead of repeating keys
 
 The weights are `Qwen2LM`'s own modules, called as modules (so a precision backend may swap a Linear for a
 quantised one); Qwen's 151,936-way lm_head is never computed, only `llm_decoder` on rows that sample.
-Everything is plain device-agnostic torch, so it runs on CUDA as is; there is no flash/paged CUDA kernel and
-no CUDA-graph capture yet (untested here: no GPU).
+Everything is plain device-agnostic torch, so it runs on CUDA as is (no flash/paged CUDA kernel); on CUDA,
+decode steps replay captured graphs (`decode_graphs`), which write their padding rows to one scratch slot past
+the last block.
 
 Legend: N scheduled positions, B single-query rows, L layers, Lmax longest context, n/c a prefill chunk's
 new positions / context, H query heads, Hkv key/value heads, G = H / Hkv, Dh head width, D hidden, V speech ids.
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from vocalis.engine.decode_graphs import DecodeGraphs
 from vocalis.engine.huge_pages import to_huge_pages
 from vocalis.engine.id_space import IdSpace
 from vocalis.engine.int8_decode import decode_stack
@@ -70,21 +72,26 @@ class StepInputs:
 
 class ModelRunner:
     def __init__(self, llm: Qwen2LM, num_blocks: int, block_size: int, max_positions: int,
-                 packed: Sequence[PackedLayer | None] | None = None) -> None:
-        """packed: fused weights per layer (`packed_weights.pack_llm`); None or a None entry: call the modules."""
+                 packed: Sequence[PackedLayer | None] | None = None, cuda_graphs: bool = True) -> None:
+        """packed: fused weights per layer (`packed_weights.pack_llm`); None or a None entry: call the modules.
+        cuda_graphs: replay decode steps as CUDA graphs when the model is on a CUDA device."""
         q = llm.config.qwen
         self.llm = llm
         self.block_size = block_size
         self.num_blocks = num_blocks
+        self.max_positions = max_positions
+        self.scratch_slot = num_blocks * block_size  # the first slot of one extra block no request owns
         self.ids = IdSpace.for_config(llm.config)
         self.device = llm.speech_embedding.weight.device
         self.dtype = llm.speech_embedding.weight.dtype
         self.num_heads, self.num_kv_heads, self.head_dim = q.num_attention_heads, q.num_key_value_heads, q.head_dim
         self.packed = list(packed) if packed is not None else [None] * q.num_hidden_layers
-        shape = (q.num_hidden_layers, num_blocks * block_size, q.num_key_value_heads, q.head_dim)
+        shape = (q.num_hidden_layers, (num_blocks + 1) * block_size, q.num_key_value_heads, q.head_dim)
         # [empty] never-written slots are only ever read as masked padding, which repeats a written slot
         self.k_cache = torch.empty(shape, dtype=self.dtype, device=self.device)
         self.v_cache = torch.empty(shape, dtype=self.dtype, device=self.device)
+        for cache in (self.k_cache, self.v_cache):  # the scratch block: finite values for padding rows to read
+            cache[:, self.scratch_slot:].zero_()
         self._offsets = torch.arange(block_size, device=self.device)
         # rotary tables for every position, from the same function as the dense path (identical values)
         self._cos, sin = rotary_cos_sin(torch.arange(max_positions, device=self.device), q.head_dim,
@@ -94,6 +101,7 @@ class ModelRunner:
         # int8 or fp32 decode steps of a few rows: the whole layer stack in one native call (int8_decode; off with
         # VOCALIS_INT8_FUSED=0 / VOCALIS_FP32_FUSED=0), else None
         self.fused_decode = decode_stack(llm, self.packed, self.dtype)
+        self.graphs = DecodeGraphs(self) if cuda_graphs and self.device.type == "cuda" else None
         on_huge = to_huge_pages(self._long_lived_tensors())
         if on_huge:
             log.info("decoder weights and KV cache: %.0f MiB on huge pages", on_huge / 2**20)
@@ -196,12 +204,12 @@ class ModelRunner:
         # [decode speed] a batch-1 decode step is ~170 weight GEMMs plus ~40 small ops per layer; at the 0.5B
         # shapes every small op costs a dispatch and may wake the thread pool, so the loop keeps them few:
         # fused RMSNorm (fp32 activations), one rotary pass over q and k together, SDPA for single-query rows
-        qwen = self.llm.qwen
+        if self.graphs is not None and self.graphs.applies(inp):
+            return self.graphs.forward(inp)
         x = self.embed(inp.ids, inp.all_speech)  # (N, D)
         cos = self._cos.index_select(0, inp.positions)[:, None, :]  # (N, 1, Dh)
         sin = self._sin_signed.index_select(0, inp.positions)[:, None, :]
-        n_tok = x.shape[0]
-        h_q, h_kv, dh = self.num_heads, self.num_kv_heads, self.head_dim
+        n_tok, dh = x.shape[0], self.head_dim
         fused = self.fused_decode
         if fused is not None and not inp.prefills and n_tok <= fused.max_rows:
             # only single-query rows: every layer in one native call (int8_decode)
@@ -213,8 +221,29 @@ class ModelRunner:
             x = fused.forward(x, cos.view(n_tok, dh), sin.view(n_tok, dh), self.k_cache, self.v_cache,
                               inp.write_slots, inp.gather_slots, inp.context_lens)
             return self._head(x, inp)
-        mask = self._single_mask(inp)
-        for layer_idx, layer in enumerate(qwen.layers):
+        return self._head(self._layers(x, cos, sin, inp, self._single_mask(inp)), inp)
+
+    def static_decode(self, ids: torch.Tensor, positions: torch.Tensor, write_slots: torch.Tensor,
+                      gather_slots: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        """A decode step of fixed shapes (for `decode_graphs`): B single-query rows, each gathering Lmax context
+        slots of which `valid` are real; ids (B,), positions (B,), write_slots (B,), gather_slots / valid
+        (B, Lmax) -> logits (B, V) of every row. No host synchronisation, so it can be captured."""
+        b = ids.shape[0]
+        inp = StepInputs(ids=ids, positions=positions, write_slots=write_slots, num_single=b,
+                         gather_slots=gather_slots, valid=valid, context_lens=None, prefills=[],
+                         sample_rows=torch.arange(b, device=ids.device), all_speech=True)
+        x = self.embed(ids, True)  # (B, D)
+        cos = self._cos.index_select(0, positions)[:, None, :]  # (B, 1, Dh)
+        sin = self._sin_signed.index_select(0, positions)[:, None, :]
+        x = self._layers(x, cos, sin, inp, valid[:, None, None, :])
+        return self.llm.llm_decoder(self._norm(self.llm.qwen.norm, x))  # (B, V)
+
+    def _layers(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inp: StepInputs,
+                mask: torch.Tensor | None) -> torch.Tensor:
+        """Hidden states (N, D) through every decoder layer, writing each position's K/V."""
+        n_tok = x.shape[0]
+        h_q, h_kv, dh = self.num_heads, self.num_kv_heads, self.head_dim
+        for layer_idx, layer in enumerate(self.llm.qwen.layers):
             attn, pk = layer.self_attn, self.packed[layer_idx]
             h = self._norm(layer.input_layernorm, x)
             if pk is not None:  # one GEMM for q, k, v; rotary over q and k in one pass
@@ -237,7 +266,7 @@ class ModelRunner:
                 x = x + gemm(F.silu(gate) * up, pk.down_t)
             else:
                 x = x + layer.mlp(h)
-        return self._head(x, inp)
+        return x
 
     def _head(self, x: torch.Tensor, inp: StepInputs) -> torch.Tensor:
         """Final hidden states (N, D) -> log-probs (R, V) of the sampled rows."""

@@ -1,0 +1,104 @@
+"""The engine on a CUDA GPU (tiny preset, random weights): CUDA-graph decode equals eager decode, the model on the
+GPU equals the model on the CPU, fp16/bf16 error against fp32, and the async engine equals the reference path.
+
+Skipped where torch sees no CUDA device (CI has none); run on a GPU machine with `pytest tests/test_cuda.py`.
+Bounds: as the CPU's in test_backends where the measure is the same (reduced precision); the GPU's float
+summation order differs from the CPU's and between batch shapes, so equalities carry small tolerances.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+import torch
+
+from vocalis.engine.accuracy import errors, outputs
+from vocalis.engine.async_engine import AsyncEngine
+from vocalis.engine.backends import apply_backend
+from vocalis.engine.config import EngineConfig
+from vocalis.engine.llm_engine import LLMEngine
+from vocalis.engine.request import SamplingParams
+from vocalis.engine.token2wav import Token2WavConfig
+from vocalis.inference.request import Mode, SynthesisRequest
+from vocalis.inference.synthesizer import Synthesizer
+from vocalis.model_dir import random_model
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+TEXTS = [[40, 41, 42], [50, 51, 52, 53, 54, 55, 56], [60], [70, 71, 72, 73, 74], [80, 81]]
+
+
+def test_cuda_graph_decode_equals_eager_decode() -> None:
+    model = random_model("tiny").to("cuda")
+
+    def run(graphs: bool) -> tuple[list[list[int]], list[torch.Tensor]]:
+        eng = LLMEngine(model.llm, EngineConfig(block_size=16, num_kv_blocks=128, cuda_graphs=graphs))
+        assert (eng.runner.graphs is not None) == graphs
+        reqs = [eng.make_request(t, params=SamplingParams(greedy=True, min_len=10 + 7 * i, max_len=10 + 7 * i))
+                for i, t in enumerate(TEXTS)]
+        for r in reqs:
+            eng.add_request(r)
+        rows: list[torch.Tensor] = []
+        while eng.scheduler.has_unfinished():
+            out = eng.scheduler.schedule()
+            logp = eng.runner.execute(out.scheduled)
+            rows.extend(logp.cpu())
+            eng.scheduler.update(out, eng.sampler(logp, out.sampled))
+        if graphs:
+            assert eng.runner.graphs is not None and len(eng.runner.graphs._graphs) >= 3  # 5, 4, ... rows
+        return [r.output_ids for r in reqs], rows
+
+    (eager_ids, eager_rows), (graph_ids, graph_rows) = run(False), run(True)
+    assert graph_ids == eager_ids
+    diff = max((g - e).abs().max().item() for g, e in zip(graph_rows, eager_rows))
+    print("graph vs eager log-prob max abs", diff)
+    assert diff <= 1e-4
+
+
+def test_model_on_cuda_equals_model_on_cpu() -> None:
+    cpu = outputs(random_model("tiny"), seed=0)
+    gpu = outputs(random_model("tiny").to("cuda"), seed=0)
+    logp = (cpu["logp"] - gpu["logp"]).abs().max().item()
+    mel = ((cpu["mel"] - gpu["mel"]).abs().max() / cpu["mel"].abs().max()).item()
+    print("cuda vs cpu: log-prob max abs", logp, "mel max rel", mel)  # the vocoder's noise differs by device
+    assert logp <= 1e-3 and mel <= 1e-3
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_reduced_precision_error_on_cuda(precision: str) -> None:
+    ref = outputs(random_model("tiny").to("cuda"), seed=0)
+    model = random_model("tiny").to("cuda")
+    apply_backend(model, "torch", precision, "cuda")
+    measured = errors(ref, outputs(model, seed=0))
+    print(precision, measured)
+    assert measured["llm_token_agreement"] >= 0.90 and measured["llm_logprob_max_abs"] <= 0.05
+    assert measured["mel_max_rel"] <= 5e-3 and measured["wav_rel_rms"] <= 1e-3
+
+
+def test_async_engine_on_cuda_equals_the_reference_path() -> None:
+    model = random_model("tiny").to("cuda")
+    voice = model.voices["default"]
+    texts = ["Hello there, how are you today?", "Short one.", "The quick brown fox jumps over the lazy dog."]
+    requests = [SynthesisRequest(voice, Mode.SFT, t, seed=i, text_frontend=False) for i, t in enumerate(texts)]
+
+    async def run() -> list[np.ndarray]:
+        with AsyncEngine.from_model(model, token2wav_config=Token2WavConfig(final_attention="full")) as eng:
+            handles = [eng.submit(r, stream=True) for r in requests]
+            chunks = await asyncio.gather(*[_collect(h) for h in handles])
+            assert eng.llm.block_manager.num_free_blocks == eng.llm.block_manager.num_blocks
+            return chunks
+
+    got = asyncio.run(run())
+    synth = Synthesizer(model)
+    for req, audio in zip(requests, got):
+        ref = np.concatenate([c.samples for c in synth.run(req, stream=True)])
+        assert audio.shape == ref.shape
+        diff = float(np.abs(audio - ref).max())
+        print("engine vs reference on cuda: max abs", diff)
+        assert diff <= 1e-3
+
+
+async def _collect(handle) -> np.ndarray:  # type: ignore[no-untyped-def]
+    return np.concatenate([c.samples async for c in handle])
