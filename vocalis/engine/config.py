@@ -18,9 +18,10 @@ class EngineConfig:
     max_num_batched_tokens: token budget of one step; longer prompts are prefilled in chunks of what is left.
     max_model_len: most positions per request (prompt + generated); max_len is clamped to fit.
     enable_prefix_caching: share the KV of identical full prompt blocks (a saved voice's [sos] + prompt text).
-    pack_weights: on CPU, fuse the LLM's q/k/v and gate/up fp32 weights into (in, out)-contiguous tensors, in
-        place (the modules keep views with the same values; see `packed_weights`).
-    cuda_graphs: on a CUDA device, replay decode steps as captured CUDA graphs (`decode_graphs`).
+    pack_weights: on CPU, fuse the LLM's q/k/v and gate/up fp32 weights into one tensor each, in place (the
+        modules keep views with the same values; see `packed_weights`).
+    cuda_graphs: on a CUDA device, replay decode steps as captured CUDA graphs (`decode_graphs`); the
+        environment can turn them off with VOCALIS_CUDA_GRAPHS=0 (to measure what they give).
     """
 
     block_size: int = 16

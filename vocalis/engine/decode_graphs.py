@@ -121,5 +121,5 @@ class DecodeGraphs:
         g.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g.graph, pool=self._pool):
             g.logits = self._run(g)
-        log.info("captured a CUDA graph for decode steps of %d rows x %d context positions", rows, context)
+        log.debug("captured a CUDA graph for decode steps of %d rows x %d context positions", rows, context)
         return g

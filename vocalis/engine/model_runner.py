@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -101,7 +102,8 @@ class ModelRunner:
         # int8 or fp32 decode steps of a few rows: the whole layer stack in one native call (int8_decode; off with
         # VOCALIS_INT8_FUSED=0 / VOCALIS_FP32_FUSED=0), else None
         self.fused_decode = decode_stack(llm, self.packed, self.dtype)
-        self.graphs = DecodeGraphs(self) if cuda_graphs and self.device.type == "cuda" else None
+        graphs = cuda_graphs and self.device.type == "cuda" and os.environ.get("VOCALIS_CUDA_GRAPHS", "1") != "0"
+        self.graphs = DecodeGraphs(self) if graphs else None
         on_huge = to_huge_pages(self._long_lived_tensors())
         if on_huge:
             log.info("decoder weights and KV cache: %.0f MiB on huge pages", on_huge / 2**20)

@@ -71,14 +71,14 @@ _ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_l
 
 
 def gemm(x: torch.Tensor, w_t: torch.Tensor | Int8Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x (M, K) @ w_t (K, N) [+ bias (N,)] -> (M, N), fp32 CPU, any layout of w_t; an `Int8Weight` (which
+    """x (M, K) @ w_t (K, N) [+ bias (N,)] -> (M, N), fp32, any layout of w_t; an `Int8Weight` (which
     holds its own bias) runs through the int8 kernel.
 
     MKL's GEMM for a few rows; from ONEDNN_MIN_ROWS rows oneDNN's (the op `torch.compile` itself lowers CPU
     linears to), which on this AMD CPU ran batch 4-16 decode GEMMs 1.2-1.9x faster than MKL's."""
     if isinstance(w_t, Int8Weight):
         return int8_linear(x, w_t)
-    if _ONEDNN and x.shape[0] >= ONEDNN_MIN_ROWS:
+    if _ONEDNN and x.shape[0] >= ONEDNN_MIN_ROWS and x.is_cpu:
         return torch.ops.mkldnn._linear_pointwise(x, w_t.t(), bias, "none", [], "")
     return torch.mm(x, w_t) if bias is None else torch.addmm(bias, x, w_t)
 
