@@ -57,12 +57,12 @@ def _side(kind: str, cfg: Any, precision: str | None) -> dict[str, Any]:
 
 
 def _side_env() -> dict[str, str]:
-    """The sides' environment. OpenMP workers that wait passively (sleep, not spin) unless the caller chose:
-    on a shared 2-core machine a spinning worker holds the core its descheduled sibling needs, and few-row
-    GEMMs with 2 threads ran 3x slower (measured at load ~3). Both sides get the same setting."""
-    env = dict(os.environ)
-    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    return env
+    """The sides' environment: the caller's, so OpenMP waits as users get it (libgomp's default: a short spin,
+    then sleep) unless OMP_WAIT_POLICY is set. Both sides get the same. (Earlier runs forced PASSIVE: a spinning
+    worker held the core a descheduled sibling needed while training ran beside the bench, load ~3. With the
+    machine quiet, and the engine's loop thread the only one holding an OpenMP pool (threads.release_openmp_pool),
+    the default's spin is what makes back-to-back small ops fast.)"""
+    return dict(os.environ)
 
 
 def run(cfg: Any) -> dict[str, Any]:
@@ -79,7 +79,7 @@ def run(cfg: Any) -> dict[str, Any]:
     load_after = os.getloadavg()
     report = {
         "machine": {"cpus": os.cpu_count(), "threads": cfg.threads, "torch": torch.__version__,
-                    "omp_wait_policy": _side_env()["OMP_WAIT_POLICY"],
+                    "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "default (unset)"),
                     # torch's CPU tensors on transparent huge pages (the bandwidth probe's numpy buffer always is)
                     "thp_mem_alloc_enable": os.environ.get("THP_MEM_ALLOC_ENABLE", "0"),
                     "vocalis_huge_pages": os.environ.get("VOCALIS_HUGE_PAGES", "1"),

@@ -41,6 +41,7 @@ from vocalis.engine.llm_engine import LLMEngine
 from vocalis.engine.request import Request, RequestStatus, SamplingParams
 from vocalis.engine.step_grouping import StepGrouping, StreamReadiness, plan_token2wav_step
 from vocalis.engine.token2wav import StreamState, Token2WavChunk, Token2WavConfig, Token2WavEngine
+from vocalis.engine.threads import release_openmp_pool
 from vocalis.errors import InputError, VocalisError
 from vocalis.inference.request import AudioChunk, Mode, SynthesisRequest
 from vocalis.inference.synthesizer import Synthesizer
@@ -175,6 +176,9 @@ class AsyncEngine:
     def start(self) -> Self:
         if self._thread is None:
             self._closing = False
+            # the loop thread should be the one with an OpenMP pool: the caller's (it loaded the model) would
+            # make every op of the loop wait for sleeping workers (threads.release_openmp_pool)
+            release_openmp_pool()
             self._thread = threading.Thread(target=self._run, name="vocalis-engine", daemon=True)
             self._thread.start()
         return self
@@ -255,6 +259,12 @@ class AsyncEngine:
 
     # ---- preparing a job (executor thread; touches no engine state) ------------------------------------
     def _prepare(self, request: SynthesisRequest, stream: bool, handle: StreamHandle) -> _Job:
+        try:
+            return self._make_job(request, stream, handle)
+        finally:
+            release_openmp_pool()  # an executor thread: keep no pool that slows the loop's (see start)
+
+    def _make_job(self, request: SynthesisRequest, stream: bool, handle: StreamHandle) -> _Job:
         fe = self.frontend
         llm_gen, voc_gen = fe.generators(request.seed)
         prompt = fe.flow_prompt(request)
