@@ -177,6 +177,18 @@ def test_seeded_sampling_repeats(engine: VLLMEngine) -> None:
     assert alone[0] == batched[1] == batched[2] != batched[0]
 
 
+def test_bf16_decodes(model: LoadedModel) -> None:
+    """bf16 (the body in bf16, the speech head fp32): runs and gives ids (their values may differ from fp32)."""
+    _vllm_python()
+    eng = VLLMEngine(model.llm, EngineConfig(max_num_seqs=4, max_model_len=512), precision="bf16")
+    try:
+        params = SamplingParams(greedy=True, min_len=20, max_len=20, stop_all_masked=True)
+        got = eng.generate([eng.make_request(t, *_prompt(i), params) for i, t in enumerate(TEXTS[:3])])
+        assert all(len(ids) == 20 and max(ids) < model.config.llm.speech_token_size for ids in got.values())
+    finally:
+        eng.close()
+
+
 class _GreedyEngine(AsyncEngine):
     def llm_params(self, text_ids: list[int]) -> SamplingParams:
         return dataclasses.replace(super().llm_params(text_ids), greedy=True)

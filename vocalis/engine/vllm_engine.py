@@ -77,14 +77,22 @@ def vllm_version(python: str | None = None) -> str:
 @functools.cache
 def _probe(python: str) -> str:
     try:
-        done = subprocess.run([python, "-c", "import vllm; print(vllm.__version__)"], capture_output=True,
-                              text=True, timeout=300, env=_worker_env())
+        done = subprocess.run([python, "-c", "import vllm; print(vllm.__version__)"], check=False,
+                              capture_output=True, text=True, timeout=300, env=_worker_env())
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise InputError(f"{PYTHON_ENV}={python} cannot be run ({exc}); set it up with: {SETUP_HINT}") from None
     if done.returncode != 0:
         tail = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
         raise InputError(f"{PYTHON_ENV}={python} cannot import vllm ({tail}); set it up with: {SETUP_HINT}")
     return done.stdout.strip().splitlines()[-1]
+
+
+def check_model(llm: Qwen2LM) -> None:
+    """InputError if vLLM's CPU build cannot run this model's attention."""
+    head_dim = llm.config.qwen.head_dim
+    if head_dim not in CPU_HEAD_DIMS:
+        raise InputError(f"vLLM's CPU attention takes head widths {CPU_HEAD_DIMS}; this model's is {head_dim}: "
+                         "use --backend torch")
 
 
 def _worker_env() -> dict[str, str]:
@@ -177,10 +185,7 @@ class VLLMEngine:
         self.stop_ids = tuple(llm.config.stop_token_ids)
         if precision not in DTYPES:
             raise InputError(f"the vllm backend runs fp32 or bf16, not {precision}")
-        head_dim = llm.config.qwen.head_dim
-        if head_dim not in CPU_HEAD_DIMS:
-            raise InputError(f"vLLM's CPU attention takes head widths {CPU_HEAD_DIMS}; this model's is {head_dim}: "
-                             "use --backend torch")
+        check_model(llm)
         python = python or vllm_python()
         self.max_model_len = min(cfg.max_model_len, llm.config.qwen.max_position_embeddings)
         self._dir = tempfile.mkdtemp(prefix="vocalis-vllm-")
