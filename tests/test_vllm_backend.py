@@ -27,7 +27,7 @@ from vocalis.engine.config import EngineConfig
 from vocalis.engine.llm_engine import LLMEngine
 from vocalis.engine.request import Request, RequestStatus, SamplingParams
 from vocalis.engine.token2wav import Token2WavConfig
-from vocalis.engine.vllm_engine import PYTHON_ENV, VLLMEngine, vllm_version
+from vocalis.engine.vllm_engine import PYTHON_ENV, VLLMEngine, WorkerError, vllm_version
 from vocalis.engine.vllm_export import export_for_vllm
 from vocalis.errors import InputError
 from vocalis.inference.request import AudioChunk, Mode, SynthesisRequest
@@ -187,6 +187,20 @@ def test_bf16_decodes(model: LoadedModel) -> None:
         assert all(len(ids) == 20 and max(ids) < model.config.llm.speech_token_size for ids in got.values())
     finally:
         eng.close()
+
+
+def test_a_dead_worker_is_an_error_not_a_hang(model: LoadedModel) -> None:
+    _vllm_python()
+    eng = VLLMEngine(model.llm, EngineConfig(max_num_seqs=2, max_model_len=256))
+    try:
+        eng.add_request(eng.make_request(TEXTS[0], params=SamplingParams(greedy=True, max_len=50)))
+        eng._worker.proc.kill()
+        with pytest.raises(WorkerError, match="exited"):
+            while eng.has_work():
+                eng.step()
+    finally:
+        eng.close()
+    assert eng._worker.proc.poll() is not None
 
 
 class _GreedyEngine(AsyncEngine):

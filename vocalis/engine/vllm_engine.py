@@ -35,7 +35,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 
@@ -132,7 +132,10 @@ class _Worker:
 
     def _send(self, message: object) -> None:
         # plain pickle: see vllm_worker's module doc for why not the connection's own send
-        self.conn.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+        try:
+            self.conn.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+        except OSError:  # the worker is gone
+            self._failed("exited")
 
     def call(self, *message: object) -> Any:
         self._send(message)
@@ -143,13 +146,21 @@ class _Worker:
 
     def _reply(self, timeout_s: float | None) -> tuple[str, Any]:
         waited = 0.0
-        while not self.conn.poll(1.0):  # wake each second to notice a worker that died
-            waited += 1.0
-            if self.proc.poll() is not None or (timeout_s is not None and waited > timeout_s):
-                self.close()
-                raise WorkerError(f"the vLLM worker {'exited' if self.proc.returncode is not None else 'hung'}; "
-                                  f"its log ({self.log_path}) ends:\n{self.log_tail()}")
-        return pickle.loads(self.conn.recv_bytes())
+        try:
+            while not self.conn.poll(1.0):  # wake each second to notice a worker that died
+                waited += 1.0
+                if self.proc.poll() is not None:
+                    self._failed("exited")
+                if timeout_s is not None and waited > timeout_s:
+                    self._failed(f"gave no answer in {waited:.0f} s")
+            return pickle.loads(self.conn.recv_bytes())
+        except (OSError, EOFError):  # the connection broke: the worker is gone
+            self._failed("exited")
+
+    def _failed(self, what: str) -> NoReturn:
+        tail = self.log_tail()
+        self.close()
+        raise WorkerError(f"the vLLM worker {what}; its log ends:\n{tail}")
 
     def log_tail(self, lines: int = 30) -> str:
         try:
@@ -160,7 +171,7 @@ class _Worker:
     def close(self) -> None:
         if self.proc.poll() is None:
             try:
-                self._send(("shutdown",))
+                self.conn.send_bytes(pickle.dumps(("shutdown",)))
                 self.proc.wait(timeout=30)
             except (OSError, subprocess.TimeoutExpired):
                 self.proc.kill()

@@ -173,7 +173,7 @@ def main() -> None:
     send(conn, ("ready", info))
     try:
         serve(conn, engine, usage)
-    except EOFError:  # the caller went away: nothing left to serve
+    except (EOFError, OSError):  # the caller went away: nothing left to serve
         pass
     finally:
         conn.close()
