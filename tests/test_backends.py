@@ -122,11 +122,12 @@ def test_reduced_precision_reaches_the_engine(reference) -> None:
         assert 0 < np.abs(wav - ref).max() <= 1e-3  # changed, and close
 
 
-def test_choices_and_messages(caplog: pytest.LogCaptureFixture) -> None:
+def test_choices_and_messages(caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(InputError, match="CUDA"):
         resolve("torch", "fp16", "cpu")
     with pytest.raises(InputError, match="tensorrt-cu12"):
         resolve("tensorrt", "fp16", "cpu")
+    monkeypatch.delenv("VOCALIS_VLLM_PYTHON", raising=False)  # set: the vllm backend resolves (test_vllm_backend)
     with pytest.raises(InputError, match="vllm"):
         resolve("vllm", "fp32", "cpu")
     with pytest.raises(InputError, match="supports fp32 and int8"):

@@ -133,7 +133,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--no-text-frontend", action="store_true", help="skip text normalisation and sentence split")
     sp.add_argument("--device", default="cpu", help="cpu or cuda")
     sp.add_argument("--precision", default="fp32", help="fp32, bf16, fp16 (GPU), int8 (CPU) or auto")
-    sp.add_argument("--backend", default="torch", help="torch, onnx, tensorrt (GPU), compile or auto")
+    sp.add_argument("--backend", default="torch",
+                    help="torch, onnx, tensorrt (GPU), compile, vllm (needs VOCALIS_VLLM_PYTHON) or auto")
     sp.set_defaults(func=_speak)
 
     cv = sub.add_parser("convert", help="official CosyVoice2 directory -> Vocalis directory (safetensors + json)")

