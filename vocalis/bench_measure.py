@@ -288,14 +288,15 @@ def run_engine(cfg: BenchConfig, precision: str) -> dict[str, Any]:
 def _engine_llm(cfg: BenchConfig, model: LoadedModel, voice: Voice, precision: str,
                 bytes_per_token: int) -> dict[str, Any]:
     from vocalis.bench_bandwidth import probe_for, spread
+    from vocalis.engine.backends import make_llm_engine
     from vocalis.engine.config import EngineConfig
-    from vocalis.engine.llm_engine import LLMEngine
     from vocalis.engine.request import SamplingParams
 
     tok = model.tokenizer
     assert tok is not None
     out: dict[str, Any] = {"llm": {}}
-    eng = LLMEngine(model.llm, EngineConfig(enable_prefix_caching=False, max_num_seqs=max(cfg.batches)))
+    # ours, or vLLM's worker with the vllm backend (make_llm_engine reads the model's runtime)
+    eng = make_llm_engine(model, EngineConfig(enable_prefix_caching=False, max_num_seqs=max(cfg.batches)))
     eng.generate([eng.make_request([5, 6], params=SamplingParams(min_len=2, max_len=2))])  # warm-up
     kv = kv_bytes_per_position(model.config.llm, precision)
     for b in cfg.batches:
@@ -410,8 +411,8 @@ def _t2w_run(cfg: BenchConfig, t2w: Any, prompt: Any, tokens: list[int], streami
 
 async def _engine_e2e(cfg: BenchConfig, model: LoadedModel, voice: Voice) -> dict[str, Any]:
     from vocalis.engine.async_engine import AsyncEngine
+    from vocalis.engine.backends import make_llm_engine
     from vocalis.engine.config import EngineConfig
-    from vocalis.engine.llm_engine import LLMEngine
     from vocalis.engine.request import SamplingParams
     from vocalis.engine.token2wav import Token2WavEngine
 
@@ -421,7 +422,7 @@ async def _engine_e2e(cfg: BenchConfig, model: LoadedModel, voice: Voice) -> dic
             return dataclasses.replace(base, min_len=cfg.tokens, max_len=cfg.tokens, stop_all_masked=True)
 
     top = max(cfg.concurrency)
-    engine = FixedLengthEngine(model, LLMEngine(model.llm, EngineConfig(max_num_seqs=max(top, 1))),
+    engine = FixedLengthEngine(model, make_llm_engine(model, EngineConfig(max_num_seqs=max(top, 1))),
                                Token2WavEngine(model.flow, model.hift))  # the engines' defaults otherwise
     results: dict[str, Any] = {}
     with engine:
