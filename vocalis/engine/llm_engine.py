@@ -7,7 +7,6 @@ owner (e.g. `AsyncEngine`'s loop thread) calls every method.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Iterable, Sequence
 
@@ -20,10 +19,16 @@ from vocalis.engine.config import EngineConfig
 from vocalis.engine.id_space import IdSpace
 from vocalis.engine.model_runner import ModelRunner, kv_bytes_per_block
 from vocalis.engine.packed_weights import pack_llm
-from vocalis.engine.request import Request, RequestStatus, SamplingParams, TokenSink
+from vocalis.engine.request import (
+    Request,
+    RequestStatus,
+    SamplingParams,
+    TokenSink,
+    fit_to_model_len,
+    sampling_params_for,
+)
 from vocalis.engine.sampler import Sampler
 from vocalis.engine.scheduler import Scheduler
-from vocalis.errors import InputError
 from vocalis.models.speech_lm import Qwen2LM
 
 log = logging.getLogger(__name__)
@@ -62,11 +67,7 @@ class LLMEngine:
     def sampling_params(self, num_text_tokens: int, sampling: SamplingConfig | None = None,
                         seed: int | None = None, **overrides: object) -> SamplingParams:
         """The released model's RAS settings and length bounds for a text of that many tokens."""
-        s = sampling or SamplingConfig()
-        min_len, max_len = self.llm.length_bounds(num_text_tokens)
-        params = SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, win_size=s.win_size,
-                                tau_r=s.tau_r, min_len=min_len, max_len=max_len, seed=seed)
-        return dataclasses.replace(params, **overrides) if overrides else params  # type: ignore[arg-type]
+        return sampling_params_for(self.llm, num_text_tokens, sampling, seed, **overrides)
 
     def make_request(self, text_ids: Sequence[int], prompt_text_ids: Sequence[int] = (),
                      prompt_speech_ids: Sequence[int] = (), params: SamplingParams | None = None, *,
@@ -131,19 +132,7 @@ class LLMEngine:
             self._idle[request.request_id] = request
             self._feed(request)
             return
-        room = self.max_model_len - request.num_tokens
-        if room < 1:
-            raise InputError(f"the prompt has {request.num_tokens} positions; the engine holds at most "
-                             f"{self.max_model_len} per request (text too long?)")
-        if request.params.max_len > room:
-            log.warning("request %s: max_len %d clamped to %d (max_model_len %d)", request.request_id,
-                        request.params.max_len, room, self.max_model_len)
-            request.params = dataclasses.replace(request.params, max_len=room,
-                                                 min_len=min(request.params.min_len, room))
-        if request.params.max_len == 0:
-            request.status = RequestStatus.FINISHED_LENGTH
-            if request.sink is not None:
-                request.sink(request, None, True)
+        if not fit_to_model_len(request, self.max_model_len):
             return
         self._requests[request.request_id] = request
         self.scheduler.add(request)

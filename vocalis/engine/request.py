@@ -7,7 +7,9 @@ sampler reads its parameters and generator.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -16,8 +18,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from vocalis.config import SamplingConfig
+from vocalis.errors import InputError
+
 if TYPE_CHECKING:
     from vocalis.engine.bistream import BistreamInput
+    from vocalis.models.speech_lm import Qwen2LM
 
 _ids = itertools.count()
 
@@ -130,3 +136,34 @@ class Request:
     def __repr__(self) -> str:
         return (f"Request({self.request_id}, {self.status.value}, prompt={self.num_prompt_tokens}, "
                 f"out={self.num_output_tokens}, computed={self.num_computed_tokens}, blocks={len(self.block_table)})")
+
+
+def fit_to_model_len(request: Request, max_model_len: int) -> bool:
+    """Admission rule of every LLM engine: a prompt must leave room to generate; max_len (and min_len) are clamped
+    to the positions left. False when nothing may be generated: the request is then finished and its sink told."""
+    room = max_model_len - request.num_tokens
+    if room < 1:
+        raise InputError(f"the prompt has {request.num_tokens} positions; the engine holds at most "
+                         f"{max_model_len} per request (text too long?)")
+    if request.params.max_len > room:
+        logging.getLogger(__name__).warning("request %s: max_len %d clamped to %d (max_model_len %d)",
+                                            request.request_id, request.params.max_len, room, max_model_len)
+        request.params = dataclasses.replace(request.params, max_len=room, min_len=min(request.params.min_len, room))
+    if request.params.max_len == 0:
+        request.status = RequestStatus.FINISHED_LENGTH
+        if request.sink is not None:
+            request.sink(request, None, True)
+        return False
+    return True
+
+
+def sampling_params_for(llm: Qwen2LM, num_text_tokens: int, sampling: SamplingConfig | None = None,
+                        seed: int | None = None, **overrides: object) -> SamplingParams:
+    """The model's sampling settings (RAS) and length bounds for a text of that many tokens, with overrides."""
+    from vocalis.config import SamplingConfig
+
+    s = sampling or SamplingConfig()
+    min_len, max_len = llm.length_bounds(num_text_tokens)
+    params = SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, win_size=s.win_size,
+                            tau_r=s.tau_r, min_len=min_len, max_len=max_len, seed=seed)
+    return dataclasses.replace(params, **overrides) if overrides else params  # type: ignore[arg-type]

@@ -21,7 +21,6 @@ What differs from `LLMEngine`:
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import logging
 import os
@@ -42,7 +41,14 @@ import torch
 from vocalis.config import SamplingConfig
 from vocalis.engine.config import EngineConfig
 from vocalis.engine.id_space import IdSpace
-from vocalis.engine.request import Request, RequestStatus, SamplingParams, TokenSink
+from vocalis.engine.request import (
+    Request,
+    RequestStatus,
+    SamplingParams,
+    TokenSink,
+    fit_to_model_len,
+    sampling_params_for,
+)
 from vocalis.engine.vllm_export import export_for_vllm
 from vocalis.errors import InputError
 from vocalis.models.speech_lm import SOS_ROW, TASK_ID_ROW, Qwen2LM
@@ -233,11 +239,7 @@ class VLLMEngine:
     def sampling_params(self, num_text_tokens: int, sampling: SamplingConfig | None = None,
                         seed: int | None = None, **overrides: object) -> SamplingParams:
         """As `LLMEngine.sampling_params`: the model's settings and length bounds (RAS knobs unused here)."""
-        s = sampling or SamplingConfig()
-        min_len, max_len = self.llm.length_bounds(num_text_tokens)
-        params = SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, win_size=s.win_size,
-                                tau_r=s.tau_r, min_len=min_len, max_len=max_len, seed=seed)
-        return dataclasses.replace(params, **overrides) if overrides else params  # type: ignore[arg-type]
+        return sampling_params_for(self.llm, num_text_tokens, sampling, seed, **overrides)
 
     def make_request(self, text_ids: Sequence[int], prompt_text_ids: Sequence[int] = (),
                      prompt_speech_ids: Sequence[int] = (), params: SamplingParams | None = None, *,
@@ -262,19 +264,7 @@ class VLLMEngine:
             self.make_bistream_request()
         if request.request_id in self._requests:
             raise ValueError(f"request id {request.request_id!r} is already running")
-        room = self.max_model_len - request.num_tokens
-        if room < 1:
-            raise InputError(f"the prompt has {request.num_tokens} positions; the engine holds at most "
-                             f"{self.max_model_len} per request (text too long?)")
-        if request.params.max_len > room:
-            log.warning("request %s: max_len %d clamped to %d (max_model_len %d)", request.request_id,
-                        request.params.max_len, room, self.max_model_len)
-            request.params = dataclasses.replace(request.params, max_len=room,
-                                                 min_len=min(request.params.min_len, room))
-        if request.params.max_len == 0:
-            request.status = RequestStatus.FINISHED_LENGTH
-            if request.sink is not None:
-                request.sink(request, None, True)
+        if not fit_to_model_len(request, self.max_model_len):
             return
         self._worker.call("add", request.request_id, self._embed(request.token_ids), self._vllm_sampling(request))
         request.status = RequestStatus.RUNNING
