@@ -30,7 +30,7 @@ import time
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 import numpy as np
 import torch
@@ -41,12 +41,15 @@ from vocalis.engine.config import EngineConfig
 from vocalis.engine.llm_engine import LLMEngine
 from vocalis.engine.request import Request, RequestStatus, SamplingParams
 from vocalis.engine.step_grouping import StepGrouping, StreamReadiness, plan_token2wav_step
-from vocalis.engine.token2wav import StreamState, Token2WavChunk, Token2WavConfig, Token2WavEngine
 from vocalis.engine.threads import release_openmp_pool
+from vocalis.engine.token2wav import StreamState, Token2WavChunk, Token2WavConfig, Token2WavEngine
 from vocalis.errors import InputError, VocalisError
 from vocalis.inference.request import AudioChunk, Mode, SynthesisRequest
 from vocalis.inference.synthesizer import Synthesizer
 from vocalis.model_dir import LoadedModel
+
+if TYPE_CHECKING:
+    from vocalis.engine.vllm_engine import VLLMEngine
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +149,7 @@ class StreamHandle:
 class AsyncEngine:
     """Batched synthesis for many concurrent requests. Use as a context manager, or `start()` / `close()`."""
 
-    def __init__(self, model: LoadedModel, llm: LLMEngine, token2wav: Token2WavEngine,
+    def __init__(self, model: LoadedModel, llm: LLMEngine | VLLMEngine, token2wav: Token2WavEngine,
                  grouping: StepGrouping | None = None) -> None:
         self.model = model
         self.llm = llm
