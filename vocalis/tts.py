@@ -31,7 +31,6 @@ class TTS:
         self.model = model
         self.synth = Synthesizer(model)
         self._voices: dict[str, Voice] = dict(model.voices)
-        self.runtime: Runtime | None = None  # set by `load`: the backend and precision in use
 
     @classmethod
     def load(cls, path: str | Path | None = None, device: str | torch.device = "cpu", *, backend: str = "torch",
@@ -44,10 +43,13 @@ class TTS:
         dev = torch.device(device)
         resolve(backend, precision, dev)  # fail fast, before loading
         model = load_model(path).to(dev)
-        runtime = apply_backend(model, backend, precision, dev)
-        tts = cls(model)
-        tts.runtime = runtime
-        return tts
+        apply_backend(model, backend, precision, dev)
+        return cls(model)
+
+    @property
+    def runtime(self) -> Runtime | None:
+        """The backend and precision in use (`apply_backend` records them on the model; None: nothing applied)."""
+        return self.model.runtime
 
     @property
     def sample_rate(self) -> int:

@@ -46,9 +46,10 @@ def outputs(model: Any, seed: int = 0, llm: bool = True, num_tokens: int = 60, n
     tokens = tokens.to(dev)
     prompt = FlowPrompt(prompt.speech_ids.to(dev), prompt.mel.to(dev), prompt.embedding.to(dev))
     t2w = Token2Wav(model.flow, model.hift)
-    out["mel"] = t2w._flow(tokens, prompt, streaming=False, finalize=True).cpu()
+    mel = t2w._flow(tokens, prompt, streaming=False, finalize=True)
+    out["mel"] = mel.cpu()
     gen = torch.Generator(device=dev).manual_seed(seed)
-    out["wav"] = t2w._vocode(t2w.new_state(prompt, gen), out["mel"].to(dev), finalize=True).double().cpu()
+    out["wav"] = t2w._vocode(t2w.new_state(prompt, gen), mel, finalize=True).double().cpu()
     return out
 
 

@@ -63,6 +63,7 @@ if TYPE_CHECKING:
     from vocalis.engine.config import EngineConfig
     from vocalis.engine.llm_engine import LLMEngine
     from vocalis.engine.vllm_engine import VLLMEngine
+    from vocalis.model_dir import LoadedModel
 
 log = logging.getLogger(__name__)
 
@@ -181,17 +182,17 @@ def resolve(backend: str, precision: str, device: str | torch.device = "cpu") ->
     return backend, precision
 
 
-def make_llm_engine(model: object, config: EngineConfig | None = None) -> LLMEngine | VLLMEngine:
+def make_llm_engine(model: LoadedModel, config: EngineConfig | None = None) -> LLMEngine | VLLMEngine:
     """The LLM engine a loaded model's runtime calls for: a `VLLMEngine` (worker process) for the vllm backend,
     else our `LLMEngine` over the (possibly cast or quantized) torch modules."""
-    runtime: Runtime | None = getattr(model, "runtime", None)
+    runtime = model.runtime
     if runtime is not None and runtime.backend == "vllm":
         from vocalis.engine.vllm_engine import VLLMEngine
 
-        return VLLMEngine(model.llm, config, precision=runtime.precision)  # type: ignore[attr-defined]
+        return VLLMEngine(model.llm, config, precision=runtime.precision)
     from vocalis.engine.llm_engine import LLMEngine
 
-    return LLMEngine(model.llm, config)  # type: ignore[attr-defined]
+    return LLMEngine(model.llm, config)
 
 
 def apply_backend(model: object, backend: str = "torch", precision: str = "fp32",

@@ -41,6 +41,22 @@ from vocalis.models.speech_lm import Qwen2LM
 log = logging.getLogger(__name__)
 
 
+def embed_engine_ids(llm: Qwen2LM, space: IdSpace, ids: torch.Tensor, all_speech: bool = False) -> torch.Tensor:
+    """Engine ids (N,) -> (N, D) in the speech table's dtype, each from the table it belongs to (`IdSpace`):
+    row for row what `Qwen2LM.prefill_embeddings` builds. all_speech: every id is a speech id (one lookup)."""
+    if all_speech:
+        return llm.speech_embedding(ids)
+    dtype = llm.speech_embedding.weight.dtype
+    out = torch.empty(ids.shape[0], llm.speech_embedding.embedding_dim, dtype=dtype, device=ids.device)
+    s, off = space.num_speech, space.text_offset
+    speech, text = ids < s, ids >= off
+    special = ~(speech | text)
+    out[speech] = llm.speech_embedding(ids[speech])
+    out[special] = llm.llm_embedding(ids[special] - s).to(dtype)
+    out[text] = llm.qwen.embed_tokens(ids[text] - off).to(dtype)
+    return out
+
+
 def kv_bytes_per_block(llm: Qwen2LM, block_size: int) -> int:
     q = llm.config.qwen
     itemsize = llm.speech_embedding.weight.element_size()
@@ -184,17 +200,7 @@ class ModelRunner:
     # ---- forward -------------------------------------------------------------------------------------
     def embed(self, ids: torch.Tensor, all_speech: bool) -> torch.Tensor:
         """Engine ids (N,) -> (N, D) from the table each id belongs to."""
-        lm = self.llm
-        if all_speech:
-            return lm.speech_embedding(ids)
-        out = torch.empty(ids.shape[0], lm.speech_embedding.embedding_dim, dtype=self.dtype, device=self.device)
-        s, off = self.ids.num_speech, self.ids.text_offset
-        speech, text = ids < s, ids >= off
-        special = ~(speech | text)
-        out[speech] = lm.speech_embedding(ids[speech])
-        out[special] = lm.llm_embedding(ids[special] - s).to(self.dtype)
-        out[text] = lm.qwen.embed_tokens(ids[text] - off).to(self.dtype)
-        return out
+        return embed_engine_ids(self.llm, self.ids, ids, all_speech)
 
     @torch.inference_mode()
     def execute(self, scheduled: Sequence[tuple[Request, int]]) -> torch.Tensor:
@@ -237,8 +243,7 @@ class ModelRunner:
         x = self.embed(ids, True)  # (B, D)
         cos = self._cos.index_select(0, positions)[:, None, :]  # (B, 1, Dh)
         sin = self._sin_signed.index_select(0, positions)[:, None, :]
-        x = self._layers(x, cos, sin, inp, valid[:, None, None, :])
-        return self.llm.llm_decoder(self._norm(self.llm.qwen.norm, x))  # (B, V)
+        return self._logits(self._layers(x, cos, sin, inp, valid[:, None, None, :]))  # (B, V)
 
     def _layers(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inp: StepInputs,
                 mask: torch.Tensor | None) -> torch.Tensor:
@@ -272,8 +277,11 @@ class ModelRunner:
 
     def _head(self, x: torch.Tensor, inp: StepInputs) -> torch.Tensor:
         """Final hidden states (N, D) -> log-probs (R, V) of the sampled rows."""
-        hidden = self._norm(self.llm.qwen.norm, x.index_select(0, inp.sample_rows))  # (R, D)
-        return self.llm.llm_decoder(hidden).float().log_softmax(dim=-1)  # (R, V)
+        return self._logits(x.index_select(0, inp.sample_rows)).float().log_softmax(dim=-1)  # (R, V)
+
+    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+        """Final hidden states (M, D) -> speech-head logits (M, V): the final norm, then `llm_decoder`."""
+        return self.llm.llm_decoder(self._norm(self.llm.qwen.norm, x))
 
     @staticmethod
     def _norm(norm: Qwen2RMSNorm, x: torch.Tensor) -> torch.Tensor:

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from vocalis.engine.bistream import BistreamInput
     from vocalis.models.speech_lm import Qwen2LM
 
+log = logging.getLogger(__name__)
 _ids = itertools.count()
 
 
@@ -146,8 +147,8 @@ def fit_to_model_len(request: Request, max_model_len: int) -> bool:
         raise InputError(f"the prompt has {request.num_tokens} positions; the engine holds at most "
                          f"{max_model_len} per request (text too long?)")
     if request.params.max_len > room:
-        logging.getLogger(__name__).warning("request %s: max_len %d clamped to %d (max_model_len %d)",
-                                            request.request_id, request.params.max_len, room, max_model_len)
+        log.warning("request %s: max_len %d clamped to %d (max_model_len %d)", request.request_id,
+                    request.params.max_len, room, max_model_len)
         request.params = dataclasses.replace(request.params, max_len=room, min_len=min(request.params.min_len, room))
     if request.params.max_len == 0:
         request.status = RequestStatus.FINISHED_LENGTH
@@ -160,8 +161,6 @@ def fit_to_model_len(request: Request, max_model_len: int) -> bool:
 def sampling_params_for(llm: Qwen2LM, num_text_tokens: int, sampling: SamplingConfig | None = None,
                         seed: int | None = None, **overrides: object) -> SamplingParams:
     """The model's sampling settings (RAS) and length bounds for a text of that many tokens, with overrides."""
-    from vocalis.config import SamplingConfig
-
     s = sampling or SamplingConfig()
     min_len, max_len = llm.length_bounds(num_text_tokens)
     params = SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, win_size=s.win_size,

@@ -41,6 +41,7 @@ import torch
 from vocalis.config import SamplingConfig
 from vocalis.engine.config import EngineConfig
 from vocalis.engine.id_space import IdSpace
+from vocalis.engine.model_runner import embed_engine_ids
 from vocalis.engine.request import (
     Request,
     RequestStatus,
@@ -51,7 +52,7 @@ from vocalis.engine.request import (
 )
 from vocalis.engine.vllm_export import export_for_vllm
 from vocalis.errors import InputError
-from vocalis.models.speech_lm import SOS_ROW, TASK_ID_ROW, Qwen2LM
+from vocalis.models.speech_lm import Qwen2LM
 
 log = logging.getLogger(__name__)
 
@@ -273,16 +274,8 @@ class VLLMEngine:
     @torch.inference_mode()
     def _embed(self, ids: Sequence[int]) -> torch.Tensor:
         """Engine ids -> their embeddings (L, D) fp32, row for row what `Qwen2LM.prefill_embeddings` builds."""
-        llm, space = self.llm, self.ids
-        device = llm.speech_embedding.weight.device
-        t = torch.as_tensor(list(ids), dtype=torch.long, device=device)
-        out = torch.empty(len(t), llm.config.qwen.hidden_size, device=device)
-        speech, text = t < space.sos, t >= space.text_offset
-        out[speech] = llm.speech_embedding(t[speech])
-        out[text] = llm.qwen.embed_tokens(t[text] - space.text_offset)
-        out[t == space.sos] = llm.llm_embedding.weight[SOS_ROW]
-        out[t == space.task] = llm.llm_embedding.weight[TASK_ID_ROW]
-        return out.float().cpu()
+        t = torch.as_tensor(list(ids), dtype=torch.long, device=self.llm.speech_embedding.weight.device)
+        return embed_engine_ids(self.llm, self.ids, t).float().cpu()
 
     def _vllm_sampling(self, req: Request) -> dict[str, Any]:
         p = req.params
