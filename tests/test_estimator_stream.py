@@ -93,3 +93,11 @@ def test_no_prefix_uniform() -> None:
     _check([(None, 4, 8, True)] * 2, n=8, seed=5)
     _check([(None, 0, 8, True), (None, 4, 6, True)], n=8, seed=6)
 
+
+
+@pytest.mark.parametrize("spec", [("a", 0, 8, True), ("a", 4, 6, True), ("a", 4, 8, False), (None, 0, 8, True),
+                                  (None, 4, 5, True), ("b", 0, 3, True)])
+def test_lone_request(spec: tuple[str | None, int, int, bool]) -> None:
+    """One request (keys laid out once, queries block by block, no mask): first and later chunks, with and
+    without a prefix, keeping or not, chunks shorter than a block and crossing blocks."""
+    _check([spec], n=spec[2], seed=7 + spec[1] + spec[2])

@@ -19,7 +19,8 @@ the module's streaming forward on the whole prefix up to float summation order.
 Attention in two parts: a voice prefix ends on a block boundary before every new frame, so it is fully visible
 to all new queries. The queries of every request on one prefix attend to it in one batched call (the prefix's
 keys read once, not copied per request), each request's queries attend to its own cached + new frames under the
-block-causal mask, and the two partial softmaxes are merged exactly by their log-sum-exps (`_merge`).
+block-causal mask, and the two partial softmaxes are merged exactly by their log-sum-exps (`_merge`). A lone
+request (the first-chunk latency case) instead lays its keys out once and attends block by block, unmasked.
 
 Legend: R requests, n new frames (padded), C channels, D transformer width, H heads, E head width.
 """
@@ -194,10 +195,11 @@ class _ChunkRun:
     def attention(self, attn: SelfAttention, x: torch.Tensor) -> torch.Tensor:
         """Self-attention of new frames x (2R, n, D) over cached + new keys -> (2R, n, D).
 
-        Two parts, merged exactly by their log-sum-exps (`_merge`): every request's new queries against its own
-        keys (own cached frames + new frames, block-causal mask), and the queries of all requests continuing one
-        voice prefix against that prefix's keys as one batched attention (the prefix is the same for all of them
-        and fully visible to new frames), so a shared prefix is read once per call, never copied per request."""
+        Several requests: two parts, merged exactly by their log-sum-exps (`_merge`): every request's new queries
+        against its own keys (own cached frames + new frames, block-causal mask), and the queries of all requests
+        continuing one voice prefix against that prefix's keys as one batched attention (the prefix is the same
+        for all of them and fully visible to new frames), so a shared prefix is read once per call, never copied
+        per request. One request: one key sequence, block by block (`_attention_alone`)."""
         i = self.block_index
         self.block_index += 1
         rows, n, _ = x.shape
@@ -210,6 +212,49 @@ class _ChunkRun:
         else:  # one fused q/k/v GEMM; attention itself stays fp32 (the CPU's bf16 attention kernel is slower)
             qkv = self.compute.qkv(attn, x.reshape(rows * n, -1)).float().view(rows, n, 3, h, e)
             q, k, v = (qkv[:, :, j].transpose(1, 2) for j in range(3))  # (2R, H, n, E) each
+        if len(self.caches) == 1:
+            result = self._attention_alone(i, q, k, v)
+        else:
+            result = self._attention_batched(i, q, k, v)
+        result = result.view(rows, n, h * e)  # (2R, n, H*E)
+        if self.compute is None:
+            return attn.to_out[1](attn.to_out[0](result))
+        return self.compute.linear(attn.to_out[0], result).to(out_dtype)  # to_out[1]: dropout, identity in eval
+
+    def _attention_alone(self, i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """One request (the first chunk of a lone stream, the common latency case): its keys laid out once as
+        (prefix, own cached, new) -> (2, n, H, E). The prefix's keys are upcast from the cache dtype anyway, so
+        copying them into the one sequence costs nothing extra, and no log-sum-exp merge is needed. Queries go
+        block by block, each over exactly the keys its block sees, so no mask and no masked work."""
+        c = self.caches[0]
+        self._new_own(i, k)
+        _, h, n, e = q.shape
+        p, start = _prefix_frames(c), c.num_frames  # prefix frames; the first new frame (absolute)
+        if start == 0:
+            keys, values = k, v  # nothing cached: the projection's views
+        else:
+            keys, values = q.new_empty(2, h, start + n, e), q.new_empty(2, h, start + n, e)
+            for buf, new, part in ((keys, k, "keys"), (values, v, "values")):
+                if c.prefix is not None:
+                    buf[:, :, :p] = getattr(c.prefix, part)[i]
+                if start > p:
+                    buf[:, :, p:start] = getattr(c, part)[i]
+                buf[:, :, start:] = new
+        if self.keeps[0]:  # a reduced dtype is for storage: this chunk attended at full
+            c.keys[i], c.values[i] = self._stored(keys[:, :, p:]), self._stored(values[:, :, p:])
+        result = q.new_empty(2, n, h, e)  # the output projection's layout
+        a = start
+        while a < start + n:  # one piece per block: every query in it sees the keys up to its block's end
+            end = min((a // self.chunk + 1) * self.chunk, start + n)
+            out, _ = _attend(q[:, :, a - start : end - start], keys[:, :, :end], values[:, :, :end], None)
+            result[:, a - start : end - start] = out.transpose(1, 2)
+            a = end
+        return result
+
+    def _attention_batched(self, i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Several requests: own parts under the block-causal mask, prefix parts batched per voice, merged by
+        log-sum-exp -> (2R, n, H, E)."""
+        rows, h, n, e = q.shape
         starts = [c.num_frames for c in self.caches]  # each request's first new frame (prefix + own so far)
         firsts = [_prefix_frames(c) for c in self.caches]  # each request's first own frame
         uniform = self._uniform(starts, n)
@@ -243,10 +288,7 @@ class _ChunkRun:
                 out = out.view(-1, 2, h, n, e).index_copy(0, idx, part).view(rows, h, n, e)
         if not merged:
             result.copy_(out.transpose(1, 2))
-        result = result.view(rows, n, h * e)  # (2R, n, H*E)
-        if self.compute is None:
-            return attn.to_out[1](attn.to_out[0](result))
-        return self.compute.linear(attn.to_out[0], result).to(out_dtype)  # to_out[1]: dropout, identity in eval
+        return result
 
     def _uniform(self, starts: list[int], n: int) -> bool:
         """Whether every request has the same layout (same voice prefix, same cached frames, n new frames, same
