@@ -222,10 +222,10 @@ class _ChunkRun:
         return self.compute.linear(attn.to_out[0], result).to(out_dtype)  # to_out[1]: dropout, identity in eval
 
     def _attention_alone(self, i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """One request (the first chunk of a lone stream, the common latency case): its keys laid out once as
-        (prefix, own cached, new) -> (2, n, H, E). The prefix's keys are upcast from the cache dtype anyway, so
-        copying them into the one sequence costs nothing extra, and no log-sum-exp merge is needed. Queries go
-        block by block, each over exactly the keys its block sees, so no mask and no masked work."""
+        """One request in the step (every chunk of a lone stream; its first is the latency case): its keys laid
+        out once as (prefix, own cached, new) -> (2, n, H, E). The prefix's keys are upcast from the cache dtype
+        anyway, so copying them into the one sequence costs nothing extra, and no log-sum-exp merge is needed.
+        Queries go block by block, each over exactly the keys its block sees, so no mask and no masked work."""
         c = self.caches[0]
         self._new_own(i, k)
         _, h, n, e = q.shape
