@@ -1,5 +1,6 @@
-"""The incremental estimator's two-part attention (shared voice prefix + each request's own frames, merged by
-log-sum-exp) against one attention over each request's whole key sequence (random weights, fp32)."""
+"""The incremental estimator's attention against one attention over each request's whole key sequence (random
+weights, fp32): the two-part path of batches (shared voice prefix + each request's own frames, merged by
+log-sum-exp) and the one-sequence, block-by-block path of a lone request."""
 
 from __future__ import annotations
 
@@ -92,7 +93,6 @@ def test_no_prefix_uniform() -> None:
     """Requests with no prefix at all (own part only), uniform and not."""
     _check([(None, 4, 8, True)] * 2, n=8, seed=5)
     _check([(None, 0, 8, True), (None, 4, 6, True)], n=8, seed=6)
-
 
 
 @pytest.mark.parametrize("spec", [("a", 0, 8, True), ("a", 4, 6, True), ("a", 4, 8, False), (None, 0, 8, True),
