@@ -8,25 +8,18 @@ owner (e.g. `AsyncEngine`'s loop thread) calls every method.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 import torch
 
-from vocalis.config import SamplingConfig
 from vocalis.engine.bistream import BistreamInput
 from vocalis.engine.block_manager import BlockManager
 from vocalis.engine.config import EngineConfig
+from vocalis.engine.engine_front import EngineFront
 from vocalis.engine.id_space import IdSpace
 from vocalis.engine.model_runner import ModelRunner, kv_bytes_per_block
 from vocalis.engine.packed_weights import pack_llm
-from vocalis.engine.request import (
-    Request,
-    RequestStatus,
-    SamplingParams,
-    TokenSink,
-    fit_to_model_len,
-    sampling_params_for,
-)
+from vocalis.engine.request import Request, RequestStatus, SamplingParams, TokenSink, fit_to_model_len
 from vocalis.engine.sampler import Sampler
 from vocalis.engine.scheduler import Scheduler
 from vocalis.models.speech_lm import Qwen2LM
@@ -34,7 +27,7 @@ from vocalis.models.speech_lm import Qwen2LM
 log = logging.getLogger(__name__)
 
 
-class LLMEngine:
+class LLMEngine(EngineFront):
     def __init__(self, llm: Qwen2LM, config: EngineConfig | None = None) -> None:
         self.config = cfg = config or EngineConfig()
         self.llm = llm
@@ -64,21 +57,6 @@ class LLMEngine:
         return num
 
     # ---- requests -----------------------------------------------------------------------------------
-    def sampling_params(self, num_text_tokens: int, sampling: SamplingConfig | None = None,
-                        seed: int | None = None, **overrides: object) -> SamplingParams:
-        """The released model's RAS settings and length bounds for a text of that many tokens."""
-        return sampling_params_for(self.llm, num_text_tokens, sampling, seed, **overrides)
-
-    def make_request(self, text_ids: Sequence[int], prompt_text_ids: Sequence[int] = (),
-                     prompt_speech_ids: Sequence[int] = (), params: SamplingParams | None = None, *,
-                     request_id: str | None = None, sink: TokenSink | None = None,
-                     generator: torch.Generator | None = None) -> Request:
-        """A unistream request: [sos] + prompt text + text + [task] + prompt speech; default params from
-        `sampling_params(len(text_ids))`."""
-        prompt = self.ids.prompt(text_ids, prompt_text_ids, prompt_speech_ids)
-        params = params or self.sampling_params(len(text_ids))
-        return Request(prompt, params, request_id, sink, generator)
-
     def make_bistream_request(self, prompt_text_ids: Sequence[int] = (), prompt_speech_ids: Sequence[int] = (),
                               params: SamplingParams | None = None, *, max_len: int | None = None,
                               request_id: str | None = None, sink: TokenSink | None = None,
@@ -185,11 +163,3 @@ class LLMEngine:
                 self._drop(req.request_id, RequestStatus.FINISHED_LENGTH)
         return events
 
-    def generate(self, requests: Iterable[Request]) -> dict[str, list[int]]:
-        """Run requests to completion (a convenience for tests and benchmarks) -> speech ids by request id."""
-        reqs = list(requests)
-        for r in reqs:
-            self.add_request(r)
-        while self.has_work():
-            self.step()
-        return {r.request_id: r.output_ids for r in reqs}

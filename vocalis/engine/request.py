@@ -18,12 +18,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from vocalis.config import SamplingConfig
 from vocalis.errors import InputError
 
 if TYPE_CHECKING:
     from vocalis.engine.bistream import BistreamInput
-    from vocalis.models.speech_lm import Qwen2LM
 
 log = logging.getLogger(__name__)
 _ids = itertools.count()
@@ -157,12 +155,3 @@ def fit_to_model_len(request: Request, max_model_len: int) -> bool:
         return False
     return True
 
-
-def sampling_params_for(llm: Qwen2LM, num_text_tokens: int, sampling: SamplingConfig | None = None,
-                        seed: int | None = None, **overrides: object) -> SamplingParams:
-    """The model's sampling settings (RAS) and length bounds for a text of that many tokens, with overrides."""
-    s = sampling or SamplingConfig()
-    min_len, max_len = llm.length_bounds(num_text_tokens)
-    params = SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, win_size=s.win_size,
-                            tau_r=s.tau_r, min_len=min_len, max_len=max_len, seed=seed)
-    return dataclasses.replace(params, **overrides) if overrides else params  # type: ignore[arg-type]

@@ -30,7 +30,7 @@ import socket
 import subprocess
 import tempfile
 import weakref
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -38,18 +38,11 @@ from typing import Any, NoReturn
 
 import torch
 
-from vocalis.config import SamplingConfig
 from vocalis.engine.config import EngineConfig
+from vocalis.engine.engine_front import EngineFront
 from vocalis.engine.id_space import IdSpace
 from vocalis.engine.model_runner import embed_engine_ids
-from vocalis.engine.request import (
-    Request,
-    RequestStatus,
-    SamplingParams,
-    TokenSink,
-    fit_to_model_len,
-    sampling_params_for,
-)
+from vocalis.engine.request import Request, RequestStatus, fit_to_model_len
 from vocalis.engine.vllm_export import export_for_vllm
 from vocalis.errors import InputError
 from vocalis.models.speech_lm import Qwen2LM
@@ -191,7 +184,7 @@ def _shutdown(worker: _Worker, directory: str) -> None:
     shutil.rmtree(directory, ignore_errors=True)
 
 
-class VLLMEngine:
+class VLLMEngine(EngineFront):
     """Drop-in for the `LLMEngine` members `AsyncEngine` uses; single-threaded like it. `close()` (or garbage
     collection, or interpreter exit) stops the worker and deletes the exported model."""
 
@@ -237,19 +230,6 @@ class VLLMEngine:
         self._finalizer()
 
     # ---- requests -----------------------------------------------------------------------------------
-    def sampling_params(self, num_text_tokens: int, sampling: SamplingConfig | None = None,
-                        seed: int | None = None, **overrides: object) -> SamplingParams:
-        """As `LLMEngine.sampling_params`: the model's settings and length bounds (RAS knobs unused here)."""
-        return sampling_params_for(self.llm, num_text_tokens, sampling, seed, **overrides)
-
-    def make_request(self, text_ids: Sequence[int], prompt_text_ids: Sequence[int] = (),
-                     prompt_speech_ids: Sequence[int] = (), params: SamplingParams | None = None, *,
-                     request_id: str | None = None, sink: TokenSink | None = None,
-                     generator: torch.Generator | None = None) -> Request:
-        """As `LLMEngine.make_request`: [sos] + prompt text + text + [task] + prompt speech."""
-        prompt = self.ids.prompt(text_ids, prompt_text_ids, prompt_speech_ids)
-        return Request(prompt, params or self.sampling_params(len(text_ids)), request_id, sink, generator)
-
     def make_bistream_request(self, *args: object, **kwargs: object) -> Request:
         raise InputError("the vllm backend cannot take text in pieces (bi-streaming): vLLM cannot feed text between "
                          "decode steps; give the whole text, or use --backend torch")
@@ -361,15 +341,6 @@ class VLLMEngine:
         events.append((req, tok))
         if req.sink is not None:
             req.sink(req, tok, True)
-
-    def generate(self, requests: Iterable[Request]) -> dict[str, list[int]]:
-        """Run requests to completion (tests, benchmarks) -> speech ids by request id."""
-        reqs = list(requests)
-        for r in reqs:
-            self.add_request(r)
-        while self.has_work():
-            self.step()
-        return {r.request_id: r.output_ids for r in reqs}
 
     def stream(self, request: Request) -> Iterator[int]:
         """One request's speech ids as they are decoded (the reference path's use: one request at a time).

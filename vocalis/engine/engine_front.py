@@ -1,0 +1,59 @@
+"""`EngineFront`: what every LLM engine (ours, `LLMEngine`; vLLM's, `VLLMEngine`) offers its callers on top of its
+own add_request / has_work / step: the model's sampling parameters, unistream requests in the engine's id space,
+and running requests to completion."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Sequence
+
+import torch
+
+from vocalis.config import SamplingConfig
+from vocalis.engine.id_space import IdSpace
+from vocalis.engine.request import Request, SamplingParams, TokenSink
+from vocalis.models.speech_lm import Qwen2LM
+
+
+class EngineFront:
+    """Base of the LLM engines; a subclass sets `llm` and `ids` and implements the three methods below."""
+
+    llm: Qwen2LM
+    ids: IdSpace
+
+    def add_request(self, request: Request) -> None:
+        raise NotImplementedError
+
+    def has_work(self) -> bool:
+        raise NotImplementedError
+
+    def step(self) -> list[tuple[Request, int | None]]:
+        raise NotImplementedError
+
+    def sampling_params(self, num_text_tokens: int, sampling: SamplingConfig | None = None,
+                        seed: int | None = None, **overrides: object) -> SamplingParams:
+        """The model's sampling settings (RAS) and length bounds for a text of that many tokens, with overrides."""
+        s = sampling or SamplingConfig()
+        min_len, max_len = self.llm.length_bounds(num_text_tokens)
+        params = SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, win_size=s.win_size,
+                                tau_r=s.tau_r, min_len=min_len, max_len=max_len, seed=seed)
+        return dataclasses.replace(params, **overrides) if overrides else params  # type: ignore[arg-type]
+
+    def make_request(self, text_ids: Sequence[int], prompt_text_ids: Sequence[int] = (),
+                     prompt_speech_ids: Sequence[int] = (), params: SamplingParams | None = None, *,
+                     request_id: str | None = None, sink: TokenSink | None = None,
+                     generator: torch.Generator | None = None) -> Request:
+        """A unistream request: [sos] + prompt text + text + [task] + prompt speech; default params from
+        `sampling_params(len(text_ids))`."""
+        prompt = self.ids.prompt(text_ids, prompt_text_ids, prompt_speech_ids)
+        params = params or self.sampling_params(len(text_ids))
+        return Request(prompt, params, request_id, sink, generator)
+
+    def generate(self, requests: Iterable[Request]) -> dict[str, list[int]]:
+        """Run requests to completion (a convenience for tests and benchmarks) -> speech ids by request id."""
+        reqs = list(requests)
+        for r in reqs:
+            self.add_request(r)
+        while self.has_work():
+            self.step()
+        return {r.request_id: r.output_ids for r in reqs}
