@@ -124,9 +124,7 @@ class LLMEngine(EngineFront):
         self._requests.pop(request_id, None)
         if req is None:
             return False
-        req.status = status
-        if req.sink is not None:
-            req.sink(req, None, True)
+        req.finish(status)
         return True
 
     def has_unfinished(self) -> bool:

@@ -132,6 +132,12 @@ class Request:
             self.generator = gen
         return self.generator
 
+    def finish(self, status: RequestStatus, token: int | None = None) -> None:
+        """End the request with `status`; its sink hears the last event (token, or None without one)."""
+        self.status = status
+        if self.sink is not None:
+            self.sink(self, token, True)
+
     def __repr__(self) -> str:
         return (f"Request({self.request_id}, {self.status.value}, prompt={self.num_prompt_tokens}, "
                 f"out={self.num_output_tokens}, computed={self.num_computed_tokens}, blocks={len(self.block_table)})")
@@ -149,9 +155,7 @@ def fit_to_model_len(request: Request, max_model_len: int) -> bool:
                     request.params.max_len, room, max_model_len)
         request.params = dataclasses.replace(request.params, max_len=room, min_len=min(request.params.min_len, room))
     if request.params.max_len == 0:
-        request.status = RequestStatus.FINISHED_LENGTH
-        if request.sink is not None:
-            request.sink(request, None, True)
+        request.finish(RequestStatus.FINISHED_LENGTH)
         return False
     return True
 

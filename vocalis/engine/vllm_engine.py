@@ -281,9 +281,7 @@ class VLLMEngine(EngineFront):
         if req is None:
             return False
         self._worker.call("abort", [request_id])
-        req.status = RequestStatus.FINISHED_ABORTED
-        if req.sink is not None:
-            req.sink(req, None, True)
+        req.finish(RequestStatus.FINISHED_ABORTED)
         return True
 
     def has_unfinished(self) -> bool:
@@ -336,11 +334,9 @@ class VLLMEngine(EngineFront):
 
     def _finish(self, req: Request, status: RequestStatus, tok: int | None,
                 events: list[tuple[Request, int | None]]) -> None:
-        req.status = status
         self._requests.pop(req.request_id, None)
         events.append((req, tok))
-        if req.sink is not None:
-            req.sink(req, tok, True)
+        req.finish(status, tok)
 
     def stream(self, request: Request) -> Iterator[int]:
         """One request's speech ids as they are decoded (the reference path's use: one request at a time).
