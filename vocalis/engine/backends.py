@@ -182,14 +182,20 @@ def resolve(backend: str, precision: str, device: str | torch.device = "cpu") ->
     return backend, precision
 
 
+def vllm_precision(model: LoadedModel) -> str | None:
+    """The precision vLLM decodes the model's LLM in when the vllm backend was applied to it, else None."""
+    runtime = model.runtime
+    return runtime.precision if runtime is not None and runtime.backend == "vllm" else None
+
+
 def make_llm_engine(model: LoadedModel, config: EngineConfig | None = None) -> LLMEngine | VLLMEngine:
     """The LLM engine a loaded model's runtime calls for: a `VLLMEngine` (worker process) for the vllm backend,
     else our `LLMEngine` over the (possibly cast or quantized) torch modules."""
-    runtime = model.runtime
-    if runtime is not None and runtime.backend == "vllm":
+    precision = vllm_precision(model)
+    if precision is not None:
         from vocalis.engine.vllm_engine import VLLMEngine
 
-        return VLLMEngine(model.llm, config, precision=runtime.precision)
+        return VLLMEngine(model.llm, config, precision=precision)
     from vocalis.engine.llm_engine import LLMEngine
 
     return LLMEngine(model.llm, config)

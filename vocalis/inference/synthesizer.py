@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from vocalis.config import ENDOFPROMPT_TOKEN, MAX_PROMPT_SECONDS, PROMPT_SAMPLE_RATE_16K, StreamConfig
+from vocalis.engine.backends import vllm_precision
 from vocalis.errors import InputError
 from vocalis.frontend import audio as audio_fe
 from vocalis.frontend import text as text_fe
@@ -170,13 +171,13 @@ class Synthesizer:
 
     def _vllm_engine(self) -> VLLMEngine | None:
         """With the vllm backend applied, its engine (worker started on first use); else None (torch decoding)."""
-        runtime = self.model.runtime
-        if runtime is None or runtime.backend != "vllm":
+        precision = vllm_precision(self.model)
+        if precision is None:
             return None
         if self._vllm is None:
             from vocalis.engine.vllm_engine import VLLMEngine
 
-            self._vllm = VLLMEngine(self.model.llm, precision=runtime.precision)
+            self._vllm = VLLMEngine(self.model.llm, precision=precision)
         return self._vllm
 
     def run(self, request: SynthesisRequest, stream: bool = False) -> Iterator[AudioChunk]:
