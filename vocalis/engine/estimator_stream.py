@@ -234,11 +234,13 @@ class _ChunkRun:
             keys, values = k, v  # nothing cached: the projection's views
         else:
             keys, values = q.new_empty(2, h, start + n, e), q.new_empty(2, h, start + n, e)
-            for buf, new, part in ((keys, k, "keys"), (values, v, "values")):
-                if c.prefix is not None:
-                    buf[:, :, :p] = getattr(c.prefix, part)[i]
+            pre = c.prefix
+            for buf, new, own, shared in ((keys, k, c.keys, None if pre is None else pre.keys),
+                                          (values, v, c.values, None if pre is None else pre.values)):
+                if shared is not None:
+                    buf[:, :, :p] = shared[i]
                 if start > p:
-                    buf[:, :, p:start] = getattr(c, part)[i]
+                    buf[:, :, p:start] = own[i]
                 buf[:, :, start:] = new
         if self.keeps[0]:  # a reduced dtype is for storage: this chunk attended at full
             c.keys[i], c.values[i] = self._stored(keys[:, :, p:]), self._stored(values[:, :, p:])
