@@ -57,8 +57,12 @@ def init_distributed(device: str = "auto", timeout_s: float = 600.0) -> DistInfo
     return DistInfo(rank, local_rank, world, dev)
 
 
-def cleanup() -> None:
+def cleanup(together: bool = True) -> None:
+    """Leave the group; `together`: first wait for every rank, so none tears down a connection a peer still
+    uses."""
     if dist.is_initialized():
+        if together:
+            dist.barrier()
         dist.destroy_process_group()
 
 

@@ -6,6 +6,7 @@ Launch one process (`vocalis train llm --config c.toml`) or several with
 
 from __future__ import annotations
 
+import gc
 import logging
 import sys
 from typing import Any
@@ -13,7 +14,7 @@ from typing import Any
 import torch
 
 from vocalis.train.config import TrainConfig
-from vocalis.train.distributed import cleanup, init_distributed
+from vocalis.train.distributed import DistInfo, cleanup, init_distributed
 
 log = logging.getLogger(__name__)
 
@@ -24,19 +25,30 @@ def train(config: TrainConfig) -> dict[str, Any]:
     info = init_distributed(config.trainer.device)
     if not info.is_main:  # only rank 0 talks, unless something goes wrong
         logging.getLogger("vocalis").setLevel(logging.WARNING)
+    # A 1-rank group made for DeepSpeed is not `info.distributed` and stays: DeepSpeed caches it per process.
     try:
-        if config.trainer.engine == "deepspeed":
-            from vocalis.train.deepspeed_engine import DeepSpeedTrainer
+        summary = _run(config, info)
+    except BaseException:
+        if info.distributed:  # no barrier: the other ranks may sit in a collective that never ends
+            cleanup(together=False)
+        raise
+    if info.distributed:
+        # DDP wrappers hold the group; one freed only at interpreter exit aborts the process (gloo's threads
+        # outlive the interpreter), so free them before leaving.
+        gc.collect()
+        cleanup()
+    return summary
 
-            trainer = DeepSpeedTrainer(config, info)
-        else:
-            from vocalis.train.trainer import Trainer
 
-            trainer = Trainer(config, info)
-        return trainer.run()
-    finally:
-        if info.distributed:  # a 1-rank group made for DeepSpeed stays: DeepSpeed caches it per process
-            cleanup()
+def _run(config: TrainConfig, info: DistInfo) -> dict[str, Any]:
+    """The trainer lives only in this frame, so its modules are unreferenced once it returns."""
+    if config.trainer.engine == "deepspeed":
+        from vocalis.train.deepspeed_engine import DeepSpeedTrainer
+
+        return DeepSpeedTrainer(config, info).run()
+    from vocalis.train.trainer import Trainer
+
+    return Trainer(config, info).run()
 
 
 if __name__ == "__main__":  # pragma: no cover - convenience for `python -m vocalis.train.run`
