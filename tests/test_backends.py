@@ -3,7 +3,7 @@
 Bounds (tiny preset, random weights, fixed inputs; measured values in brackets, 2 seeds):
 - bf16 Linear weights (LLM + flow estimator): LLM teacher-forced token agreement >= 0.90 [0.96-0.99], log-prob
   max abs <= 0.05 [0.010]; mel max rel <= 5e-3 [8.7e-4]; waveform rel RMS <= 1e-3 [1.6e-5].
-- int8 (LLM: VNNI kernel or fbgemm; estimator: `dynamic_int8.Int8Linear`): agreement >= 0.90 [0.95-0.98], log-prob
+- int8 (LLM: VNNI kernel or fbgemm; estimator: `dynamic_int8.Int8Linear`, or bf16 as on AMX CPUs): agreement >= 0.90 [0.95-0.98], log-prob
   max abs <= 0.2 [0.055]; mel max rel <= 5e-3 [1.6e-3; 2.6e-3 with quantize_dynamic's 7-bit activations and
   per-tensor weights]; waveform rel RMS <= 1e-3 [3.5e-5].
 - one `Int8Linear` on 200 random rows: max abs error <= 3e-2 of the output's range [~1.3e-2].
@@ -24,7 +24,7 @@ import torch
 
 from vocalis.cli import main
 from vocalis.engine.accuracy import errors, outputs
-from vocalis.engine.backends import CastLinear, apply_backend, native_bf16_cpu, resolve
+from vocalis.engine.backends import CastLinear, apply_backend, has_amx, native_bf16_cpu, resolve
 from vocalis.engine.dynamic_int8 import Int8Linear, eight_bit_activations
 from vocalis.engine.token2wav import Token2WavEngine
 from vocalis.errors import InputError
@@ -43,30 +43,35 @@ def reference_outputs(reference):
     return outputs(reference, seed=0)
 
 
-_APPLIED: dict[tuple[str, str], tuple] = {}
+_APPLIED: dict[tuple[str, str, bool | None], tuple] = {}
 
 
-def _applied(backend: str, precision: str):
+def _applied(backend: str, precision: str, flow_int8: bool | None = None):
     """A random tiny model with the backend applied (built once per choice in this module)."""
-    if (backend, precision) not in _APPLIED:
+    if (backend, precision, flow_int8) not in _APPLIED:
         model = random_model()
-        _APPLIED[backend, precision] = (model, apply_backend(model, backend, precision))
-    return _APPLIED[backend, precision]
+        _APPLIED[backend, precision, flow_int8] = (model, apply_backend(model, backend, precision,
+                                                                        flow_int8=flow_int8))
+    return _APPLIED[backend, precision, flow_int8]
+
+
+_INT8 = {"llm_token_agreement": 0.90, "llm_logprob_max_abs": 0.2, "mel_max_rel": 5e-3, "wav_rel_rms": 1e-3}
 
 
 @pytest.mark.parametrize(
-    ("backend", "precision", "bounds"),
+    ("backend", "precision", "flow_int8", "bounds"),
     [
-        ("torch", "bf16", {"llm_token_agreement": 0.90, "llm_logprob_max_abs": 0.05, "mel_max_rel": 5e-3,
-                           "wav_rel_rms": 1e-3}),
-        ("torch", "int8", {"llm_token_agreement": 0.90, "llm_logprob_max_abs": 0.2, "mel_max_rel": 5e-3,
-                           "wav_rel_rms": 1e-3}),
-        ("onnx", "fp32", {"mel_max_abs": 1e-4, "wav_max_abs": 1e-5}),
-        ("onnx", "int8", {"mel_max_rel": 1e-2, "wav_rel_rms": 1e-3}),
+        ("torch", "bf16", None, {"llm_token_agreement": 0.90, "llm_logprob_max_abs": 0.05, "mel_max_rel": 5e-3,
+                                 "wav_rel_rms": 1e-3}),
+        ("torch", "int8", True, _INT8),  # int8 estimator (the default without AMX)
+        ("torch", "int8", False, _INT8),  # bf16 estimator (the default with AMX)
+        ("onnx", "fp32", None, {"mel_max_abs": 1e-4, "wav_max_abs": 1e-5}),
+        ("onnx", "int8", None, {"mel_max_rel": 1e-2, "wav_rel_rms": 1e-3}),
     ],
 )
-def test_error_against_fp32(reference_outputs, backend: str, precision: str, bounds: dict[str, float]) -> None:
-    model, runtime = _applied(backend, precision)
+def test_error_against_fp32(reference_outputs, backend: str, precision: str, flow_int8: bool | None,
+                            bounds: dict[str, float]) -> None:
+    model, runtime = _applied(backend, precision, flow_int8)
     assert (runtime.backend, runtime.precision) == (backend, precision)
     measured = errors(reference_outputs, outputs(model, seed=0, llm=backend == "torch"))
     print(backend, precision, measured)
@@ -91,7 +96,18 @@ def test_int8_linear_error_and_no_saturation() -> None:
     ones = Int8Linear(torch.ones(64, 512), None)
     y = ones(torch.full((4, 512), 3.0))  # every pair product at the top of both ranges
     assert torch.allclose(y, torch.full((4, 64), 3.0 * 512), rtol=1e-2)
-    assert type(_applied("torch", "int8")[0].flow.decoder.estimator.mid_blocks[0][1][0].attn1.to_q) is Int8Linear
+    assert type(_applied("torch", "int8", True)[0].flow.decoder.estimator.mid_blocks[0][1][0].attn1.to_q) is Int8Linear
+
+
+def test_int8_estimator_form_follows_the_cpu() -> None:
+    """int8 without a choice: the estimator in bf16 on AMX CPUs (its faster form there), int8 elsewhere; the
+    runtime says which."""
+    model, runtime = _applied("torch", "int8")
+    layer = type(model.flow.decoder.estimator.mid_blocks[0][1][0].attn1.to_q)
+    if has_amx():
+        assert layer is CastLinear and any("bf16 (AMX" in note for note in runtime.notes), runtime.notes
+    else:
+        assert layer is Int8Linear and any("int8 (dynamic)" in note for note in runtime.notes), runtime.notes
 
 
 def test_reduced_precision_reaches_the_engine(reference) -> None:

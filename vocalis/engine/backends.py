@@ -8,9 +8,11 @@ Precision (what the heavy matmuls run in):
 - int8 (CPU only): the LLM's Linear layers run our AVX-512 VNNI int8 kernel (`int8_gemv`: int8 weights per
   output channel, activations quantized per row and call; 1.1-1.5x fbgemm's decode speed at batch 16-1), or, where
   the kernel cannot be built or run (no AVX-512 VNNI, no compiler; logged once), dynamic quantization
-  (`torch.ao.quantization.quantize_dynamic`, fbgemm). The flow estimator's Linear layers always run as fbgemm int8
+  (`torch.ao.quantization.quantize_dynamic`, fbgemm). The flow estimator's Linear layers run as fbgemm int8
   GEMMs (`dynamic_int8`: per-channel weights, 8-bit activations on CPUs with VNNI; many-row GEMMs are fbgemm's
-  strength).
+  strength), except on CPUs with AMX tiles: there the estimator, compute-bound, is faster in bf16 (prepacked
+  oneDNN GEMMs on AMX: 1.5-3x fbgemm's int8 with its per-call activation quantization at the estimator's shapes,
+  2-core Xeon), so it is cast to bf16 as under `bf16`. `apply_backend(flow_int8=True)` forces int8 there.
 Swapping modules (not an autocast context) means every caller of the modules, the reference path, the LLM engine
 and the token2wav engine's incremental path alike, runs the chosen precision with no extra plumbing.
 
@@ -133,6 +135,14 @@ def native_bf16_cpu() -> bool:
         return False
 
 
+def has_amx() -> bool:
+    """Whether this CPU has AMX tiles (and this torch can use them)."""
+    try:
+        return bool(torch.cpu._is_amx_tile_supported())
+    except AttributeError:
+        return False
+
+
 def importable(name: str) -> bool:
     return importlib.util.find_spec(name) is not None
 
@@ -202,8 +212,12 @@ def make_llm_engine(model: LoadedModel, config: EngineConfig | None = None) -> L
 
 
 def apply_backend(model: object, backend: str = "torch", precision: str = "fp32",
-                  device: str | torch.device = "cpu", onnx_dir: str | None = None) -> Runtime:
+                  device: str | torch.device = "cpu", onnx_dir: str | None = None,
+                  flow_int8: bool | None = None) -> Runtime:
     """Resolve the choice and apply it to `model` (a `LoadedModel`, modules already on `device`) in place.
+
+    flow_int8 (precision int8, torch backend): quantize the flow estimator's Linear layers too; None: unless the
+    CPU has AMX tiles, where bf16 is the estimator's faster form (see the module notes).
 
     Apply once, after loading and before any synthesis; a model so changed is not for saving (its estimator
     may be a wrapper and its Linear weights reduced).
@@ -245,8 +259,14 @@ def apply_backend(model: object, backend: str = "torch", precision: str = "fp32"
         else:
             n_llm = quantize_linears_int8(llm)
             notes.append(f"{n_llm} LLM Linear layers int8 (dynamic, fbgemm)")
-        n = quantize_estimator_int8(estimator)
-        notes.append(f"{n} flow-estimator Linear layers int8 (dynamic), the rest fp32")
+        if flow_int8 is None:
+            flow_int8 = backend != "torch" or not has_amx()
+        if flow_int8:
+            n = quantize_estimator_int8(estimator)
+            notes.append(f"{n} flow-estimator Linear layers int8 (dynamic), the rest fp32")
+        else:
+            n = cast_linears(estimator, torch.bfloat16)
+            notes.append(f"{n} flow-estimator Linear layers bf16 (AMX: faster than int8 here), the rest fp32")
     if backend == "compile":
         flow.decoder.estimator = torch.compile(estimator)
         notes.append("flow estimator under torch.compile (full passes; the cached streaming path is eager)")

@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vocalis.engine.backends import has_amx
 from vocalis.errors import InputError
 from vocalis.models.flow.cfm import CausalConditionalCFM, cosine_time_grid
 from vocalis.models.flow.estimator import CausalBlock1D, CausalConditionalDecoder, CausalResnetBlock1D
@@ -64,7 +65,7 @@ class ComputeWeights:
         # Attention in the compute dtype too where the CPU has AMX tiles: its bf16 attention kernel is then the
         # faster one, and q/k/v, the bf16 key/value caches and the output projection's input stay bf16 (no
         # casts). Elsewhere (AVX512-BF16 alone) the CPU's fp32 attention kernel is the faster; GPUs keep fp32.
-        self.reduced_attention = dtype == torch.bfloat16 and _has_amx()
+        self.reduced_attention = dtype == torch.bfloat16 and has_amx()
         self._cache: dict[int, tuple[nn.Module, tuple[torch.Tensor, torch.Tensor | None]]] = {}
 
     def _gemm(self, key: nn.Module, weights: Callable[[], tuple[torch.Tensor, torch.Tensor | None]]
@@ -121,14 +122,6 @@ class ComputeWeights:
 
 
 _PACK_ROWS = 128  # the row count oneDNN picks its packed layout for; any row count runs on it
-
-
-def _has_amx() -> bool:
-    """Whether this CPU has AMX tiles (and torch can use them)."""
-    try:
-        return bool(torch.cpu._is_amx_tile_supported())
-    except AttributeError:
-        return False
 
 
 def _packed_gemm_works(weight: torch.Tensor) -> bool:
