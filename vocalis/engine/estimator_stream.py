@@ -284,6 +284,11 @@ class _ChunkRun:
                 buf[:, :, start:] = new
         if self.keeps[0]:  # a reduced dtype is for storage: this chunk attended at full
             c.keys[i], c.values[i] = self._stored(keys[:, :, p:]), self._stored(values[:, :, p:])
+        if q.dtype == torch.bfloat16 and q.device.type == "cpu" and (start + n - 1) // self.chunk > start // self.chunk:
+            # bf16 on the CPU: one masked call over all the keys beats a call per block (0.31 vs 0.40 ms for
+            # 100 queries over 200 keys in two blocks); the mask is the same for every transformer block
+            out, _ = _attend(q, keys, values, self._alone_bias(start, n, q))
+            return out.transpose(1, 2).contiguous()  # (2, n, H, E); the kernel writes that layout already
         result = q.new_empty(2, n, h, e)  # the output projection's layout
         a = start
         while a < start + n:  # one piece per block: every query in it sees the keys up to its block's end
@@ -292,6 +297,17 @@ class _ChunkRun:
             result[:, a - start : end - start] = out.transpose(1, 2)
             a = end
         return result
+
+    def _alone_bias(self, start: int, n: int, like: torch.Tensor) -> torch.Tensor:
+        """The block-causal additive mask (1, 1, n, start + n) of a lone request's new frames over all its keys,
+        built by the first transformer block of the call."""
+        if self._mask is None:
+            qi = torch.arange(start, start + n, device=like.device)
+            limit = (qi // self.chunk + 1) * self.chunk  # a query sees the keys up to its block's end
+            kj = torch.arange(start + n, device=like.device)
+            self._mask = (torch.where(kj[None, :] < limit[:, None], 0.0, _MASK_BIAS).to(like.dtype)[None, None],)
+        assert self._mask[0] is not None
+        return self._mask[0]
 
     def _attention_batched(self, i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Several requests: own parts under the block-causal mask, prefix parts batched per voice, merged by
