@@ -237,7 +237,8 @@ class _ChunkRun:
         against its own keys (own cached frames + new frames, block-causal mask), and the queries of all requests
         continuing one voice prefix against that prefix's keys as one batched attention (the prefix is the same
         for all of them and fully visible to new frames), so a shared prefix is read once per call, never copied
-        per request. One request: one key sequence, block by block (`_attention_alone`)."""
+        per request. One request (or a uniform batch attending in bf16 on the CPU): one key sequence per request
+        (`_attention_whole`)."""
         i = self.block_index
         self.block_index += 1
         rows, n, _ = x.shape
@@ -252,8 +253,8 @@ class _ChunkRun:
             reduced = self.compute.reduced_attention and x.device.type == "cpu"
             qkv = (qkv if reduced else qkv.float()).view(rows, n, 3, h, e)
             q, k, v = (qkv[:, :, j].transpose(1, 2) for j in range(3))  # (2R, H, n, E) each
-        if len(self.caches) == 1:
-            result = self._attention_alone(i, q, k, v)
+        if len(self.caches) == 1 or (_one_call(q) and self._uniform([c.num_frames for c in self.caches], n)):
+            result = self._attention_whole(i, q, k, v)
         else:
             result = self._attention_batched(i, q, k, v)
         result = result.view(rows, n, h * e)  # (2R, n, H*E)
@@ -261,35 +262,40 @@ class _ChunkRun:
             return attn.to_out[1](attn.to_out[0](result))
         return self.compute.linear(attn.to_out[0], result).to(out_dtype)  # to_out[1]: dropout, identity in eval
 
-    def _attention_alone(self, i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """One request in the step (every chunk of a lone stream; its first is the latency case): its keys laid
-        out once as (prefix, own cached, new) -> (2, n, H, E). The prefix's keys are upcast from the cache dtype
-        anyway, so copying them into the one sequence costs nothing extra, and no log-sum-exp merge is needed.
-        Queries go block by block, each over exactly the keys its block sees, so no mask and no masked work."""
-        c = self.caches[0]
+    def _attention_whole(self, i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Requests of one layout (one alone: every chunk of a lone stream, its first the latency case; or a
+        uniform batch with bf16 attention on the CPU): each request's keys laid out once as (prefix, own cached,
+        new) -> (2R, n, H, E). The prefix's keys are upcast from the cache dtype anyway, so copying them into the
+        one sequence costs nothing extra, and no log-sum-exp merge is needed. bf16 on the CPU: one call under the
+        block-causal mask (0.31 vs 0.40 ms for 100 queries over 200 keys in two blocks; 3.1 vs 3.9 ms for 8
+        requests against the two-part path). Otherwise (one request) queries go block by block, each over exactly
+        the keys its block sees: no mask and no masked work."""
+        c0 = self.caches[0]
         self._new_own(i, k)
-        _, h, n, e = q.shape
-        p, start = _prefix_frames(c), c.num_frames  # prefix frames; the first new frame (absolute)
+        rows, h, n, e = q.shape
+        p, start = _prefix_frames(c0), c0.num_frames  # prefix frames; the first new frame (absolute)
         if start == 0:
             keys, values = k, v  # nothing cached: the projection's views
         else:
-            keys, values = q.new_empty(2, h, start + n, e), q.new_empty(2, h, start + n, e)
-            pre = c.prefix
-            for buf, new, own, shared in ((keys, k, c.keys, None if pre is None else pre.keys),
-                                          (values, v, c.values, None if pre is None else pre.values)):
-                if shared is not None:
-                    buf[:, :, :p] = shared[i]
+            keys, values = q.new_empty(rows, h, start + n, e), q.new_empty(rows, h, start + n, e)
+            pre = c0.prefix
+            for buf, new, own, shared in ((keys, k, [c.keys for c in self.caches], None if pre is None else pre.keys),
+                                          (values, v, [c.values for c in self.caches],
+                                           None if pre is None else pre.values)):
+                if shared is not None:  # (2, H, p, E) into every request's row pair
+                    buf.view(rows // 2, 2, h, start + n, e)[:, :, :, :p] = shared[i]
                 if start > p:
-                    buf[:, :, p:start] = own[i]
+                    buf[:, :, p:start] = own[0][i] if rows == 2 else torch.cat([o[i] for o in own])
                 buf[:, :, start:] = new
         if self.keeps[0]:  # a reduced dtype is for storage: this chunk attended at full
-            c.keys[i], c.values[i] = self._stored(keys[:, :, p:]), self._stored(values[:, :, p:])
-        if q.dtype == torch.bfloat16 and q.device.type == "cpu" and (start + n - 1) // self.chunk > start // self.chunk:
-            # bf16 on the CPU: one masked call over all the keys beats a call per block (0.31 vs 0.40 ms for
-            # 100 queries over 200 keys in two blocks); the mask is the same for every transformer block
-            out, _ = _attend(q, keys, values, self._alone_bias(start, n, q))
-            return out.transpose(1, 2).contiguous()  # (2, n, H, E); the kernel writes that layout already
-        result = q.new_empty(2, n, h, e)  # the output projection's layout
+            kept_k, kept_v = self._stored(keys[:, :, p:]), self._stored(values[:, :, p:])
+            for r, c in enumerate(self.caches):
+                c.keys[i], c.values[i] = kept_k[2 * r : 2 * r + 2], kept_v[2 * r : 2 * r + 2]
+        if _one_call(q):
+            bias = self._whole_bias(start, n, q)
+            out, _ = _attend(q, keys, values, None if bias is None else bias.expand(rows, -1, -1, -1))
+            return out.transpose(1, 2).contiguous()  # (2R, n, H, E); the kernel writes that layout already
+        result = q.new_empty(rows, n, h, e)  # the output projection's layout
         a = start
         while a < start + n:  # one piece per block: every query in it sees the keys up to its block's end
             end = min((a // self.chunk + 1) * self.chunk, start + n)
@@ -298,15 +304,16 @@ class _ChunkRun:
             a = end
         return result
 
-    def _alone_bias(self, start: int, n: int, like: torch.Tensor) -> torch.Tensor:
-        """The block-causal additive mask (1, 1, n, start + n) of a lone request's new frames over all its keys,
-        built by the first transformer block of the call."""
+    def _whole_bias(self, start: int, n: int, like: torch.Tensor) -> torch.Tensor | None:
+        """The block-causal additive mask (1, 1, n, start + n) of new frames over all of a request's keys; None
+        when every query sees every key (the new frames lie in one block). Built by the first transformer block
+        of the call."""
         if self._mask is None:
             qi = torch.arange(start, start + n, device=like.device)
             limit = (qi // self.chunk + 1) * self.chunk  # a query sees the keys up to its block's end
             kj = torch.arange(start + n, device=like.device)
-            self._mask = (torch.where(kj[None, :] < limit[:, None], 0.0, _MASK_BIAS).to(like.dtype)[None, None],)
-        assert self._mask[0] is not None
+            self._mask = (None if int(limit.min()) >= start + n else
+                          torch.where(kj[None, :] < limit[:, None], 0.0, _MASK_BIAS).to(like.dtype)[None, None],)
         return self._mask[0]
 
     def _attention_batched(self, i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -408,6 +415,12 @@ class _ChunkRun:
                     s[i] = self._stored(own[pair, :, : held + m])
             out.append(own)
         return out[0], out[1]
+
+
+def _one_call(q: torch.Tensor) -> bool:
+    """Whether attention over a request's whole key sequence runs as one masked call (bf16 on the CPU, where
+    that beats both a call per block and the two-part split; fp32 keeps those)."""
+    return q.dtype == torch.bfloat16 and q.device.type == "cpu"
 
 
 def _prefix_frames(cache: EstimatorCache) -> int:
