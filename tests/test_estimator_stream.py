@@ -1,6 +1,6 @@
 """The incremental estimator's attention against one attention over each request's whole key sequence (random
 weights, fp32): the two-part path of batches (shared voice prefix + each request's own frames, merged by
-log-sum-exp) and the one-sequence, block-by-block path of a lone request."""
+log-sum-exp) and the one-sequence, block-by-block path of a lone request; in bf16, the one-call path."""
 
 from __future__ import annotations
 
@@ -8,11 +8,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from vocalis.engine.estimator_stream import EstimatorCache, _ChunkRun
+from vocalis.engine.estimator_stream import ComputeWeights, EstimatorCache, _ChunkRun
 from vocalis.models.flow.transformer import SelfAttention
 
 D, H, E, CHUNK = 16, 2, 8, 4  # width, heads, head width, block-causal block (frames)
 ATOL = 1e-5
+BF16_ATOL = 3e-2  # outputs ~1 in size; bf16 keeps 8 bits [measured max ~1e-2]
 
 
 def _kv(frames: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
@@ -34,8 +35,10 @@ def _one_part(attn: SelfAttention, x: torch.Tensor, r: int, start: int, m: int,
     return attn.to_out[0](out.transpose(1, 2).reshape(2, m, H * E))
 
 
-def _check(specs: list[tuple[str | None, int, int, bool]], n: int, seed: int) -> None:
-    """specs: per request (prefix name or None, own cached frames, new frames, keep)."""
+def _check(specs: list[tuple[str | None, int, int, bool]], n: int, seed: int, bf16: bool = False) -> None:
+    """specs: per request (prefix name or None, own cached frames, new frames, keep). bf16: the engine's bf16
+    compute with bf16 attention (as on AMX CPUs: one masked call over each request's whole key sequence for a
+    lone request or a uniform batch), against the fp32 attention within bf16's error."""
     g = torch.Generator().manual_seed(seed)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -60,12 +63,18 @@ def _check(specs: list[tuple[str | None, int, int, bool]], n: int, seed: int) ->
         starts.append(cache.num_frames)
     lens, keeps = [s[2] for s in specs], [s[3] for s in specs]
     x = torch.randn(2 * len(specs), n, D, generator=g)
-    run = _ChunkRun(caches, lens, keeps, CHUNK)
+    compute = None
+    if bf16:
+        compute = ComputeWeights(torch.bfloat16, packed=False)
+        compute.reduced_attention = True  # as on an AMX CPU, whatever this one is
+    run = _ChunkRun(caches, lens, keeps, CHUNK, {}, compute=compute)
     with torch.inference_mode():
-        got = run.attention(attn, x)
+        got = run.attention(attn, x).float()
         for r, (start, m) in enumerate(zip(starts, lens)):
             want = _one_part(attn, x, r, start, m, held[r])
-            torch.testing.assert_close(got[2 * r : 2 * r + 2, :m], want, atol=ATOL, rtol=0)
+            torch.testing.assert_close(got[2 * r : 2 * r + 2, :m], want, atol=BF16_ATOL if bf16 else ATOL, rtol=0)
+            if bf16:
+                continue  # the cached keys are bf16 GEMM outputs: the fp32 keys' check below does not apply
             # the caches gained exactly the new frames (own frames only, the prefix untouched)
             own_keys = caches[r].keys[0]
             if keeps[r]:
@@ -101,3 +110,11 @@ def test_lone_request(spec: tuple[str | None, int, int, bool]) -> None:
     """One request (keys laid out once, queries block by block, no mask): first and later chunks, with and
     without a prefix, keeping or not, chunks shorter than a block and crossing blocks."""
     _check([spec], n=spec[2], seed=7 + spec[1] + spec[2])
+
+
+@pytest.mark.parametrize("specs", [[("a", 0, 8, True)] * 3, [("a", 4, 8, True)] * 3, [("a", 4, 6, True)],
+                                   [(None, 4, 5, True)], [("a", 0, 6, True), ("a", 4, 8, True)]])
+def test_bf16_attention(specs: list[tuple[str | None, int, int, bool]]) -> None:
+    """bf16 attention (one masked call per step for a lone request or a uniform batch; the two-part path for a
+    mixed batch) equals the fp32 attention over each request's whole key sequence within bf16's error."""
+    _check(specs, n=max(s[2] for s in specs), seed=11 + len(specs), bf16=True)
