@@ -67,7 +67,7 @@ def _check(specs: list[tuple[str | None, int, int, bool]], n: int, seed: int, bf
     if bf16:
         compute = ComputeWeights(torch.bfloat16, packed=False)
         compute.reduced_attention = True  # as on an AMX CPU, whatever this one is
-    run = _ChunkRun(caches, lens, keeps, CHUNK, {}, compute=compute)
+    run = _ChunkRun(caches, lens, keeps, CHUNK, compute=compute)
     with torch.inference_mode():
         got = run.attention(attn, x).float()
         for r, (start, m) in enumerate(zip(starts, lens)):

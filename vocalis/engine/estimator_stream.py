@@ -170,40 +170,12 @@ class EstimatorCache:
         return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values, *self.tails))
 
 
-class TimeTerms:
-    """Each resnet's time projection `mlp(time_mlp(embed(t)))` (1, C, 1) per Euler time t: they depend on t alone
-    (the same for every request, row and chunk), so an engine computes them once per t and keeps them, instead
-    of ~15 small weight-bound GEMMs on 2R identical rows at every Euler step of every call."""
-
-    _MAX_TIMES = 256  # distinct t values kept (a fixed step count needs 10)
-
-    def __init__(self, estimator: CausalConditionalDecoder) -> None:
-        self.estimator = estimator
-        self._by_t: dict[float, dict[int, torch.Tensor]] = {}
-
-    def get(self, t: torch.Tensor) -> dict[int, torch.Tensor]:
-        """t: a one-element tensor -> {id(resnet): its term (1, C, 1)} for every resnet of the estimator."""
-        key = float(t)
-        terms = self._by_t.get(key)
-        if terms is None:
-            est = self.estimator
-            t1 = t.reshape(1)
-            temb = est.time_mlp(est.time_embeddings(t1).to(t1.dtype))  # (1, 4D)
-            resnets = [b[0] for b in (*est.down_blocks, *est.mid_blocks, *est.up_blocks)]
-            terms = {id(r): r.mlp(temb).unsqueeze(-1) for r in resnets}
-            if len(self._by_t) < self._MAX_TIMES:
-                self._by_t[key] = terms
-        return terms
-
-
 class _ChunkRun:
     """Walks the estimator for one call, pairing each conv/attention with its slot in the per-request caches."""
 
     def __init__(self, caches: list[EstimatorCache], lens: list[int], keeps: list[bool], chunk: int,
-                 time_terms: dict[int, torch.Tensor], cache_dtype: torch.dtype | None = None,
-                 compute: ComputeWeights | None = None) -> None:
+                 cache_dtype: torch.dtype | None = None, compute: ComputeWeights | None = None) -> None:
         self.caches = caches
-        self.time_terms = time_terms  # this call's `TimeTerms.get(t)`: each resnet's time projection
         self.cache_dtype = cache_dtype
         self.compute = compute
         self.lens = lens
@@ -491,10 +463,10 @@ def _block(run: _ChunkRun, block: CausalBlock1D, x: torch.Tensor, mask: torch.Te
     return _masked(act(y), mask)
 
 
-def _resnet(run: _ChunkRun, resnet: CausalResnetBlock1D, x: torch.Tensor, mask: torch.Tensor | None
-            ) -> torch.Tensor:
+def _resnet(run: _ChunkRun, resnet: CausalResnetBlock1D, x: torch.Tensor, mask: torch.Tensor | None,
+            temb: torch.Tensor) -> torch.Tensor:
     h = _block(run, resnet.block1, x, mask)
-    h = h + run.time_terms[id(resnet)]  # (1, C, 1): the time embedding's projection, the same for every row
+    h = h + resnet.mlp(temb).unsqueeze(-1)
     h = _block(run, resnet.block2, h, mask)
     x = _masked(x, mask)
     return h + (resnet.res_conv(x) if run.compute is None else run.compute.conv(resnet.res_conv, x))
@@ -517,25 +489,27 @@ def estimator_chunk(
     x: torch.Tensor,
     mask: torch.Tensor | None,
     mu: torch.Tensor,
+    t: torch.Tensor,
     spks: torch.Tensor,
     cond: torch.Tensor,
     run: _ChunkRun,
 ) -> torch.Tensor:
-    """The estimator's streaming forward on new frames: x, mu, cond (2R, 80, n), mask (2R, 1, n), spks (2R, 80)
-    -> velocity (2R, 80, n); the Euler time enters through `run.time_terms`. mask None: no row is padded."""
+    """The estimator's streaming forward on new frames: x, mu, cond (2R, 80, n), mask (2R, 1, n), t (2R,),
+    spks (2R, 80) -> velocity (2R, 80, n). mask None: no row is padded."""
+    temb = est.time_mlp(est.time_embeddings(t).to(t.dtype))  # (2R, 4D)
     spk_map = spks.unsqueeze(-1).expand(-1, -1, x.shape[-1])
     h = torch.cat([x, mu, spk_map, cond], dim=1)  # (2R, 320, n)
     skips = []
     for resnet, blocks, downsample in est.down_blocks:
-        h = _transformers(run, blocks, _resnet(run, resnet, h, mask))
+        h = _transformers(run, blocks, _resnet(run, resnet, h, mask, temb))
         skips.append(h)
         h = run.conv(downsample, _masked(h, mask))
     for resnet, blocks in est.mid_blocks:
-        h = _transformers(run, blocks, _resnet(run, resnet, h, mask))
+        h = _transformers(run, blocks, _resnet(run, resnet, h, mask, temb))
     for resnet, blocks, upsample in est.up_blocks:
         skip = skips.pop()
         h = torch.cat([h[:, :, : skip.shape[-1]], skip], dim=1)  # (2R, 2D, n)
-        h = _transformers(run, blocks, _resnet(run, resnet, h, mask))
+        h = _transformers(run, blocks, _resnet(run, resnet, h, mask, temb))
         h = run.conv(upsample, _masked(h, mask))
     h = _block(run, est.final_block, h, mask)
     return _masked(est.final_proj(_masked(h, mask)), mask)
@@ -554,14 +528,12 @@ def solve_chunk(
     n_timesteps: int,
     cache_dtype: torch.dtype | None = None,
     compute: ComputeWeights | None = None,
-    time_terms: TimeTerms | None = None,
 ) -> torch.Tensor:
     """Euler + CFG on new frames. mu, cond (R, 80, n), spks (R, 80); row r covers absolute frames
     [starts[r], starts[r] + lens[r]); caches[r] holds one `EstimatorCache` per Euler step (created on first use)
     and is extended when keeps[r] (a cached chunk must end on a block boundary); cache_dtype stores the cached
     keys/values reduced (e.g. bf16: half the memory, upcast when read); compute runs the estimator's GEMMs, convs
-    and attention in a reduced dtype (`ComputeWeights`; None: the modules as they are); time_terms keeps the
-    resnets' time projections across calls (None: computed for this call's steps only).
+    and attention in a reduced dtype (`ComputeWeights`; None: the modules as they are).
     Returns mel (R, 80, n) float32 (zeros on padding)."""
     num, _, n = mu.shape
     dev, dtype = mu.device, mu.dtype
@@ -593,14 +565,12 @@ def solve_chunk(
     spks_in = torch.stack([spks, torch.zeros_like(spks)], dim=1).flatten(0, 1)
     cond_in = torch.stack([cond, torch.zeros_like(cond)], dim=1).flatten(0, 1)
     t_span = cosine_time_grid(n_timesteps, dtype, dev)
-    terms = time_terms or TimeTerms(estimator)
     x = z
     t = t_span[0]
     dt = t_span[1] - t_span[0]
     for step in range(1, len(t_span)):
-        run = _ChunkRun([per_step[step - 1] for per_step in caches], lens, keeps, chunk, terms.get(t), cache_dtype,
-                        compute)
-        v = estimator_chunk(estimator, x.repeat_interleave(2, dim=0), mask_in, mu_in, spks_in,
+        run = _ChunkRun([per_step[step - 1] for per_step in caches], lens, keeps, chunk, cache_dtype, compute)
+        v = estimator_chunk(estimator, x.repeat_interleave(2, dim=0), mask_in, mu_in, t.expand(2 * num), spks_in,
                             cond_in, run).view(num, 2, *x.shape[1:])
         x = x + dt * ((1.0 + cfg) * v[:, 0] - cfg * v[:, 1])
         t = t + dt
