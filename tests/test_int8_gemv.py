@@ -21,6 +21,7 @@ from torch import nn
 from tests.fused_decode_support import check_duplicated_items_change_nothing, check_fused_equals_per_op, tiny_lm
 from vocalis.config import PRESETS
 from vocalis.engine import int8_gemv
+from vocalis.engine.backends import has_amx
 from vocalis.engine.config import EngineConfig
 from vocalis.engine.int8_gemv import Int8Linear, fuse, int8_linear, int8_linear_reference, int8_linears, quantize_weight
 from vocalis.engine.llm_engine import LLMEngine
@@ -152,3 +153,21 @@ def test_fused_decode_off_by_env(monkeypatch: pytest.MonkeyPatch) -> None:
     lm = _int8_lm(128, 4, 2, 256)
     eng = LLMEngine(lm, EngineConfig(block_size=4, max_num_batched_tokens=16, num_kv_blocks=128))
     assert eng.runner.fused_decode is None and all(p is not None for p in eng.runner.packed)
+
+
+@pytest.mark.skipif(not has_amx(), reason="no AMX tiles on this CPU")
+def test_amx_copy_runs_the_same_weights_for_many_rows() -> None:
+    """On AMX CPUs a packed int8 weight carries a bf16 copy of its own int8 values (times their scales); rows from
+    `AMX_MIN_ROWS` on run through it: within bf16 rounding of the int8 kernel's math [measured ~4e-3 of max |y|],
+    fewer rows keep the kernel exactly."""
+    from vocalis.engine.int8_gemv import AMX_MIN_ROWS, with_amx_copy
+    from vocalis.engine.packed_weights import gemm
+
+    g = torch.Generator().manual_seed(3)
+    w = with_amx_copy(quantize_weight(torch.randn(200, 96, generator=g) * 0.1, torch.randn(200, generator=g)))
+    many, few = torch.randn(AMX_MIN_ROWS + 5, 96, generator=g), torch.randn(AMX_MIN_ROWS - 1, 96, generator=g)
+    ref = int8_linear_reference(many, w)
+    err = float((gemm(many, w) - ref).abs().max()) / float(ref.abs().max())
+    print("amx vs int8 reference", err)
+    assert 0 < err <= 1.5e-2
+    _close(gemm(few, w), int8_linear_reference(few, w))

@@ -140,6 +140,9 @@ class Int8Weight:
     bias: torch.Tensor | None  # (P*64,) fp32 (0-padded)
     n: int  # real output channels N
     k: int  # input features K
+    # the same int8 values times their scales as a bf16 (N, K) weight prepacked for oneDNN's AMX GEMM, for
+    # many-row products (prefill) on AMX CPUs (`with_amx_copy`); None elsewhere
+    amx: torch.Tensor | None = None
 
 
 def quantize_weight(weight: torch.Tensor, bias: torch.Tensor | None = None) -> Int8Weight:
@@ -178,10 +181,32 @@ def int8_linear_reference(x: torch.Tensor, w: Int8Weight) -> torch.Tensor:
     inv = torch.where(amax > 0, 127.0 / amax, torch.ones_like(amax))  # fp32, as the kernel
     sx = torch.where(amax > 0, amax / 127.0, torch.ones_like(amax))
     xq = torch.round(x * inv).double()  # (M, K)
-    p, k4 = w.w.shape[:2]
-    wq = w.w.view(p, k4, 4, 16, 4).permute(0, 2, 3, 1, 4).reshape(p * PANEL, k4 * 4)[:w.n, :w.k].double()
-    y = (xq @ wq.t()) * (sx.double() * w.scale[:w.n].double())
+    y = (xq @ _unpack(w).double().t()) * (sx.double() * w.scale[:w.n].double())
     return (y + w.bias[:w.n].double() if w.bias is not None else y).float()
+
+
+def _unpack(w: Int8Weight) -> torch.Tensor:
+    """The int8 values in (N, K) row-major order (the inverse of the panel packing)."""
+    p, k4 = w.w.shape[:2]
+    return w.w.view(p, k4, 4, 16, 4).permute(0, 2, 3, 1, 4).reshape(p * PANEL, k4 * 4)[:w.n, :w.k]
+
+
+AMX_MIN_ROWS = 32  # rows from which the bf16 AMX GEMM beats the int8 kernel (0.26 vs 0.29 ms at 32 x 896 x 4864)
+
+
+def with_amx_copy(w: Int8Weight) -> Int8Weight:
+    """`w` plus its dequantized bf16 copy prepacked for oneDNN (`Int8Weight.amx`): prefill rows on AMX CPUs run
+    1.8x faster through it at 100 rows (0.46 vs 0.82 ms, 896 x 4864) with the same weight values up to bf16's
+    rounding of int8 x scale. Costs 2 bytes per weight."""
+    dense = (_unpack(w).float() * w.scale[:w.n, None]).to(torch.bfloat16)
+    return replace(w, amx=torch.ops.mkldnn._reorder_linear_weight(dense, AMX_MIN_ROWS))
+
+
+def amx_linear(x: torch.Tensor, w: Int8Weight) -> torch.Tensor:
+    """x (M, K) fp32 -> (M, N) fp32 through `w.amx` (bf16 activations, fp32 accumulation) plus w's bias."""
+    assert w.amx is not None
+    y = torch.ops.mkldnn._linear_pointwise(x.to(torch.bfloat16), w.amx, None, "none", [], "").float()
+    return y if w.bias is None else y.add_(w.bias[:w.n])
 
 
 def fuse(weights: list[Int8Weight]) -> tuple[Int8Weight, list[Int8Weight]] | None:

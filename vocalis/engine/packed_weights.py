@@ -29,7 +29,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from vocalis.engine.int8_gemv import Int8Linear, Int8Weight, fuse, int8_linear
+from vocalis.engine.backends import has_amx
+from vocalis.engine.int8_gemv import (AMX_MIN_ROWS, Int8Linear, Int8Weight, amx_linear, fuse, int8_linear,
+                                       with_amx_copy)
 from vocalis.models.qwen2 import Qwen2DecoderLayer
 from vocalis.models.speech_lm import Qwen2LM
 
@@ -77,6 +79,8 @@ def gemm(x: torch.Tensor, w_t: torch.Tensor | Int8Weight, bias: torch.Tensor | N
     MKL's GEMM for a few rows; from ONEDNN_MIN_ROWS rows oneDNN's (the op `torch.compile` itself lowers CPU
     linears to), which on this AMD CPU ran batch 4-16 decode GEMMs 1.2-1.9x faster than MKL's."""
     if isinstance(w_t, Int8Weight):
+        if w_t.amx is not None and x.shape[0] >= AMX_MIN_ROWS:
+            return amx_linear(x, w_t)
         return int8_linear(x, w_t)
     if _ONEDNN and x.shape[0] >= ONEDNN_MIN_ROWS and x.is_cpu:
         return torch.ops.mkldnn._linear_pointwise(x, w_t.t(), bias, "none", [], "")
@@ -93,7 +97,10 @@ def _pack_int8(layer: Qwen2DecoderLayer) -> PackedLayer | None:
     for mods, (_, views) in ((qkv_mods, qkv), (gate_up_mods, gate_up)):
         for m, view in zip(mods, views):
             m.packed = view
-    return PackedLayer(qkv[0], None, gate_up[0], attn.o_proj.packed, mlp.down_proj.packed,
+    weights = [qkv[0], gate_up[0], attn.o_proj.packed, mlp.down_proj.packed]
+    if has_amx():  # prefill on AMX: a bf16 copy of each fused weight (the modules keep their int8 views)
+        weights = [with_amx_copy(w) for w in weights]
+    return PackedLayer(weights[0], None, weights[1], weights[2], weights[3],
                        attn.q_proj.out_features, attn.k_proj.out_features)
 
 
