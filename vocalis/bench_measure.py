@@ -426,12 +426,11 @@ async def _engine_e2e(cfg: BenchConfig, model: LoadedModel, voice: Voice) -> dic
                                Token2WavEngine(model.flow, model.hift))  # the engines' defaults otherwise
     results: dict[str, Any] = {}
     with engine:
-        # warm-up (text path, caches) at every measured concurrency: the first step of a new size pays the
-        # allocator's first-use page faults (1.4-1.7 M minor faults in a first 8-stream token2wav step, ~0.1 M in
-        # the next), which the reference's median of repeated runs leaves out too
-        for c in sorted(set(cfg.concurrency), reverse=True):
-            await _engine_batch(engine, voice, cfg, c, salt=100)
         for c in cfg.concurrency:
+            # a warm-up (text path, caches) at this concurrency first: the first step of a new size pays the
+            # allocator's first-use page faults (1.4-1.7 M minor faults in a first 8-stream token2wav step, ~0.1 M
+            # in the next), which the reference's median of repeated runs leaves out too
+            await _engine_batch(engine, voice, cfg, c, salt=100)
             runs = []
             # repeated as the reference's single-stream figures, each with new texts: a repeated text would find
             # its whole prompt in the LLM's prefix cache and skip the prefill the reference pays
