@@ -30,8 +30,7 @@ import torch
 from torch import nn
 
 from vocalis.engine.backends import has_amx
-from vocalis.engine.int8_gemv import (AMX_MIN_ROWS, Int8Linear, Int8Weight, amx_linear, fuse, int8_linear,
-                                       with_amx_copy)
+from vocalis.engine.int8_gemv import AMX_MIN_ROWS, Int8Linear, Int8Weight, amx_linear, fuse, int8_linear, with_amx_copy
 from vocalis.models.qwen2 import Qwen2DecoderLayer
 from vocalis.models.speech_lm import Qwen2LM
 
