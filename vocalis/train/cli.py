@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
+import sys
 from pathlib import Path
 
 log = logging.getLogger("vocalis")
@@ -43,6 +45,14 @@ def _train(args: argparse.Namespace) -> int:
     summary = train(config)
     if summary.get("step") is not None:
         log.info("finished at step %d; last checkpoint %s", summary["step"], summary.get("last_checkpoint"))
+    if summary.get("world_size", 1) > 1 and os.environ.get("WORLD_SIZE"):
+        # A torchrun worker whose work is saved and whose group is left: end here, not in interpreter teardown,
+        # where torch's distributed threads once aborted a finished rank (SIGABRT, "terminate called without an
+        # active exception"), which torchrun reports as a failed run.
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     return 0
 
 
