@@ -45,7 +45,7 @@ def _train(args: argparse.Namespace) -> int:
     summary = train(config)
     if summary.get("step") is not None:
         log.info("finished at step %d; last checkpoint %s", summary["step"], summary.get("last_checkpoint"))
-    if summary.get("world_size", 1) > 1 and os.environ.get("WORLD_SIZE"):
+    if summary.get("world_size", 1) > 1:
         # A torchrun worker whose work is saved and whose group is left: end here, not in interpreter teardown,
         # where torch's distributed threads once aborted a finished rank (SIGABRT, "terminate called without an
         # active exception"), which torchrun reports as a failed run.

@@ -33,8 +33,9 @@ def train(config: TrainConfig) -> dict[str, Any]:
             cleanup(together=False)
         raise
     if info.distributed:
-        # DDP wrappers hold the group; one freed only at interpreter exit aborts the process (gloo's threads
-        # outlive the interpreter), so free them before leaving.
+        # The finished trainer leaves its modules and parameters in reference cycles; collected only at interpreter
+        # exit they would be torn down after torch's distributed state (a rank once aborted there), so collect
+        # them now, then leave the group together.
         gc.collect()
         cleanup()
     return summary
