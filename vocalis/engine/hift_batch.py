@@ -106,7 +106,7 @@ def vocode_batch(
     (e.g. an ONNX Runtime session)."""
     n_fft = hift.config.istft_n_fft
     dev = hift.conv_post.bias.device
-    dtype = hift.conv_post.bias.dtype
+    dtype = hift.f0_predictor.classifier.weight.dtype  # the module's (a backend may reduce the body's convs)
     lens = torch.tensor([m.shape[1] for m in mels], device=dev)
     t_max = int(lens.max())
     mel = torch.zeros(len(mels), mels[0].shape[0], t_max, dtype=dtype, device=dev)

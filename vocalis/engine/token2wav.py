@@ -55,7 +55,7 @@ import torch.nn.functional as F
 from vocalis.config import StreamConfig
 from vocalis.engine.backends import CastLinear
 from vocalis.engine.encoder_stream import EncoderCache, EncoderRow, EncoderStreamer
-from vocalis.engine.estimator_stream import ComputeWeights, EstimatorCache, solve_chunk
+from vocalis.engine.estimator_stream import ComputeWeights, EstimatorCache, TimeTerms, solve_chunk
 from vocalis.engine.hift_batch import HiftBody, vocode_batch
 from vocalis.inference.token2wav import FlowPrompt
 from vocalis.models.flow.flow import CausalMaskedDiffWithXvec
@@ -222,6 +222,7 @@ class Token2WavEngine:
         self.n_timesteps = flow.config.cfm.n_timesteps
         self.cache_dtype = {None: None, "bf16": torch.bfloat16, "fp16": torch.float16}[self.config.cache_dtype]
         self.compute = self._compute_weights()
+        self.time_terms = TimeTerms(self.estimator)
         self.ratio = flow.config.token_mel_ratio
         self.window = torch.from_numpy(np.hamming(2 * self.stream.source_cache_len))  # float64, as the reference
         self.stats = Token2WavStats()
@@ -367,7 +368,8 @@ class Token2WavEngine:
         spks, cond = self._conditions([s for s, _ in items], [r.start for r in rows], mu)
         starts = [r.start * self.ratio for r in rows]
         mel = solve_chunk(self.flow.decoder, self.estimator, mu, spks, cond, starts, lens,
-                          caches, [r.keep for r in rows], self.n_timesteps, self.cache_dtype, self.compute)
+                          caches, [r.keep for r in rows], self.n_timesteps, self.cache_dtype, self.compute,
+                          self.time_terms)
         out = {}
         for i, (s, _) in enumerate(items):
             s.estimator_frames += lens[i] * self.n_timesteps
@@ -461,7 +463,7 @@ class Token2WavEngine:
         spks, cond = self._conditions([holder], [0], mu)
         est: list[EstimatorCache] = []
         solve_chunk(self.flow.decoder, self.estimator, mu, spks, cond, [0], lens, [est], [True], self.n_timesteps,
-                    self.cache_dtype, self.compute)
+                    self.cache_dtype, self.compute, self.time_terms)
         self.stats.estimator_frames += lens[0] * self.n_timesteps
         return _VoicePrefix(key, pc, enc, est)
 
