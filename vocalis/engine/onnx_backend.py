@@ -154,7 +154,7 @@ def use_onnx(flow: CausalMaskedDiffWithXvec, hift: HiFTGenerator, quantize: bool
             sessions[streaming] = session(path, quantize)
         hift_path = out / "hift_body.onnx"
         export_hift_body(hift, hift_path)
-        body = OnnxHiftBody(session(hift_path, quantize=False))  # HiFT stays fp32, as in every precision
+        body = OnnxHiftBody(session(hift_path, quantize=False))  # HiFT stays fp32 with this backend
     flow.decoder.estimator = OnnxEstimator(estimator, sessions)
     hift.backend_body = body
     hift.decode = functools.partial(decode_with_body, hift, body)  # the reference path's HiFTGenerator.inference
