@@ -231,7 +231,8 @@ class _ChunkRun:
         return self._mask[0]
 
     def attention(self, attn: SelfAttention, x: torch.Tensor) -> torch.Tensor:
-        """Self-attention of new frames x (2R, n, D) over cached + new keys -> (2R, n, D).
+        """Self-attention of new frames x (2R, n, D) over cached + new keys -> (2R, n, D) (in the compute dtype
+        with `ComputeWeights`).
 
         Several requests: two parts, merged exactly by their log-sum-exps (`_merge`): every request's new queries
         against its own keys (own cached frames + new frames, block-causal mask), and the queries of all requests
@@ -243,7 +244,6 @@ class _ChunkRun:
         self.block_index += 1
         rows, n, _ = x.shape
         h, e = attn.num_heads, attn.head_dim
-        out_dtype = x.dtype
         if self.compute is None:
             q = attn.to_q(x).view(rows, n, h, e).transpose(1, 2)  # (2R, H, n, E)
             k = attn.to_k(x).view(rows, n, h, e).transpose(1, 2)
@@ -260,7 +260,9 @@ class _ChunkRun:
         result = result.view(rows, n, h * e)  # (2R, n, H*E)
         if self.compute is None:
             return attn.to_out[1](attn.to_out[0](result))
-        return self.compute.linear(attn.to_out[0], result).to(out_dtype)  # to_out[1]: dropout, identity in eval
+        # to_out[1]: dropout, identity in eval. Left in the compute dtype: the caller's residual add widens it in
+        # the same kernel (exact, as a separate cast would be)
+        return self.compute.linear(attn.to_out[0], result)
 
     def _attention_whole(self, i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Requests of one layout (one alone: every chunk of a lone stream, its first the latency case; or a
@@ -487,7 +489,7 @@ def _transformers(run: _ChunkRun, blocks: nn.ModuleList, h: torch.Tensor) -> tor
             x = x + block.ff(block.norm3(x))
         else:  # ff.net = [GELU projection, dropout, Linear]; the 4D-wide hidden stays in the compute dtype
             hidden = run.compute.linear(block.ff.net[0].proj, block.norm3(x), gelu=True)
-            x = x + run.compute.linear(block.ff.net[2], hidden).to(x.dtype)
+            x = x + run.compute.linear(block.ff.net[2], hidden)  # fp32 + compute dtype -> fp32
     return x.transpose(1, 2)
 
 
