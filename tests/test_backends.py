@@ -26,6 +26,7 @@ from vocalis.cli import main
 from vocalis.engine.accuracy import errors, outputs
 from vocalis.engine.backends import CastConv, CastLinear, apply_backend, has_amx, native_bf16_cpu, resolve
 from vocalis.engine.dynamic_int8 import Int8Linear, eight_bit_activations
+from vocalis.engine.int8_gemv import available as int8_available
 from vocalis.engine.token2wav import Token2WavEngine
 from vocalis.errors import InputError
 from vocalis.inference.token2wav import FlowPrompt
@@ -163,10 +164,11 @@ def test_choices_and_messages(caplog: pytest.LogCaptureFixture, monkeypatch: pyt
         resolve("torch", "fp8", "cpu")
     with pytest.raises(InputError, match="unknown backend"):
         resolve("jax", "fp32", "cpu")
-    assert resolve("auto", "auto", "cpu") == ("torch", "bf16" if native_bf16_cpu() else "fp32")
+    expected = "int8" if has_amx() and int8_available() else ("bf16" if native_bf16_cpu() else "fp32")
+    assert resolve("auto", "auto", "cpu") == ("torch", expected)
     with caplog.at_level(logging.INFO, logger="vocalis.engine.backends"):
         runtime = apply_backend(random_model(), "auto", "auto", "cpu")
-    assert "auto picked" in caplog.text and runtime.precision in ("bf16", "fp32")
+    assert "auto picked" in caplog.text and runtime.precision == expected
 
 
 def test_tts_load_and_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
