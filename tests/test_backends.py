@@ -130,12 +130,13 @@ def test_reduced_precision_reaches_the_engine(reference) -> None:
     assert getattr(model.hift, "backend_body", None) is not None
     bf16, _ = _applied("torch", "bf16", hift_reduced=False)
     assert isinstance(bf16.flow.decoder.estimator.mid_blocks[0][1][0].attn1.to_q, CastLinear)
+    bf16_hift, _ = _applied("torch", "bf16", hift_reduced=True)  # the engine's batched HiFT on bf16 convs
     g = torch.Generator().manual_seed(0)
     prompt = FlowPrompt(torch.randint(0, 6561, (1, 30), generator=g), torch.randn(1, 60, 80, generator=g),
                         torch.randn(1, 192, generator=g))
     tokens = torch.randint(0, 6561, (60,), generator=g).tolist()
     outs = []
-    for m in (reference, model, bf16):
+    for m in (reference, model, bf16, bf16_hift):
         engine = Token2WavEngine(m.flow, m.hift)
         state = engine.new_stream("a", prompt, generator=torch.Generator().manual_seed(1))
         state.add_tokens(tokens)
@@ -145,9 +146,13 @@ def test_reduced_precision_reaches_the_engine(reference) -> None:
             chunks += [c.samples for c in engine.step([state])]
         outs.append(np.concatenate(chunks))
     ref = outs[0]
-    for wav in outs[1:]:
+    for wav in outs[1:3]:
         assert wav.shape == ref.shape
         assert 0 < np.abs(wav - ref).max() <= 1e-3  # changed, and close
+    assert outs[3].shape == ref.shape
+    rel_rms = float(np.sqrt(np.mean((outs[3] - ref) ** 2) / np.mean(ref**2)))
+    print("engine, bf16 with HiFT convs bf16: wav rel RMS", rel_rms)
+    assert 0 < rel_rms <= _HIFT_BF16_WAV
 
 
 def test_choices_and_messages(caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
