@@ -63,6 +63,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vocalis.engine.dynamic_int8 import quantize_estimator_int8, use_x86_quantized_engine
+from vocalis.engine.module_swap import swap_modules
 from vocalis.errors import InputError
 
 if TYPE_CHECKING:
@@ -135,32 +136,16 @@ def cast_hift_convs(hift: nn.Module, dtype: torch.dtype) -> int:
     """Replace every conv of HiFT's body (`vocalis.engine.hift_batch.hift_body`: pre/post convs, upsampling,
     resblocks, source downsampling) by a `CastConv` (in place); the F0 predictor and the source stay fp32.
     Returns how many."""
-
-    def swap(parent: nn.Module) -> int:
-        count = 0
-        for name, child in list(parent.named_children()):
-            if isinstance(child, (nn.Conv1d, nn.ConvTranspose1d)):
-                setattr(parent, name, CastConv(child, dtype))
-                count += 1
-            else:
-                count += swap(child)
-        return count
-
     for name in ("conv_pre", "conv_post"):
         setattr(hift, name, CastConv(getattr(hift, name), dtype))
-    return 2 + sum(swap(getattr(hift, name)) for name in ("ups", "source_downs", "source_resblocks", "resblocks"))
+    return 2 + sum(swap_modules(getattr(hift, name), lambda m: isinstance(m, (nn.Conv1d, nn.ConvTranspose1d)),
+                                lambda m: CastConv(m, dtype))
+                   for name in ("ups", "source_downs", "source_resblocks", "resblocks"))
 
 
 def cast_linears(module: nn.Module, dtype: torch.dtype) -> int:
     """Replace every `nn.Linear` below `module` by a `CastLinear` (in place); returns how many."""
-    count = 0
-    for name, child in list(module.named_children()):
-        if type(child) is nn.Linear:
-            setattr(module, name, CastLinear(child, dtype))
-            count += 1
-        else:
-            count += cast_linears(child, dtype)
-    return count
+    return swap_modules(module, lambda m: type(m) is nn.Linear, lambda m: CastLinear(m, dtype))
 
 
 def quantize_linears_int8(module: nn.Module) -> int:

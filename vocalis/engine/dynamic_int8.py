@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from vocalis.engine.int8_gemv import _cpu_reason
+from vocalis.engine.module_swap import swap_modules
 
 
 @functools.cache
@@ -73,10 +74,4 @@ def quantize_estimator_int8(estimator: nn.Module) -> int:
     2 x 100 frames at the 0.5B shapes, 2 threads: 61 + 149 us vs 467 us), but their inputs are the unnormalised
     residual stream, whose few large channels one activation scale serves badly: on the built-in model the mel
     error grew from 5.6e-3 to 6.2e-2 of its range."""
-    count = 0
-    for module in list(estimator.modules()):
-        for name, child in list(module.named_children()):
-            if type(child) is nn.Linear:
-                setattr(module, name, Int8Linear.from_linear(child))
-                count += 1
-    return count
+    return swap_modules(estimator, lambda m: type(m) is nn.Linear, Int8Linear.from_linear)

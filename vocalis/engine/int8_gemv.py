@@ -35,6 +35,8 @@ from types import ModuleType
 import torch
 from torch import nn
 
+from vocalis.engine.module_swap import swap_modules
+
 log = logging.getLogger(__name__)
 
 PANEL = 64  # output channels per panel; fused parts must be whole panels
@@ -249,11 +251,4 @@ class Int8Linear(nn.Module):
 
 def int8_linears(module: nn.Module) -> int:
     """Replace every fp32 `nn.Linear` below `module` by an `Int8Linear` (in place); returns how many."""
-    count = 0
-    for name, child in list(module.named_children()):
-        if type(child) is nn.Linear:
-            setattr(module, name, Int8Linear(child))
-            count += 1
-        else:
-            count += int8_linears(child)
-    return count
+    return swap_modules(module, lambda m: type(m) is nn.Linear, Int8Linear)
