@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vocalis.engine import bf16_gemm
 from vocalis.engine.backends import has_amx
 from vocalis.errors import InputError
 from vocalis.models.flow.cfm import CausalConditionalCFM, cosine_time_grid
@@ -41,6 +42,8 @@ from vocalis.models.flow.estimator import CausalBlock1D, CausalConditionalDecode
 from vocalis.models.flow.transformer import SelfAttention
 
 _MASK_BIAS = -1.0e10  # the estimator's additive mask value
+# a layer's weights as its GEMM takes them: packed for the native bf16 GEMM, or (weight, bias) for torch's
+Gemm = bf16_gemm.PackedWeight | tuple[torch.Tensor, torch.Tensor | None]
 
 
 class ComputeWeights:
@@ -54,10 +57,14 @@ class ComputeWeights:
     and so does attention except on CPUs with AMX (`reduced_attention`). Without it (fp32, int8) the modules run
     as they are."""
 
-    def __init__(self, dtype: torch.dtype, packed: bool | None = None) -> None:
+    def __init__(self, dtype: torch.dtype, packed: bool | None = None, native: bool | None = None) -> None:
         if dtype not in (torch.bfloat16, torch.float16):
             raise ValueError(f"compute dtype must be bf16 or fp16, got {dtype}")
         self.kind = dtype
+        # Our own bf16 GEMM loop around oneDNN's tile kernel (`bf16_gemm`), bias/GELU/residual add fused: on AMX
+        # CPUs it replaces the prepacked oneDNN call, whose per-call overhead rivals its kernel time at these
+        # shapes. Decided on first use (CPU bf16 weights with even K; `bf16_gemm.available()`) unless given.
+        self.native = native
         # oneDNN's prepacked bf16 GEMM (weights reordered once into the kernel's blocked layout, an optional GELU
         # fused into the GEMM): 1.3-1.7x the plain bf16 GEMM at the estimator's shapes on AMX CPUs, which re-
         # order the weights on every call otherwise. Decided on first use (CPU tensors only).
@@ -69,12 +76,18 @@ class ComputeWeights:
         self._cache: dict[int, tuple[nn.Module, tuple[torch.Tensor, torch.Tensor | None]]] = {}
 
     def _gemm(self, key: nn.Module, weights: Callable[[], tuple[torch.Tensor, torch.Tensor | None]]
-              ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(weight (N, K), bias (N,)) of `key` in the compute dtype, prepacked when `packed`; `weights()` (fp32,
-        any layout work such as fusing or reordering) runs on first use only."""
+              ) -> Gemm:
+        """`key`'s weights as its GEMM runs them: a `bf16_gemm.PackedWeight` (native), or (weight (N, K), bias
+        (N,)) in the compute dtype, prepacked for oneDNN when `packed`; `weights()` (fp32, any layout work such as
+        fusing or reordering) runs on first use only."""
         hit = self._cache.get(id(key))
         if hit is None or hit[0] is not key:
             weight, bias = weights()
+            if self.native is None:
+                self.native = self.kind == torch.bfloat16 and weight.device.type == "cpu" and bf16_gemm.available()
+            if self.native and bf16_gemm.supports(weight):
+                hit = self._cache[id(key)] = (key, bf16_gemm.pack(weight, bias))
+                return hit[1]
             weight = weight.detach().to(self.kind)
             if self.packed is None:
                 self.packed = weight.device.type == "cpu" and _packed_gemm_works(weight)
@@ -83,10 +96,11 @@ class ComputeWeights:
             hit = self._cache[id(key)] = (key, (weight, None if bias is None else bias.detach().to(self.kind)))
         return hit[1]
 
-    def _run(self, gemm: tuple[torch.Tensor, torch.Tensor | None], x: torch.Tensor, gelu: bool = False
-             ) -> torch.Tensor:
+    def _run(self, gemm: Gemm, x: torch.Tensor, gelu: bool = False) -> torch.Tensor:
         """x (M, K) -> (M, N) in the compute dtype (2-D: the CPU bf16 GEMM's fast path), GELU applied when
         `gelu` (exact, erf)."""
+        if isinstance(gemm, bf16_gemm.PackedWeight):
+            return bf16_gemm.linear(x, gemm, gelu)
         if self.packed:
             return torch.ops.mkldnn._linear_pointwise(x.to(self.kind), *gemm, "gelu" if gelu else "none", [],
                                                       "none" if gelu else "")
@@ -97,6 +111,16 @@ class ComputeWeights:
         """Linear layer on x (..., K) -> (..., N), output in the compute dtype; `gelu`: GELU(layer(x))."""
         gemm = self._gemm(layer, lambda: (layer.weight, layer.bias))
         return self._run(gemm, x.reshape(-1, x.shape[-1]), gelu).view(*x.shape[:-1], -1)
+
+    def linear_add_(self, residual: torch.Tensor, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """residual (..., N) fp32 += layer(x (..., K)), in place where the native GEMM runs the layer (the add fused
+        into its write, no rounding of the layer's output); otherwise a new tensor, the layer's output in the
+        compute dtype widened by the add (exact, as a separate cast would be)."""
+        gemm = self._gemm(layer, lambda: (layer.weight, layer.bias))
+        if isinstance(gemm, bf16_gemm.PackedWeight) and residual.is_contiguous():
+            bf16_gemm.linear_add_(residual.view(-1, residual.shape[-1]), x.reshape(-1, x.shape[-1]), gemm)
+            return residual
+        return residual + self._run(gemm, x.reshape(-1, x.shape[-1])).view(*x.shape[:-1], -1)
 
     def qkv(self, attn: SelfAttention, x: torch.Tensor) -> torch.Tensor:
         """Fused (bias-free) q/k/v projections: x (M, D) -> (M, 3 * H * E) in the compute dtype."""
@@ -230,9 +254,9 @@ class _ChunkRun:
                                                                   else bias.view(rows, 1, n, width),)
         return self._mask[0]
 
-    def attention(self, attn: SelfAttention, x: torch.Tensor) -> torch.Tensor:
-        """Self-attention of new frames x (2R, n, D) over cached + new keys -> (2R, n, D) (in the compute dtype
-        with `ComputeWeights`).
+    def attention(self, attn: SelfAttention, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """residual (2R, n, D) fp32 + self-attention of new frames x (2R, n, D) over cached + new keys (the add
+        fused into the output projection where `ComputeWeights` can: residual is then updated in place).
 
         Several requests: two parts, merged exactly by their log-sum-exps (`_merge`): every request's new queries
         against its own keys (own cached frames + new frames, block-causal mask), and the queries of all requests
@@ -259,10 +283,8 @@ class _ChunkRun:
             result = self._attention_batched(i, q, k, v)
         result = result.view(rows, n, h * e)  # (2R, n, H*E)
         if self.compute is None:
-            return attn.to_out[1](attn.to_out[0](result))
-        # to_out[1]: dropout, identity in eval. Left in the compute dtype: the caller's residual add widens it in
-        # the same kernel (exact, as a separate cast would be)
-        return self.compute.linear(attn.to_out[0], result)
+            return residual + attn.to_out[1](attn.to_out[0](result))
+        return self.compute.linear_add_(residual, attn.to_out[0], result)  # to_out[1]: dropout, identity in eval
 
     def _attention_whole(self, i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Requests of one layout (one alone: every chunk of a lone stream, its first the latency case; or a
@@ -482,14 +504,16 @@ def _resnet(run: _ChunkRun, resnet: CausalResnetBlock1D, x: torch.Tensor, mask: 
 
 
 def _transformers(run: _ChunkRun, blocks: nn.ModuleList, h: torch.Tensor) -> torch.Tensor:
-    x = h.transpose(1, 2)  # (2R, n, D)
+    x = h.transpose(1, 2)  # (2R, n, D), the residual stream
+    if run.compute is not None:  # which may be added into in place: a copy of its own (h stays as it is)
+        x = x.clone(memory_format=torch.contiguous_format)
     for block in blocks:
-        x = x + run.attention(block.attn1, block.norm1(x))
+        x = run.attention(block.attn1, block.norm1(x), x)
         if run.compute is None:
             x = x + block.ff(block.norm3(x))
         else:  # ff.net = [GELU projection, dropout, Linear]; the 4D-wide hidden stays in the compute dtype
             hidden = run.compute.linear(block.ff.net[0].proj, block.norm3(x), gelu=True)
-            x = x + run.compute.linear(block.ff.net[2], hidden)  # fp32 + compute dtype -> fp32
+            x = run.compute.linear_add_(x, block.ff.net[2], hidden)
     return x.transpose(1, 2)
 
 

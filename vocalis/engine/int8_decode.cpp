@@ -713,4 +713,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::call_guard<pybind11::gil_scoped_release>());
   bind_stack<DecodeStack<Int8Operand>>(m, "DecodeStack");  // int8 weights
   bind_stack<DecodeStack<F32Operand>>(m, "F32DecodeStack");  // fp32 weights
+  bf16gemm::bind(m);  // the estimator's bf16 GEMM (bf16_gemm.cpp)
 }

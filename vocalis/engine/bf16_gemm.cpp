@@ -1,0 +1,145 @@
+// bf16 GEMM for the token2wav estimator's layers on AMX CPUs: y = x @ W^T + bias, with the epilogue fused.
+//
+// Why not torch's prepacked oneDNN GEMM: at the estimator's shapes (a few hundred rows, K and N 256-1536) one
+// oneDNN call spends about as long outside its kernel (descriptor and argument set-up, a fresh scratchpad) as in
+// it, more when layers of different shapes alternate, as they do in every transformer block. Here the tile
+// kernel is oneDNN's own (torch's `cpublas::brgemm`, which caches one kernel per shape): what remains per call is
+// a loop over tiles and the epilogue, written once into the output.
+//
+// Weights (packed once in Python, see bf16_gemm.py): N padded with zeros to panels of 64 output channels, each
+// panel in the kernel's VNNI layout w[panel][k / 2][64][2] = W[panel * 64 + c][k] (pairs of consecutive k).
+// Tiles: 32 rows x one panel, accumulated in fp32 (K whole in one kernel call), ordered panel-major so each
+// thread streams its share of the panels once while the rows stay in its cache.
+// Epilogues: + bias (fp32), then one of: round to bf16 (RNE, as torch's cast; values are finite here), GELU
+// (exact erf form, erf to ~2e-7) then bf16, or added in place to an fp32 residual stream (y never rounded).
+// K must be even (VNNI pairs); callers fall back to torch otherwise.
+
+#include <ATen/native/CPUBlas.h>
+
+namespace bf16gemm {
+
+constexpr int64_t kPanelN = 64;  // output channels per panel: the widest B block the tile kernel takes
+constexpr int64_t kTileM = 32;   // rows per tile (two AMX row tiles)
+
+enum Epilogue : int64_t { kBf16 = 0, kGeluBf16 = 1, kAddF32 = 2 };
+
+// exp for v <= 0 (GELU's exp(-z^2)): 2^n * p(r) with r = v - n ln2 split in two parts, p a degree-6 Taylor.
+inline __m512 exp_neg(__m512 v) {
+  v = _mm512_max_ps(v, _mm512_set1_ps(-87.0f));
+  __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(v, _mm512_set1_ps(1.44269504088896341f)),
+                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), v);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.0f / 720);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, n);
+}
+
+// 0.5 x (1 + erf(x / sqrt 2)); erf(|z|) = 1 - t (a1 + t (a2 + ... a5)) exp(-z^2), t = 1 / (1 + p |z|)
+// (Abramowitz & Stegun 7.1.26, |error| <= 1.5e-7), the sign restored after.
+inline __m512 gelu(__m512 x) {
+  __m512 z = _mm512_mul_ps(x, _mm512_set1_ps(0.70710678118654752f));
+  __m512 az = _mm512_abs_ps(z);
+  __m512 t = _mm512_div_ps(_mm512_set1_ps(1.0f), _mm512_fmadd_ps(az, _mm512_set1_ps(0.3275911f), _mm512_set1_ps(1.0f)));
+  __m512 q = _mm512_set1_ps(1.061405429f);
+  q = _mm512_fmadd_ps(q, t, _mm512_set1_ps(-1.453152027f));
+  q = _mm512_fmadd_ps(q, t, _mm512_set1_ps(1.421413741f));
+  q = _mm512_fmadd_ps(q, t, _mm512_set1_ps(-0.284496736f));
+  q = _mm512_fmadd_ps(q, t, _mm512_set1_ps(0.254829592f));
+  q = _mm512_mul_ps(q, t);
+  __m512 erf_abs = _mm512_fnmadd_ps(q, exp_neg(_mm512_mul_ps(_mm512_sub_ps(_mm512_setzero_ps(), az), az)),
+                                    _mm512_set1_ps(1.0f));
+  __m512 erf = _mm512_mask_sub_ps(erf_abs, _mm512_cmp_ps_mask(z, _mm512_setzero_ps(), _CMP_LT_OQ),
+                                  _mm512_setzero_ps(), erf_abs);
+  return _mm512_mul_ps(_mm512_mul_ps(x, _mm512_set1_ps(0.5f)), _mm512_add_ps(erf, _mm512_set1_ps(1.0f)));
+}
+
+// fp32 -> bf16, round to nearest even (torch's rounding for finite values)
+inline __m256i to_bf16(__m512 v) {
+  __m512i u = _mm512_castps_si512(v);
+  __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  u = _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF)));
+  return _mm512_cvtepi32_epi16(_mm512_srli_epi32(u, 16));
+}
+
+// W (N, K) bf16 -> packed (P, K / 2, 64, 2) bf16, P = ceil(N / 64), channels past N zero
+torch::Tensor pack(const torch::Tensor& w) {
+  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kBFloat16, "pack: weight must be 2-D bf16");
+  const int64_t n = w.size(0), k = w.size(1);
+  TORCH_CHECK(k % 2 == 0, "pack: K must be even, got ", k);
+  const int64_t panels = (n + kPanelN - 1) / kPanelN;
+  auto wt = torch::zeros({k, panels * kPanelN}, w.options());  // (K, N padded), row-major: the packer's input
+  wt.narrow(1, 0, n).copy_(w.t());
+  auto out = torch::empty({panels, k / 2, kPanelN, 2}, w.options());
+  const auto* src = wt.data_ptr<at::BFloat16>();
+  auto* dst = out.data_ptr<at::BFloat16>();
+  for (int64_t p = 0; p < panels; ++p)
+    at::native::cpublas::pack(k, kPanelN, panels * kPanelN, kPanelN, at::kBFloat16, at::kBFloat16,
+                              src + p * kPanelN, dst + p * kPanelN * k);
+  return out;
+}
+
+// x (M, K) bf16 contiguous; packed from `pack` (n true output channels); bias (n,) fp32 or empty.
+// kBf16 / kGeluBf16: returns y (M, n) bf16. kAddF32: residual (M, n) fp32 contiguous += x W^T + bias; returns it.
+torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& packed, int64_t n, const torch::Tensor& bias,
+                     int64_t epilogue, torch::Tensor residual) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.is_contiguous(), "linear: x must be (M, K) bf16");
+  const int64_t m = x.size(0), k = x.size(1), panels = packed.size(0);
+  TORCH_CHECK(packed.size(1) * 2 == k && panels * kPanelN >= n, "linear: packed weight does not match x");
+  TORCH_CHECK(bias.numel() == 0 || (bias.numel() == n && bias.scalar_type() == at::kFloat), "linear: bad bias");
+  torch::Tensor y;
+  if (epilogue == kAddF32) {
+    TORCH_CHECK(residual.scalar_type() == at::kFloat && residual.is_contiguous() && residual.numel() == m * n,
+                "linear: residual must be (M, N) fp32 contiguous");
+    y = residual;
+  } else {
+    y = torch::empty({m, n}, x.options());
+  }
+  const auto* xp = x.data_ptr<at::BFloat16>();
+  const auto* wp = packed.data_ptr<at::BFloat16>();
+  const float* bp = bias.numel() ? bias.data_ptr<float>() : nullptr;
+  void* yp = y.data_ptr();
+  const int64_t row_tiles = (m + kTileM - 1) / kTileM;
+  at::parallel_for(0, panels * row_tiles, 1, [&](int64_t begin, int64_t end) {
+    alignas(64) float acc[kTileM * kPanelN];
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t p = i / row_tiles, m0 = (i % row_tiles) * kTileM, rows = std::min(kTileM, m - m0);
+      const int64_t n0 = p * kPanelN, cols = std::min(kPanelN, n - n0);
+      at::native::cpublas::brgemm(rows, kPanelN, k, k, kPanelN, kPanelN, false, xp + m0 * k, wp + p * kPanelN * k,
+                                  acc, true);
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t c = 0; c < cols; c += 16) {
+          const __mmask16 mask = cols - c >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (cols - c)) - 1);
+          __m512 v = _mm512_load_ps(acc + r * kPanelN + c);
+          if (bp) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, bp + n0 + c));
+          const int64_t at = (m0 + r) * n + n0 + c;
+          if (epilogue == kAddF32) {
+            float* out = static_cast<float*>(yp) + at;
+            _mm512_mask_storeu_ps(out, mask, _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, out)));
+          } else {
+            if (epilogue == kGeluBf16) v = gelu(v);
+            _mm256_mask_storeu_epi16(static_cast<at::BFloat16*>(yp) + at, mask, to_bf16(v));
+          }
+        }
+      }
+    }
+    at::native::cpublas::brgemm_release();
+  });
+  return y;
+}
+
+bool usable() { return at::native::cpublas::could_pack(at::kBFloat16); }
+
+void bind(pybind11::module& m) {
+  m.def("bf16_pack", &pack, "W (N, K) bf16 -> panels for bf16_linear");
+  m.def("bf16_linear", &linear, "x @ W^T + bias with a fused epilogue (bf16 out, GELU + bf16 out, or += fp32)",
+        pybind11::call_guard<pybind11::gil_scoped_release>());
+  m.def("bf16_usable", &usable, "whether the bf16 tile kernel runs here (AMX)");
+}
+
+}  // namespace bf16gemm

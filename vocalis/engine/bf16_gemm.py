@@ -1,0 +1,82 @@
+"""bf16 GEMMs for the token2wav estimator on AMX CPUs: oneDNN's tile kernel called from our own loop
+(bf16_gemm.cpp), with the bias, GELU and residual add fused into the write of the result.
+
+Why: the estimator's layers are small (a first chunk is 200 rows: two guidance rows x 100 frames; K and N
+256-1536) and each transformer block alternates four GEMM shapes. torch's prepacked oneDNN GEMM spends about
+as long per call outside its kernel as in it there. Measured on the 2-core AMX Xeon (2 threads, 14 weights per
+shape, the five shapes alternating, ad hoc): 127-135 us per GEMM against 145-150 us; one shape repeated, the
+N = 256 layers 35-63 us against 78-135 us. The fused epilogues save the separate GELU, cast and residual-add ops.
+
+Math: x bf16, W bf16, fp32 accumulation over the whole K, + bias in fp32 (torch's path adds a bf16 bias), then
+bf16 rounding (RNE) or an fp32 add into the residual stream (no bf16 rounding of the layer's output at all).
+GELU is the exact erf form with erf to ~2e-7.
+
+The kernel lives in the native extension (`int8_gemv.extension()`, compiled once per machine); `available()`
+says whether it runs here (the extension builds and the CPU has AMX tiles, where the tile kernel is the fast one).
+`VOCALIS_BF16_GEMM=0` turns it off (torch's oneDNN GEMM instead).
+Legend: M rows, K in features, N out features.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+from vocalis.engine import int8_gemv
+from vocalis.engine.backends import has_amx
+
+_EPILOGUE_BF16, _EPILOGUE_GELU_BF16, _EPILOGUE_ADD_F32 = 0, 1, 2
+_NO_BIAS = torch.empty(0)
+_NO_RESIDUAL = torch.empty(0)
+_available: bool | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PackedWeight:
+    """A layer's weight in the kernel's layout: panels (ceil(N / 64), K / 2, 64, 2) bf16, and its fp32 bias."""
+
+    panels: torch.Tensor
+    n: int  # true output features
+    bias: torch.Tensor  # (N,) fp32, or empty
+
+
+def available() -> bool:
+    """Whether the bf16 tile kernel runs here (decided once): AMX CPU, the native extension built, not turned off."""
+    global _available
+    if _available is None:
+        ext = None if os.environ.get("VOCALIS_BF16_GEMM", "1") == "0" or not has_amx() else int8_gemv.extension()
+        _available = ext is not None and bool(ext.bf16_usable())
+    return _available
+
+
+def supports(weight: torch.Tensor) -> bool:
+    """Whether a weight (N, K) can go through the kernel: a CPU tensor with even K (the layout pairs k values)."""
+    return weight.device.type == "cpu" and weight.dim() == 2 and weight.shape[1] % 2 == 0
+
+
+def pack(weight: torch.Tensor, bias: torch.Tensor | None) -> PackedWeight:
+    """weight (N, K) any float dtype, bias (N,) or None -> the packed layer (weight rounded to bf16 once)."""
+    ext = int8_gemv.extension()
+    assert ext is not None and supports(weight)
+    panels = ext.bf16_pack(weight.detach().to(torch.bfloat16).contiguous())
+    b = _NO_BIAS if bias is None else bias.detach().float().contiguous()
+    return PackedWeight(panels, weight.shape[0], b)
+
+
+def linear(x: torch.Tensor, w: PackedWeight, gelu: bool = False) -> torch.Tensor:
+    """x (M, K) -> (M, N) bf16: x @ W^T + bias, GELU'd when `gelu`."""
+    ext = int8_gemv.extension()
+    return ext.bf16_linear(_rows(x), w.panels, w.n, w.bias, _EPILOGUE_GELU_BF16 if gelu else _EPILOGUE_BF16,
+                           _NO_RESIDUAL)
+
+
+def linear_add_(residual: torch.Tensor, x: torch.Tensor, w: PackedWeight) -> torch.Tensor:
+    """residual (M, N) fp32 contiguous += x (M, K) @ W^T + bias, in place; returns residual."""
+    ext = int8_gemv.extension()
+    return ext.bf16_linear(_rows(x), w.panels, w.n, w.bias, _EPILOGUE_ADD_F32, residual)
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    return x.to(torch.bfloat16).contiguous()
