@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vocalis.engine import bf16_gemm
+from vocalis.engine import bf16_attention, bf16_gemm
 from vocalis.engine.backends import has_amx
 from vocalis.errors import InputError
 from vocalis.models.flow.cfm import CausalConditionalCFM, cosine_time_grid
@@ -207,7 +207,9 @@ class _ChunkRun:
         self.chunk = chunk
         self.conv_index = 0
         self.block_index = 0
-        self._mask: tuple[torch.Tensor | None] | None = None  # own-key attention bias, built by the first block
+        # the attention mask of the call, built by the first transformer block: (additive bias, or None when it
+        # hides nothing; the same as per-query key limits for `bf16_attention`, None where that does not run)
+        self._mask: tuple[torch.Tensor | None, torch.Tensor | None] | None = None
 
     def conv(self, conv: nn.Conv1d, x: torch.Tensor) -> torch.Tensor:
         """Causal conv x (2R, C, n) -> (2R, C_out, n), left context from the caches."""
@@ -249,10 +251,13 @@ class _ChunkRun:
                 qi = torch.arange(a, a + m, device=like.device)
                 limit = torch.clamp((qi // self.chunk + 1) * self.chunk, max=a + m) - f  # block end, own index
                 bias[r, :, 0, :m] = torch.where(kj[None, :] < limit[:, None], 0.0, _MASK_BIAS).to(like.dtype)
-            self._mask = (None,) if bool((bias == 0).all()) else (bias.expand(rows // 2, 2, 1, n, width)
-                                                                  .reshape(rows, 1, n, width) if uniform
-                                                                  else bias.view(rows, 1, n, width),)
+            self._set_mask(None if bool((bias == 0).all()) else bias.expand(rows // 2, 2, 1, n, width)
+                           .reshape(rows, 1, n, width) if uniform else bias.view(rows, 1, n, width), like)
         return self._mask[0]
+
+    def _set_mask(self, bias: torch.Tensor | None, like: torch.Tensor) -> None:
+        limits = None if bias is None or not bf16_attention.supports(like) else bf16_attention.limits_of(bias)
+        self._mask = (bias, limits)
 
     def attention(self, attn: SelfAttention, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """residual (2R, n, D) fp32 + self-attention of new frames x (2R, n, D) over cached + new keys (the add
@@ -317,8 +322,9 @@ class _ChunkRun:
                 c.keys[i], c.values[i] = kept_k[2 * r : 2 * r + 2], kept_v[2 * r : 2 * r + 2]
         if _one_call(q):
             bias = self._whole_bias(start, n, q)
-            out, _ = _attend(q, keys, values, None if bias is None else bias.expand(rows, -1, -1, -1))
-            return out.transpose(1, 2).contiguous()  # (2R, n, H, E); the kernel writes that layout already
+            out, _ = _attend(q, keys, values, None if bias is None else bias.expand(rows, -1, -1, -1),
+                             self._mask[1], heads_first=False)
+            return out  # (2R, n, H, E)
         result = q.new_empty(rows, n, h, e)  # the output projection's layout
         a = start
         while a < start + n:  # one piece per block: every query in it sees the keys up to its block's end
@@ -336,8 +342,9 @@ class _ChunkRun:
             qi = torch.arange(start, start + n, device=like.device)
             limit = (qi // self.chunk + 1) * self.chunk  # a query sees the keys up to its block's end
             kj = torch.arange(start + n, device=like.device)
-            self._mask = (None if int(limit.min()) >= start + n else
-                          torch.where(kj[None, :] < limit[:, None], 0.0, _MASK_BIAS).to(like.dtype)[None, None],)
+            self._set_mask(None if int(limit.min()) >= start + n else
+                           torch.where(kj[None, :] < limit[:, None], 0.0, _MASK_BIAS).to(like.dtype)[None, None],
+                           like)
         return self._mask[0]
 
     def _attention_batched(self, i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -349,7 +356,7 @@ class _ChunkRun:
         uniform = self._uniform(starts, n)
         own_k, own_v = (self._own_uniform if uniform else self._own)(i, k, v, starts, firsts)  # (2R, H, L, E)
         bias = self._own_bias(rows, n, own_k.shape[2], starts, firsts, uniform, q)
-        out, lse = _attend(q, own_k, own_v, bias)  # (2R, H, n, E), (2R, H, n)
+        out, lse = _attend(q, own_k, own_v, bias, self._mask[1])  # (2R, H, n, E), (2R, H, n)
         groups: dict[int, list[int]] = {}
         for r, c in enumerate(self.caches):
             if c.prefix is not None:
@@ -452,18 +459,23 @@ def _prefix_frames(cache: EstimatorCache) -> int:
     return 0 if cache.prefix is None else cache.prefix.num_frames
 
 
-def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None
-            ) -> tuple[torch.Tensor, torch.Tensor]:
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None,
+            limits: torch.Tensor | None = None, heads_first: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention q (B, H, n, E) over k, v (B, H, L, E), additive bias (B, 1, n, L) or None -> output
-    (B, H, n, E) and the log-sum-exp of each query's scaled, biased scores (B, H, n), for `_merge`."""
+    (B, H, n, E), or (B, n, H, E) when not heads_first, and the log-sum-exp of each query's scaled, biased
+    scores (B, H, n), for `_merge`. limits: the bias as per-query key limits (`bf16_attention.limits_of`),
+    required where `bf16_attention` runs (bf16 on AMX CPUs) and bias is not None."""
+    if bf16_attention.supports(q):
+        return bf16_attention.attend(q, k, v, limits, heads_first)
     if q.device.type == "cpu":  # the fused CPU kernel SDPA dispatches to, which also returns the log-sum-exp
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, attn_mask=bias)
-        return out, lse
+        return out if heads_first else out.transpose(1, 2).contiguous(), lse
     scores = torch.matmul(q, k.transpose(-1, -2)) * q.shape[-1] ** -0.5
     if bias is not None:
         scores = scores + bias
     lse = torch.logsumexp(scores, dim=-1)
-    return torch.matmul(torch.exp(scores - lse.unsqueeze(-1)), v), lse
+    out = torch.matmul(torch.exp(scores - lse.unsqueeze(-1)), v)
+    return out if heads_first else out.transpose(1, 2).contiguous(), lse
 
 
 def _merge(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor,

@@ -1,0 +1,71 @@
+"""Our bf16 attention (`vocalis.engine.bf16_attention`, AMX CPUs) against float64 math on the same bf16 inputs:
+per-query key limits (block-causal and padding masks), queries with no visible key, both output layouts,
+strided q/k/v (views of one fused projection, as the estimator passes them), head sizes 8 and 64, and the
+estimator's masks given as additive biases (`limits_of`).
+
+Bounds: output within 2^-7 of max |v| (weights rounded to bf16 before p v: ~2^-9 each, plus the output's own
+rounding) [measured ~2^-9]; log-sum-exp within 1e-4 [~5e-7]."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from vocalis.engine import bf16_attention
+
+pytestmark = pytest.mark.skipif(not bf16_attention.supports(torch.zeros(1, 1, 1, 64, dtype=torch.bfloat16)),
+                                reason="our bf16 attention runs on AMX CPUs only (with the native extension built)")
+
+
+def _exact(q, k, v, limits):
+    """float64 attention with keys [0, limit) visible per query -> out (B, H, n, E), lse (B, H, n); a query that
+    sees nothing gets zeros and -1e10."""
+    q, k, v = q.double(), k.double(), v.double()
+    scores = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5  # (B, H, n, L)
+    lim = limits.long()[:, None, :, None].expand(q.shape[0], 1, q.shape[2], 1)  # (B, 1, n, 1)
+    visible = torch.arange(k.shape[2])[None, None, None, :] < lim
+    scores = scores.masked_fill(~visible, float("-inf"))
+    lse = torch.logsumexp(scores, -1)
+    out = torch.nan_to_num(torch.softmax(scores, -1)) @ v
+    none = (lim[..., 0] == 0).expand_as(lse)
+    return out.masked_fill(none[..., None], 0.0), lse.masked_fill(none, -1e10)
+
+
+@pytest.mark.parametrize("heads_first", [True, False])
+@pytest.mark.parametrize(("B", "H", "n", "L", "E"), [(2, 8, 100, 200, 64), (4, 2, 37, 333, 8), (1, 1, 1, 5, 64)])
+def test_against_exact(B: int, H: int, n: int, L: int, E: int, heads_first: bool) -> None:
+    g = torch.Generator().manual_seed(B * n + L)
+    qkv = torch.randn(B, n, 3, H, E, generator=g).bfloat16()  # a fused projection's output, as the estimator's
+    q = qkv[:, :, 0].transpose(1, 2)  # (B, H, n, E), strided
+    k = torch.randn(B, H, L + 3, E, generator=g).bfloat16()[:, :, 3:]  # offset rows
+    v = torch.randn(B, H, L, E, generator=g).bfloat16()
+    limits = torch.randint(0, L + 1, (B, n), generator=g, dtype=torch.int32)
+    limits[0, 0] = 0  # a query that sees no key
+    out, lse = bf16_attention.attend(q, k, v, limits, heads_first=heads_first)
+    want, want_lse = _exact(q, k, v, limits)
+    got = out if heads_first else out.transpose(1, 2)
+    assert out.is_contiguous() and got.shape == (B, H, n, E)
+    assert (got.double() - want).abs().max().item() <= 2**-7 * v.abs().max().item()
+    assert (lse.double() - want_lse).abs().max().item() <= 1e-4
+    assert (got[0, :, 0] == 0).all() and (lse[0, :, 0] == -1e10).all()
+
+
+def test_all_visible_and_shared_limits() -> None:
+    """No limits = every key visible; one row of limits (1, n) applies to every batch row."""
+    g = torch.Generator().manual_seed(7)
+    q, k, v = (torch.randn(3, 2, 20, 64, generator=g).bfloat16() for _ in range(3))
+    out, _ = bf16_attention.attend(q, k, v, None)
+    want, _ = _exact(q, k, v, torch.full((3, 20), 20, dtype=torch.int32))
+    assert (out.double() - want).abs().max().item() <= 2**-7 * v.abs().max().item()
+    shared = torch.arange(1, 21, dtype=torch.int32)[None]
+    out, _ = bf16_attention.attend(q, k, v, shared)
+    want, _ = _exact(q, k, v, shared.expand(3, -1))
+    assert (out.double() - want).abs().max().item() <= 2**-7 * v.abs().max().item()
+
+
+def test_limits_of_block_causal_bias() -> None:
+    """The estimator's block-causal bias (queries at frames 100-199 in blocks of 50 over 200 keys) as limits."""
+    qi = torch.arange(100, 200)
+    limit = (qi // 50 + 1) * 50
+    bias = torch.where(torch.arange(200)[None] < limit[:, None], 0.0, -1e10)[None, None]  # (1, 1, n, L)
+    assert torch.equal(bf16_attention.limits_of(bias), limit[None].int())

@@ -1,0 +1,183 @@
+// bf16 attention for the token2wav estimator on AMX CPUs: out = softmax(q k^T * scale, keys past each query's
+// limit hidden) v, with each query's log-sum-exp, on oneDNN's tile kernel (torch's `cpublas::brgemm`).
+//
+// Why not torch's fused CPU attention: at the estimator's sizes (a first chunk: 2 x 8 heads, 100 queries over
+// 200 keys of 64) a call costs ~0.3 ms alone and ~0.47 ms in a token2wav step, several times its arithmetic;
+// part is fixed set-up per call, part is working on every key for every query under an additive mask. The masks
+// here are all "query i sees keys [0, limit_i)" (block-causal and padding), so they come as limits: hidden keys
+// are skipped a whole tile at a time and weighted exactly 0 inside one.
+//
+// Per (batch row, head), on one thread: k^T and v repacked once into the kernel's pair-interleaved (VNNI) layout
+// (zero past the last visible key), then per tile of 32 queries: scores = q k^T (fp32, one kernel call per 64
+// keys), softmax in fp32 (exp to ~1e-7 relative), the unnormalized weights rounded to bf16, p v in fp32, scaled by
+// 1 / sum and rounded to bf16. A query that sees no key gets zeros and log-sum-exp -1e10 (finite, as the -1e10
+// additive mask gives: such rows are padding, and a NaN there would reach real rows through 0 * NaN).
+
+namespace bf16attn {
+
+constexpr int64_t kKeyPanel = 64;  // keys per score tile (the widest B block of the tile kernel)
+constexpr int64_t kQueryTile = 64;  // queries per tile (the tile kernel takes any row count)
+
+inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+// k^T as the kernel's B operand: per panel of 64 keys, [E / 2][64] 32-bit pairs (k[l][2j], k[l][2j + 1]),
+// gathered 16 keys at a time; keys from `need` to `padded` zero. `ld` is the key row stride in bf16 (even).
+inline void pack_keys(const at::BFloat16* k, int64_t ld, int64_t need, int64_t padded, int64_t E, uint32_t* out) {
+  const auto* k32 = reinterpret_cast<const int32_t*>(k);
+  const __m512i rows = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                          _mm512_set1_epi32(static_cast<int32_t>(ld / 2)));
+  for (int64_t l0 = 0; l0 < padded; l0 += 16) {
+    const int64_t left = need - l0;
+    const __mmask16 m = left >= 16 ? __mmask16(0xFFFF) : left <= 0 ? __mmask16(0) : __mmask16((1u << left) - 1);
+    uint32_t* dst = out + (l0 / kKeyPanel) * (E / 2) * kKeyPanel + l0 % kKeyPanel;
+    const int32_t* src = k32 + (m ? l0 * (ld / 2) : 0);
+    for (int64_t j = 0; j < E / 2; ++j) {
+      const __m512i g = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m, rows, src + j, 4);
+      _mm512_storeu_si512(dst + j * kKeyPanel, g);
+    }
+  }
+}
+
+inline __mmask16 first(int64_t count) {  // lanes [0, count) of 16
+  return count >= 16 ? __mmask16(0xFFFF) : count <= 0 ? __mmask16(0) : __mmask16((1u << count) - 1);
+}
+
+// v as the kernel's B operand: [L / 2][Ep] 32-bit pairs (v[2i][e], v[2i + 1][e]), Ep = E rounded up to 16;
+// keys from `need` and values from E zero.
+inline void pack_values(const at::BFloat16* v, int64_t ld, int64_t need, int64_t padded, int64_t E, int64_t Ep,
+                        uint32_t* out) {
+  for (int64_t l = 0; l < padded; l += 2) {
+    const at::BFloat16* r0 = v + l * ld;
+    const at::BFloat16* r1 = v + (l + 1) * ld;
+    for (int64_t e = 0; e < Ep; e += 16) {
+      const __mmask16 m = first(E - e);
+      const __m256i a = _mm256_maskz_loadu_epi16(l < need ? m : __mmask16(0), r0 + e);
+      const __m256i b = _mm256_maskz_loadu_epi16(l + 1 < need ? m : __mmask16(0), r1 + e);
+      const __m512i pair = _mm512_or_si512(_mm512_cvtepu16_epi32(a), _mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16));
+      _mm512_storeu_si512(out + (l / 2) * Ep + e, pair);
+    }
+  }
+}
+
+// q (B, H, n, E), k and v (B, H, L, E): bf16, last dim contiguous, any other strides (key rows at even
+// offsets); E even, at most 64.
+// limits: int32 (1 or B, n), keys [0, limit) visible to each query (clamped to L), or empty (all visible).
+// Returns out bf16, (B, H, n, E) when heads_first else (B, n, H, E), and lse fp32 (B, H, n).
+std::vector<torch::Tensor> attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                     const torch::Tensor& limits, double scale, bool heads_first) {
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "attention: q, k, v must be 4-D");
+  for (const auto* t : {&q, &k, &v})
+    TORCH_CHECK(t->scalar_type() == at::kBFloat16 && t->stride(3) == 1, "attention: bf16, last dim contiguous");
+  const int64_t B = q.size(0), H = q.size(1), n = q.size(2), E = q.size(3), L = k.size(2);
+  TORCH_CHECK(E % 2 == 0 && E <= 64 && k.stride(2) % 2 == 0, "attention: head size must be even and <= 64, got ", E);
+  const int64_t Ep = (E + 15) / 16 * 16;  // the value panel's width
+  TORCH_CHECK(k.size(0) == B && k.size(1) == H && k.size(3) == E && v.sizes() == k.sizes(), "attention: shapes");
+  const bool limited = limits.numel() > 0;
+  int64_t lim_row = 0;
+  if (limited) {
+    TORCH_CHECK(limits.scalar_type() == at::kInt && limits.dim() == 2 && limits.size(1) == n &&
+                (limits.size(0) == 1 || limits.size(0) == B) && limits.is_contiguous(), "attention: limits");
+    lim_row = limits.size(0) == 1 ? 0 : n;
+  }
+  auto out = heads_first ? torch::empty({B, H, n, E}, q.options()) : torch::empty({B, n, H, E}, q.options());
+  auto lse = torch::empty({B, H, n}, q.options().dtype(at::kFloat));
+  const auto* qp = q.data_ptr<at::BFloat16>();
+  const auto* kp = k.data_ptr<at::BFloat16>();
+  const auto* vp = v.data_ptr<at::BFloat16>();
+  const int32_t* lp = limited ? limits.data_ptr<int32_t>() : nullptr;
+  auto* op = out.data_ptr<at::BFloat16>();
+  float* lsep = lse.data_ptr<float>();
+  // out strides for (b, h, i); the head's E values are contiguous either way
+  const int64_t os_b = n * H * E, os_h = heads_first ? n * E : E, os_i = heads_first ? E : H * E;
+  const int64_t Lk = round_up(std::max<int64_t>(L, 1), kKeyPanel);
+  const float fscale = static_cast<float>(scale);
+
+  at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
+    // per-thread scratch, kept between calls (grown, never shrunk): no allocation or zeroing per call
+    thread_local std::vector<at::BFloat16> kt, vt, pw;
+    thread_local std::vector<float> s, acc, sums;
+    if (static_cast<int64_t>(kt.size()) < Lk * 64) kt.resize(Lk * 64), vt.resize(Lk * 64);
+    if (static_cast<int64_t>(pw.size()) < kQueryTile * Lk) pw.resize(kQueryTile * Lk), s.resize(kQueryTile * Lk);
+    if (acc.empty()) acc.resize(kQueryTile * 64), sums.resize(kQueryTile);
+    for (int64_t bh = begin; bh < end; ++bh) {
+      const int64_t b = bh / H, h = bh % H;
+      const at::BFloat16* qb = qp + b * q.stride(0) + h * q.stride(1);
+      const at::BFloat16* kb = kp + b * k.stride(0) + h * k.stride(1);
+      const at::BFloat16* vb = vp + b * v.stride(0) + h * v.stride(1);
+      const int32_t* lim = lp ? lp + b * lim_row : nullptr;
+      auto limit = [&](int64_t i) -> int64_t {
+        return lim ? std::min<int64_t>(std::max<int32_t>(lim[i], 0), L) : L;
+      };
+      int64_t need = 0;  // keys any query of this row sees
+      for (int64_t i = 0; i < n; ++i) need = std::max(need, limit(i));
+      const int64_t need_k = round_up(need, kKeyPanel);
+      pack_keys(kb, k.stride(2), need, need_k, E, reinterpret_cast<uint32_t*>(kt.data()));
+      pack_values(vb, v.stride(2), need, need_k, E, Ep, reinterpret_cast<uint32_t*>(vt.data()));
+      for (int64_t i0 = 0; i0 < n; i0 += kQueryTile) {
+        const int64_t mq = std::min(kQueryTile, n - i0);
+        int64_t tile_need = 0;
+        for (int64_t r = 0; r < mq; ++r) tile_need = std::max(tile_need, limit(i0 + r));
+        const int64_t lt = std::max<int64_t>(round_up(tile_need, kKeyPanel), kKeyPanel);
+        if (tile_need > 0) {
+          for (int64_t p = 0; p < lt / kKeyPanel; ++p)
+            at::native::cpublas::brgemm(mq, kKeyPanel, E, q.stride(2), kKeyPanel, lt, false, qb + i0 * q.stride(2),
+                                        kt.data() + p * kKeyPanel * E, s.data() + p * kKeyPanel, true);
+        }
+        for (int64_t r = 0; r < mq; ++r) {
+          const int64_t lim_r = tile_need > 0 ? limit(i0 + r) : 0;
+          float* srow = s.data() + r * lt;
+          auto* prow = reinterpret_cast<uint16_t*>(pw.data() + r * lt);
+          if (lim_r == 0) {
+            std::fill(prow, prow + lt, uint16_t(0));
+            sums[r] = 0.0f;
+            lsep[(b * H + h) * n + i0 + r] = -1.0e10f;
+            continue;
+          }
+          __m512 vmax = _mm512_set1_ps(-INFINITY);
+          for (int64_t l = 0; l < lim_r; l += 16) {
+            const __mmask16 m = lim_r - l >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (lim_r - l)) - 1);
+            vmax = _mm512_mask_max_ps(vmax, m, vmax, _mm512_maskz_loadu_ps(m, srow + l));
+          }
+          const float mx = _mm512_reduce_max_ps(vmax) * fscale;
+          const __m512 vscale = _mm512_set1_ps(fscale), vmx = _mm512_set1_ps(mx);
+          __m512 vsum = _mm512_setzero_ps(), vexact = _mm512_setzero_ps();
+          for (int64_t l = round_up(lim_r, 16); l < lt; l += 16)
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(prow + l), _mm256_setzero_si256());
+          for (int64_t l = 0; l < lim_r; l += 16) {
+            const int64_t left = lim_r - l;
+            const __mmask16 m = left >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1);
+            __m512 e = bf16gemm::exp_neg(_mm512_fmsub_ps(_mm512_maskz_loadu_ps(m, srow + l), vscale, vmx));
+            e = _mm512_maskz_mov_ps(m, e);
+            vexact = _mm512_add_ps(vexact, e);
+            // the sum of the weights as rounded (p v uses them rounded): normalization matches the weights used
+            const __m256i eb = bf16gemm::to_bf16(e);
+            vsum = _mm512_add_ps(vsum, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(eb), 16)));
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(prow + l), eb);
+          }
+          sums[r] = _mm512_reduce_add_ps(vsum);
+          lsep[(b * H + h) * n + i0 + r] = mx + std::log(_mm512_reduce_add_ps(vexact));
+        }
+        if (tile_need > 0)
+          at::native::cpublas::brgemm(mq, Ep, lt, lt, Ep, Ep, false, pw.data(), vt.data(), acc.data(), true);
+        for (int64_t r = 0; r < mq; ++r) {
+          at::BFloat16* dst = op + b * os_b + h * os_h + (i0 + r) * os_i;
+          const __m512 inv = _mm512_set1_ps(sums[r] > 0.0f ? 1.0f / sums[r] : 0.0f);
+          for (int64_t e = 0; e < E; e += 16) {
+            const __m512 o = sums[r] > 0.0f ? _mm512_mul_ps(_mm512_loadu_ps(acc.data() + r * Ep + e), inv)
+                                            : _mm512_setzero_ps();
+            _mm256_mask_storeu_epi16(dst + e, first(E - e), bf16gemm::to_bf16(o));
+          }
+        }
+      }
+    }
+    at::native::cpublas::brgemm_release();
+  });
+  return {out, lse};
+}
+
+void bind(pybind11::module& m) {
+  m.def("bf16_attention", &attention, "bf16 attention with per-query key limits -> (out, log-sum-exp)",
+        pybind11::call_guard<pybind11::gil_scoped_release>());
+}
+
+}  // namespace bf16attn
