@@ -11,7 +11,8 @@
 // Tiles: 32 rows x one panel, accumulated in fp32 (K whole in one kernel call), ordered panel-major so each
 // thread streams its share of the panels once while the rows stay in its cache.
 // Epilogues: + bias (fp32), then one of: round to bf16 (RNE, as torch's cast; values are finite here), GELU
-// (exact erf form, erf to ~2e-7) then bf16, or added in place to an fp32 residual stream (y never rounded).
+// (exact erf form, erf to ~2e-7) then bf16, added in place to an fp32 residual stream, or stored fp32 (the last
+// two never round y).
 // K must be even (VNNI pairs); callers fall back to torch otherwise.
 
 #include <ATen/native/CPUBlas.h>
@@ -21,7 +22,7 @@ namespace bf16gemm {
 constexpr int64_t kPanelN = 64;  // output channels per panel: the widest B block the tile kernel takes
 constexpr int64_t kTileM = 32;   // rows per tile (two AMX row tiles)
 
-enum Epilogue : int64_t { kBf16 = 0, kGeluBf16 = 1, kAddF32 = 2 };
+enum Epilogue : int64_t { kBf16 = 0, kGeluBf16 = 1, kAddF32 = 2, kF32 = 3 };
 
 // exp for v <= 0 (GELU's exp(-z^2)): 2^n * p(r) with r = v - n ln2 split in two parts, p a degree-6 Taylor.
 inline __m512 exp_neg(__m512 v) {
@@ -84,6 +85,48 @@ torch::Tensor pack(const torch::Tensor& w) {
   return out;
 }
 
+// One finished tile: acc (rows, 64) fp32 + bias -> out at `at` (element offset of the tile's first value),
+// row stride `ld`, `cols` valid columns, in the epilogue's form.
+inline void finish_tile(const float* acc, int64_t rows, int64_t cols, const float* bias, int64_t epilogue, void* out,
+                        int64_t at, int64_t ld) {
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; c += 16) {
+      const __mmask16 mask = cols - c >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (cols - c)) - 1);
+      __m512 v = _mm512_load_ps(acc + r * kPanelN + c);
+      if (bias) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, bias + c));
+      const int64_t i = at + r * ld + c;
+      if (epilogue == kAddF32) {
+        float* o = static_cast<float*>(out) + i;
+        _mm512_mask_storeu_ps(o, mask, _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, o)));
+      } else if (epilogue == kF32) {
+        _mm512_mask_storeu_ps(static_cast<float*>(out) + i, mask, v);
+      } else {
+        if (epilogue == kGeluBf16) v = gelu(v);
+        _mm256_mask_storeu_epi16(static_cast<at::BFloat16*>(out) + i, mask, to_bf16(v));
+      }
+    }
+  }
+}
+
+// The tiles of `groups` independent row groups (g: `rows` rows at a + g * group_stride, row stride lda, K long)
+// times every panel, over the thread pool, panel-major; each group's output rows follow the previous group's.
+void run_tiles(const at::BFloat16* a, int64_t groups, int64_t group_stride, int64_t rows, int64_t lda, int64_t k,
+               const at::BFloat16* w, int64_t panels, int64_t n, const float* bias, int64_t epilogue, void* out) {
+  const int64_t row_tiles = (rows + kTileM - 1) / kTileM, per_panel = groups * row_tiles;
+  at::parallel_for(0, panels * per_panel, 1, [&](int64_t begin, int64_t end) {
+    alignas(64) float acc[kTileM * kPanelN];
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t p = i / per_panel, g = (i % per_panel) / row_tiles, m0 = (i % row_tiles) * kTileM;
+      const int64_t m = std::min(kTileM, rows - m0), n0 = p * kPanelN;
+      at::native::cpublas::brgemm(m, kPanelN, k, lda, kPanelN, kPanelN, false, a + g * group_stride + m0 * lda,
+                                  w + p * kPanelN * k, acc, true);
+      finish_tile(acc, m, std::min(kPanelN, n - n0), bias ? bias + n0 : nullptr, epilogue, out,
+                  (g * rows + m0) * n + n0, n);
+    }
+    at::native::cpublas::brgemm_release();
+  });
+}
+
 // x (M, K) bf16 contiguous; packed from `pack` (n true output channels); bias (n,) fp32 or empty.
 // kBf16 / kGeluBf16: returns y (M, n) bf16. kAddF32: residual (M, n) fp32 contiguous += x W^T + bias; returns it.
 torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& packed, int64_t n, const torch::Tensor& bias,
@@ -100,36 +143,46 @@ torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& packed, int64_
   } else {
     y = torch::empty({m, n}, x.options());
   }
-  const auto* xp = x.data_ptr<at::BFloat16>();
-  const auto* wp = packed.data_ptr<at::BFloat16>();
-  const float* bp = bias.numel() ? bias.data_ptr<float>() : nullptr;
-  void* yp = y.data_ptr();
-  const int64_t row_tiles = (m + kTileM - 1) / kTileM;
-  at::parallel_for(0, panels * row_tiles, 1, [&](int64_t begin, int64_t end) {
-    alignas(64) float acc[kTileM * kPanelN];
-    for (int64_t i = begin; i < end; ++i) {
-      const int64_t p = i / row_tiles, m0 = (i % row_tiles) * kTileM, rows = std::min(kTileM, m - m0);
-      const int64_t n0 = p * kPanelN, cols = std::min(kPanelN, n - n0);
-      at::native::cpublas::brgemm(rows, kPanelN, k, k, kPanelN, kPanelN, false, xp + m0 * k, wp + p * kPanelN * k,
-                                  acc, true);
-      for (int64_t r = 0; r < rows; ++r) {
-        for (int64_t c = 0; c < cols; c += 16) {
-          const __mmask16 mask = cols - c >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (cols - c)) - 1);
-          __m512 v = _mm512_load_ps(acc + r * kPanelN + c);
-          if (bp) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, bp + n0 + c));
-          const int64_t at = (m0 + r) * n + n0 + c;
-          if (epilogue == kAddF32) {
-            float* out = static_cast<float*>(yp) + at;
-            _mm512_mask_storeu_ps(out, mask, _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, out)));
-          } else {
-            if (epilogue == kGeluBf16) v = gelu(v);
-            _mm256_mask_storeu_epi16(static_cast<at::BFloat16*>(yp) + at, mask, to_bf16(v));
-          }
-        }
+  run_tiles(x.data_ptr<at::BFloat16>(), 1, 0, m, k, k, packed.data_ptr<at::BFloat16>(), panels, n,
+            bias.numel() ? bias.data_ptr<float>() : nullptr, epilogue, y.data_ptr());
+  return y;
+}
+
+// Causal conv of `taps` taps as one GEMM, no im2col: x (B, C, n) fp32 laid out time-major (stride(1) == 1),
+// left (B, C, taps - 1) fp32 (the context before x, any strides). Both are rounded to bf16 into one time-major
+// buffer (B, taps - 1 + n, C); output row t's K = taps * C inputs are then the buffer's rows t .. t + taps - 1,
+// which lie side by side: the kernel reads them in place (row stride C, K = taps * C). The weight is packed from
+// (C_out, taps * C) with tap j's channels at [j * C, (j + 1) * C). Returns y (B, n, C_out) fp32 (+ bias).
+torch::Tensor conv(const torch::Tensor& x, const torch::Tensor& left, const torch::Tensor& packed, int64_t n_out,
+                   const torch::Tensor& bias, int64_t taps) {
+  TORCH_CHECK(x.dim() == 3 && x.scalar_type() == at::kFloat && x.stride(1) == 1, "conv: x must be (B, C, n) fp32, time-major");
+  const int64_t b = x.size(0), c = x.size(1), n = x.size(2), ctx = taps - 1, k = taps * c, panels = packed.size(0);
+  TORCH_CHECK(left.dim() == 3 && left.scalar_type() == at::kFloat && left.size(0) == b && left.size(1) == c &&
+              left.size(2) == ctx, "conv: left context must be (B, C, taps - 1) fp32");
+  TORCH_CHECK(packed.size(1) * 2 == k && panels * kPanelN >= n_out, "conv: packed weight does not match x");
+  TORCH_CHECK(bias.numel() == 0 || (bias.numel() == n_out && bias.scalar_type() == at::kFloat), "conv: bad bias");
+  const int64_t len = ctx + n;
+  auto buf = torch::empty({b, len, c}, x.options().dtype(at::kBFloat16));
+  auto* bp = buf.data_ptr<at::BFloat16>();
+  const float* xp = x.data_ptr<float>();
+  const float* lp = left.data_ptr<float>();
+  for (int64_t i = 0; i < b; ++i) {
+    for (int64_t t = 0; t < ctx; ++t)
+      for (int64_t j = 0; j < c; ++j)
+        bp[(i * len + t) * c + j] = at::BFloat16(lp[i * left.stride(0) + j * left.stride(1) + t * left.stride(2)]);
+    for (int64_t t = 0; t < n; ++t) {
+      const float* row = xp + i * x.stride(0) + t * x.stride(2);
+      auto* dst = reinterpret_cast<__m256i*>(bp + (i * len + ctx + t) * c);
+      for (int64_t j = 0; j < c; j += 16) {
+        const __mmask16 mask = c - j >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (c - j)) - 1);
+        _mm256_mask_storeu_epi16(reinterpret_cast<at::BFloat16*>(dst) + j, mask,
+                                 to_bf16(_mm512_maskz_loadu_ps(mask, row + j)));
       }
     }
-    at::native::cpublas::brgemm_release();
-  });
+  }
+  auto y = torch::empty({b, n, n_out}, x.options());
+  run_tiles(bp, b, len * c, n, c, k, packed.data_ptr<at::BFloat16>(), panels, n_out,
+            bias.numel() ? bias.data_ptr<float>() : nullptr, kF32, y.data_ptr());
   return y;
 }
 
@@ -138,6 +191,8 @@ bool usable() { return at::native::cpublas::could_pack(at::kBFloat16); }
 void bind(pybind11::module& m) {
   m.def("bf16_pack", &pack, "W (N, K) bf16 -> panels for bf16_linear");
   m.def("bf16_linear", &linear, "x @ W^T + bias with a fused epilogue (bf16 out, GELU + bf16 out, or += fp32)",
+        pybind11::call_guard<pybind11::gil_scoped_release>());
+  m.def("bf16_conv", &conv, "causal conv as one GEMM over a time-major bf16 copy of its input",
         pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("bf16_usable", &usable, "whether the bf16 tile kernel runs here (AMX)");
 }

@@ -78,5 +78,15 @@ def linear_add_(residual: torch.Tensor, x: torch.Tensor, w: PackedWeight) -> tor
     return ext.bf16_linear(_rows(x), w.panels, w.n, w.bias, _EPILOGUE_ADD_F32, residual)
 
 
+def conv(x: torch.Tensor, left: torch.Tensor, w: PackedWeight, taps: int) -> torch.Tensor:
+    """Causal conv of `taps` taps (weight packed from (C_out, taps * C_in), tap-major): x (B, C_in, n) fp32 and
+    the taps - 1 frames before it, left (B, C_in, taps - 1) fp32 -> (B, C_out, n) fp32 (+ bias), a transposed
+    view of a time-major result. x is read time-major; a channels-first x is transposed once first."""
+    ext = int8_gemv.extension()
+    if x.stride(1) != 1:
+        x = x.transpose(1, 2).contiguous().transpose(1, 2)
+    return ext.bf16_conv(x, left, w.panels, w.n, w.bias, taps).transpose(1, 2)
+
+
 def _rows(x: torch.Tensor) -> torch.Tensor:
     return x.to(torch.bfloat16).contiguous()

@@ -127,12 +127,18 @@ class ComputeWeights:
         gemm = self._gemm(attn, lambda: (torch.cat([attn.to_q.weight, attn.to_k.weight, attn.to_v.weight]), None))
         return self._run(gemm, x)  # weight (3 * H * E, D)
 
-    def conv(self, conv: nn.Conv1d, full: torch.Tensor) -> torch.Tensor:
-        """Valid (unpadded) conv as one GEMM: full (B, C_in, k - 1 + n) -> (B, C_out, n) fp32."""
+    def conv(self, conv: nn.Conv1d, x: torch.Tensor, left: torch.Tensor | None = None) -> torch.Tensor:
+        """Causal conv as one GEMM: x (B, C_in, n), left (B, C_in, k - 1) the frames before it (None: k == 1)
+        -> (B, C_out, n) fp32. Natively (`bf16_gemm.conv`) the taps are read in place from a time-major bf16 copy
+        of (left, x), and the result comes back time-major (a transposed view): the norm after it reads it as is."""
         c_out, c_in, k = conv.weight.shape
-        n = full.shape[2] - k + 1
         # (C_out, C_in, k) -> (C_out, k * C_in) with tap j's channels at [j * C_in, (j + 1) * C_in)
         gemm = self._gemm(conv, lambda: (conv.weight.permute(0, 2, 1).reshape(c_out, k * c_in), conv.bias))
+        if isinstance(gemm, bf16_gemm.PackedWeight):
+            left = x.new_empty(x.shape[0], c_in, 0) if left is None else left
+            return bf16_gemm.conv(x.float(), left.float(), gemm, k)
+        full = x if left is None else torch.cat([left, x], dim=2)
+        n = full.shape[2] - k + 1
         src = full.transpose(1, 2)  # (B, k - 1 + n, C_in)
         cols = src if k == 1 else torch.cat([src[:, j : j + n] for j in range(k)], dim=2)  # (B, n, k * C_in)
         y = self._run(gemm, cols.reshape(-1, k * c_in))  # (B * n, C_out)
@@ -222,20 +228,18 @@ class _ChunkRun:
                 if len(c.tails) == i:
                     c.tails.append(zero)
         left = torch.cat([c.tails[i].to(x.dtype) for c in self.caches])  # (2R, C, ctx), request-major
-        full = torch.cat([left, x], dim=2)  # (2R, C, ctx + n)
         if all(self.keeps) and all(m == self.lens[0] for m in self.lens):  # one copy, a view per request
-            m = self.lens[0]
-            tails = full[:, :, m : m + ctx].clone()
+            tails = _tail(left, x, self.lens[0])
             for r, c in enumerate(self.caches):
                 c.tails[i] = tails[2 * r : 2 * r + 2]
         else:
             for r, c in enumerate(self.caches):
                 if self.keeps[r]:
-                    m = self.lens[r]
-                    c.tails[i] = full[2 * r : 2 * r + 2, :, m : m + ctx].clone()
+                    pair = slice(2 * r, 2 * r + 2)
+                    c.tails[i] = _tail(left[pair], x[pair], self.lens[r])
         if self.compute is None:
-            return F.conv1d(full, conv.weight, conv.bias)
-        return self.compute.conv(conv, full)
+            return F.conv1d(torch.cat([left, x], dim=2), conv.weight, conv.bias)
+        return self.compute.conv(conv, x, left)
 
     def _own_bias(self, rows: int, n: int, width: int, starts: list[int], firsts: list[int], uniform: bool,
                   like: torch.Tensor) -> torch.Tensor | None:
@@ -446,6 +450,15 @@ class _ChunkRun:
                     s[i] = self._stored(own[pair, :, : held + m])
             out.append(own)
         return out[0], out[1]
+
+
+def _tail(left: torch.Tensor, x: torch.Tensor, m: int) -> torch.Tensor:
+    """The last ctx frames before frame m of (left context, x): left (B, C, ctx), x (B, C, n) -> a new (B, C, ctx)
+    tensor (the next chunk's left context)."""
+    ctx = left.shape[2]
+    if m >= ctx:
+        return x[:, :, m - ctx : m].clone()
+    return torch.cat([left[:, :, m:], x[:, :, :m]], dim=2)
 
 
 def _one_call(q: torch.Tensor) -> bool:
