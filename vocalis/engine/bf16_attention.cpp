@@ -20,78 +20,98 @@ constexpr int64_t kQueryTile = 64;  // queries per tile (the tile kernel takes a
 
 inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
-// k^T as the kernel's B operand: per panel of 64 keys, [E / 2][64] 32-bit pairs (k[l][2j], k[l][2j + 1]),
-// gathered 16 keys at a time; keys from `need` to `padded` zero. `ld` is the key row stride in bf16 (even).
-inline void pack_keys(const at::BFloat16* k, int64_t ld, int64_t need, int64_t padded, int64_t E, uint32_t* out) {
-  const auto* k32 = reinterpret_cast<const int32_t*>(k);
-  const __m512i rows = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                          _mm512_set1_epi32(static_cast<int32_t>(ld / 2)));
-  for (int64_t l0 = 0; l0 < padded; l0 += 16) {
-    const int64_t left = need - l0;
-    const __mmask16 m = left >= 16 ? __mmask16(0xFFFF) : left <= 0 ? __mmask16(0) : __mmask16((1u << left) - 1);
-    uint32_t* dst = out + (l0 / kKeyPanel) * (E / 2) * kKeyPanel + l0 % kKeyPanel;
-    const int32_t* src = k32 + (m ? l0 * (ld / 2) : 0);
-    for (int64_t j = 0; j < E / 2; ++j) {
-      const __m512i g = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m, rows, src + j, 4);
-      _mm512_storeu_si512(dst + j * kKeyPanel, g);
-    }
-  }
-}
-
 inline __mmask16 first(int64_t count) {  // lanes [0, count) of 16
   return count >= 16 ? __mmask16(0xFFFF) : count <= 0 ? __mmask16(0) : __mmask16((1u << count) - 1);
 }
 
+// One stretch of a row's keys and values: rows [0, len) of k/v (batches, H, len, E) at the given strides (in
+// elements; row strides even), batch row b reading batch b % batches (a prefix shared by request pairs).
+struct Segment {
+  const at::BFloat16* k;
+  const at::BFloat16* v;
+  int64_t kb, kh, kl, vb, vh, vl;
+  int64_t batches, len;
+};
+
+Segment segment_of(const torch::Tensor& k, const torch::Tensor& v) {
+  TORCH_CHECK(k.dim() == 4 && v.sizes() == k.sizes() && k.scalar_type() == at::kBFloat16 &&
+              v.scalar_type() == at::kBFloat16 && k.stride(3) == 1 && v.stride(3) == 1 && k.stride(2) % 2 == 0,
+              "attention: keys/values must be equal-shaped 4-D bf16, last dim contiguous, even row strides");
+  return {k.data_ptr<at::BFloat16>(), v.data_ptr<at::BFloat16>(), k.stride(0), k.stride(1), k.stride(2),
+          v.stride(0), v.stride(1), v.stride(2), k.size(0), k.size(2)};
+}
+
+// Where the attention reads and writes: q (B, H, n, E) at strides qb/qh/qi; out at strides ob/oh/oi; lse
+// (B, H, n) fp32 or null; limits (1 or B rows of n) or null.
+struct Problem {
+  const at::BFloat16* q;
+  int64_t qb, qh, qi;
+  std::vector<Segment> segments;
+  const int32_t* limits;
+  int64_t lim_row;
+  at::BFloat16* out;
+  int64_t ob, oh, oi;
+  float* lse;
+  int64_t B, H, n, E, L;
+  float scale;
+};
+
+// k^T as the kernel's B operand: per panel of 64 keys, [E / 2][64] 32-bit pairs (k[l][2j], k[l][2j + 1]).
+// Rows [0, need) come from the segments, gathered up to 16 at a time (never across a panel), rows [need,
+// padded) are zero.
+inline void pack_keys(const Problem& pr, int64_t b, int64_t h, int64_t need, int64_t padded, uint32_t* out) {
+  const int64_t half = pr.E / 2;
+  const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  int64_t l = 0;
+  for (const Segment& sg : pr.segments) {
+    const auto* base = reinterpret_cast<const int32_t*>(sg.k + (b % sg.batches) * sg.kb + h * sg.kh);
+    const __m512i rows = _mm512_mullo_epi32(lane, _mm512_set1_epi32(static_cast<int32_t>(sg.kl / 2)));
+    for (int64_t r = 0; r < sg.len && l < need;) {
+      const int64_t run = std::min({int64_t(16), sg.len - r, need - l, kKeyPanel - l % kKeyPanel});
+      const __mmask16 m = first(run);
+      uint32_t* dst = out + (l / kKeyPanel) * half * kKeyPanel + l % kKeyPanel;
+      const int32_t* src = base + r * (sg.kl / 2);
+      for (int64_t j = 0; j < half; ++j)
+        _mm512_mask_storeu_epi32(dst + j * kKeyPanel, m,
+                                 _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m, rows, src + j, 4));
+      r += run;
+      l += run;
+    }
+  }
+  for (; l < padded;) {
+    const int64_t run = std::min(int64_t(16), kKeyPanel - l % kKeyPanel);
+    uint32_t* dst = out + (l / kKeyPanel) * half * kKeyPanel + l % kKeyPanel;
+    for (int64_t j = 0; j < half; ++j) _mm512_mask_storeu_epi32(dst + j * kKeyPanel, first(run), _mm512_setzero_si512());
+    l += run;
+  }
+}
+
 // v as the kernel's B operand: [L / 2][Ep] 32-bit pairs (v[2i][e], v[2i + 1][e]), Ep = E rounded up to 16;
 // keys from `need` and values from E zero.
-inline void pack_values(const at::BFloat16* v, int64_t ld, int64_t need, int64_t padded, int64_t E, int64_t Ep,
+inline void pack_values(const Problem& pr, int64_t b, int64_t h, int64_t need, int64_t padded, int64_t Ep,
                         uint32_t* out) {
+  std::vector<const at::BFloat16*> rows;  // every key row's values, in order
+  rows.reserve(need);
+  for (const Segment& sg : pr.segments) {
+    const at::BFloat16* base = sg.v + (b % sg.batches) * sg.vb + h * sg.vh;
+    for (int64_t r = 0; r < sg.len && static_cast<int64_t>(rows.size()) < need; ++r) rows.push_back(base + r * sg.vl);
+  }
   for (int64_t l = 0; l < padded; l += 2) {
-    const at::BFloat16* r0 = v + l * ld;
-    const at::BFloat16* r1 = v + (l + 1) * ld;
     for (int64_t e = 0; e < Ep; e += 16) {
-      const __mmask16 m = first(E - e);
-      const __m256i a = _mm256_maskz_loadu_epi16(l < need ? m : __mmask16(0), r0 + e);
-      const __m256i b = _mm256_maskz_loadu_epi16(l + 1 < need ? m : __mmask16(0), r1 + e);
-      const __m512i pair = _mm512_or_si512(_mm512_cvtepu16_epi32(a), _mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16));
+      const __mmask16 m = first(pr.E - e);
+      const __m256i a = _mm256_maskz_loadu_epi16(l < need ? m : __mmask16(0), l < need ? rows[l] + e : nullptr);
+      const __m256i c = _mm256_maskz_loadu_epi16(l + 1 < need ? m : __mmask16(0), l + 1 < need ? rows[l + 1] + e : nullptr);
+      const __m512i pair = _mm512_or_si512(_mm512_cvtepu16_epi32(a), _mm512_slli_epi32(_mm512_cvtepu16_epi32(c), 16));
       _mm512_storeu_si512(out + (l / 2) * Ep + e, pair);
     }
   }
 }
 
-// q (B, H, n, E), k and v (B, H, L, E): bf16, last dim contiguous, any other strides (key rows at even
-// offsets); E even, at most 64.
-// limits: int32 (1 or B, n), keys [0, limit) visible to each query (clamped to L), or empty (all visible).
-// Returns out bf16, (B, H, n, E) when heads_first else (B, n, H, E), and lse fp32 (B, H, n).
-std::vector<torch::Tensor> attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                                     const torch::Tensor& limits, double scale, bool heads_first) {
-  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "attention: q, k, v must be 4-D");
-  for (const auto* t : {&q, &k, &v})
-    TORCH_CHECK(t->scalar_type() == at::kBFloat16 && t->stride(3) == 1, "attention: bf16, last dim contiguous");
-  const int64_t B = q.size(0), H = q.size(1), n = q.size(2), E = q.size(3), L = k.size(2);
-  TORCH_CHECK(E % 2 == 0 && E <= 64 && k.stride(2) % 2 == 0, "attention: head size must be even and <= 64, got ", E);
+// The attention of one problem over the thread pool, one (batch row, head) per work item.
+void run(const Problem& pr) {
+  const int64_t B = pr.B, H = pr.H, n = pr.n, E = pr.E, L = pr.L;
   const int64_t Ep = (E + 15) / 16 * 16;  // the value panel's width
-  TORCH_CHECK(k.size(0) == B && k.size(1) == H && k.size(3) == E && v.sizes() == k.sizes(), "attention: shapes");
-  const bool limited = limits.numel() > 0;
-  int64_t lim_row = 0;
-  if (limited) {
-    TORCH_CHECK(limits.scalar_type() == at::kInt && limits.dim() == 2 && limits.size(1) == n &&
-                (limits.size(0) == 1 || limits.size(0) == B) && limits.is_contiguous(), "attention: limits");
-    lim_row = limits.size(0) == 1 ? 0 : n;
-  }
-  auto out = heads_first ? torch::empty({B, H, n, E}, q.options()) : torch::empty({B, n, H, E}, q.options());
-  auto lse = torch::empty({B, H, n}, q.options().dtype(at::kFloat));
-  const auto* qp = q.data_ptr<at::BFloat16>();
-  const auto* kp = k.data_ptr<at::BFloat16>();
-  const auto* vp = v.data_ptr<at::BFloat16>();
-  const int32_t* lp = limited ? limits.data_ptr<int32_t>() : nullptr;
-  auto* op = out.data_ptr<at::BFloat16>();
-  float* lsep = lse.data_ptr<float>();
-  // out strides for (b, h, i); the head's E values are contiguous either way
-  const int64_t os_b = n * H * E, os_h = heads_first ? n * E : E, os_i = heads_first ? E : H * E;
   const int64_t Lk = round_up(std::max<int64_t>(L, 1), kKeyPanel);
-  const float fscale = static_cast<float>(scale);
-
   at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
     // per-thread scratch, kept between calls (grown, never shrunk): no allocation or zeroing per call
     thread_local std::vector<at::BFloat16> kt, vt, pw;
@@ -101,18 +121,16 @@ std::vector<torch::Tensor> attention(const torch::Tensor& q, const torch::Tensor
     if (acc.empty()) acc.resize(kQueryTile * 64), sums.resize(kQueryTile);
     for (int64_t bh = begin; bh < end; ++bh) {
       const int64_t b = bh / H, h = bh % H;
-      const at::BFloat16* qb = qp + b * q.stride(0) + h * q.stride(1);
-      const at::BFloat16* kb = kp + b * k.stride(0) + h * k.stride(1);
-      const at::BFloat16* vb = vp + b * v.stride(0) + h * v.stride(1);
-      const int32_t* lim = lp ? lp + b * lim_row : nullptr;
+      const at::BFloat16* qb = pr.q + b * pr.qb + h * pr.qh;
+      const int32_t* lim = pr.limits ? pr.limits + b * pr.lim_row : nullptr;
       auto limit = [&](int64_t i) -> int64_t {
         return lim ? std::min<int64_t>(std::max<int32_t>(lim[i], 0), L) : L;
       };
       int64_t need = 0;  // keys any query of this row sees
       for (int64_t i = 0; i < n; ++i) need = std::max(need, limit(i));
       const int64_t need_k = round_up(need, kKeyPanel);
-      pack_keys(kb, k.stride(2), need, need_k, E, reinterpret_cast<uint32_t*>(kt.data()));
-      pack_values(vb, v.stride(2), need, need_k, E, Ep, reinterpret_cast<uint32_t*>(vt.data()));
+      pack_keys(pr, b, h, need, need_k, reinterpret_cast<uint32_t*>(kt.data()));
+      pack_values(pr, b, h, need, need_k, Ep, reinterpret_cast<uint32_t*>(vt.data()));
       for (int64_t i0 = 0; i0 < n; i0 += kQueryTile) {
         const int64_t mq = std::min(kQueryTile, n - i0);
         int64_t tile_need = 0;
@@ -120,7 +138,7 @@ std::vector<torch::Tensor> attention(const torch::Tensor& q, const torch::Tensor
         const int64_t lt = std::max<int64_t>(round_up(tile_need, kKeyPanel), kKeyPanel);
         if (tile_need > 0) {
           for (int64_t p = 0; p < lt / kKeyPanel; ++p)
-            at::native::cpublas::brgemm(mq, kKeyPanel, E, q.stride(2), kKeyPanel, lt, false, qb + i0 * q.stride(2),
+            at::native::cpublas::brgemm(mq, kKeyPanel, E, pr.qi, kKeyPanel, lt, false, qb + i0 * pr.qi,
                                         kt.data() + p * kKeyPanel * E, s.data() + p * kKeyPanel, true);
         }
         for (int64_t r = 0; r < mq; ++r) {
@@ -130,37 +148,36 @@ std::vector<torch::Tensor> attention(const torch::Tensor& q, const torch::Tensor
           if (lim_r == 0) {
             std::fill(prow, prow + lt, uint16_t(0));
             sums[r] = 0.0f;
-            lsep[(b * H + h) * n + i0 + r] = -1.0e10f;
+            if (pr.lse) pr.lse[(b * H + h) * n + i0 + r] = -1.0e10f;
             continue;
           }
           __m512 vmax = _mm512_set1_ps(-INFINITY);
           for (int64_t l = 0; l < lim_r; l += 16) {
-            const __mmask16 m = lim_r - l >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (lim_r - l)) - 1);
+            const __mmask16 m = first(lim_r - l);
             vmax = _mm512_mask_max_ps(vmax, m, vmax, _mm512_maskz_loadu_ps(m, srow + l));
           }
-          const float mx = _mm512_reduce_max_ps(vmax) * fscale;
-          const __m512 vscale = _mm512_set1_ps(fscale), vmx = _mm512_set1_ps(mx);
+          const float mx = _mm512_reduce_max_ps(vmax) * pr.scale;
+          const __m512 vscale = _mm512_set1_ps(pr.scale), vmx = _mm512_set1_ps(mx);
           __m512 vsum = _mm512_setzero_ps(), vexact = _mm512_setzero_ps();
           for (int64_t l = round_up(lim_r, 16); l < lt; l += 16)
             _mm256_storeu_si256(reinterpret_cast<__m256i*>(prow + l), _mm256_setzero_si256());
           for (int64_t l = 0; l < lim_r; l += 16) {
-            const int64_t left = lim_r - l;
-            const __mmask16 m = left >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1);
+            const __mmask16 m = first(lim_r - l);
             __m512 e = bf16gemm::exp_neg(_mm512_fmsub_ps(_mm512_maskz_loadu_ps(m, srow + l), vscale, vmx));
             e = _mm512_maskz_mov_ps(m, e);
             vexact = _mm512_add_ps(vexact, e);
-            // the sum of the weights as rounded (p v uses them rounded): normalization matches the weights used
+            // the weights are rounded for p v: normalize by the sum of the rounded ones
             const __m256i eb = bf16gemm::to_bf16(e);
             vsum = _mm512_add_ps(vsum, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(eb), 16)));
             _mm256_storeu_si256(reinterpret_cast<__m256i*>(prow + l), eb);
           }
           sums[r] = _mm512_reduce_add_ps(vsum);
-          lsep[(b * H + h) * n + i0 + r] = mx + std::log(_mm512_reduce_add_ps(vexact));
+          if (pr.lse) pr.lse[(b * H + h) * n + i0 + r] = mx + std::log(_mm512_reduce_add_ps(vexact));
         }
         if (tile_need > 0)
           at::native::cpublas::brgemm(mq, Ep, lt, lt, Ep, Ep, false, pw.data(), vt.data(), acc.data(), true);
         for (int64_t r = 0; r < mq; ++r) {
-          at::BFloat16* dst = op + b * os_b + h * os_h + (i0 + r) * os_i;
+          at::BFloat16* dst = pr.out + b * pr.ob + h * pr.oh + (i0 + r) * pr.oi;
           const __m512 inv = _mm512_set1_ps(sums[r] > 0.0f ? 1.0f / sums[r] : 0.0f);
           for (int64_t e = 0; e < E; e += 16) {
             const __m512 o = sums[r] > 0.0f ? _mm512_mul_ps(_mm512_loadu_ps(acc.data() + r * Ep + e), inv)
@@ -172,6 +189,44 @@ std::vector<torch::Tensor> attention(const torch::Tensor& q, const torch::Tensor
     }
     at::native::cpublas::brgemm_release();
   });
+}
+
+// Checks limits (int32 (1 or B, n) contiguous, or empty) and returns (pointer or null, row stride).
+std::pair<const int32_t*, int64_t> limits_of(const torch::Tensor& limits, int64_t B, int64_t n) {
+  if (limits.numel() == 0) return {nullptr, 0};
+  TORCH_CHECK(limits.scalar_type() == at::kInt && limits.dim() == 2 && limits.size(1) == n &&
+              (limits.size(0) == 1 || limits.size(0) == B) && limits.is_contiguous(), "attention: limits");
+  return {limits.data_ptr<int32_t>(), limits.size(0) == 1 ? 0 : n};
+}
+
+// q (B, H, n, E) bf16, last dim contiguous, any other strides; keys/values: the concatenation along dim 2 of
+// the segments (k_i, v_i), each (B or a divisor of B, H, L_i, E); E even, at most 64.
+// limits: int32 (1 or B, n), keys [0, limit) visible to each query (clamped to L), or empty (all visible).
+// Returns out bf16, (B, H, n, E) when heads_first else (B, n, H, E), and lse fp32 (B, H, n).
+std::vector<torch::Tensor> attention(const torch::Tensor& q, const std::vector<torch::Tensor>& ks,
+                                     const std::vector<torch::Tensor>& vs, const torch::Tensor& limits, double scale,
+                                     bool heads_first) {
+  TORCH_CHECK(q.dim() == 4 && q.scalar_type() == at::kBFloat16 && q.stride(3) == 1, "attention: q (B, H, n, E) bf16");
+  const int64_t B = q.size(0), H = q.size(1), n = q.size(2), E = q.size(3);
+  TORCH_CHECK(E % 2 == 0 && E <= 64, "attention: head size must be even and <= 64, got ", E);
+  TORCH_CHECK(!ks.empty() && ks.size() == vs.size(), "attention: one value tensor per key tensor");
+  Problem pr{q.data_ptr<at::BFloat16>(), q.stride(0), q.stride(1), q.stride(2), {}, nullptr, 0, nullptr, 0, 0, 0,
+             nullptr, B, H, n, E, 0, static_cast<float>(scale)};
+  for (size_t i = 0; i < ks.size(); ++i) {
+    Segment sg = segment_of(ks[i], vs[i]);
+    TORCH_CHECK(B % sg.batches == 0 && ks[i].size(1) == H && ks[i].size(3) == E, "attention: key shapes");
+    pr.L += sg.len;
+    pr.segments.push_back(sg);
+  }
+  std::tie(pr.limits, pr.lim_row) = limits_of(limits, B, n);
+  auto out = heads_first ? torch::empty({B, H, n, E}, q.options()) : torch::empty({B, n, H, E}, q.options());
+  auto lse = torch::empty({B, H, n}, q.options().dtype(at::kFloat));
+  pr.out = out.data_ptr<at::BFloat16>();
+  pr.ob = n * H * E;
+  pr.oh = heads_first ? n * E : E;
+  pr.oi = heads_first ? E : H * E;
+  pr.lse = lse.data_ptr<float>();
+  run(pr);
   return {out, lse};
 }
 

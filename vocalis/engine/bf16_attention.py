@@ -34,11 +34,14 @@ def limits_of(bias: torch.Tensor) -> torch.Tensor:
     return (bias[:, 0] == 0).sum(-1, dtype=torch.int32).contiguous()
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, limits: torch.Tensor | None,
-           heads_first: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-    """q (B, H, n, E), k, v (B, H, L, E) bf16 (last dim contiguous), limits (1 or B, n) int32 or None (every key
-    visible) -> out (B, H, n, E) when heads_first else (B, n, H, E), and log-sum-exp (B, H, n) fp32."""
+def attend(q: torch.Tensor, k: torch.Tensor | list[torch.Tensor], v: torch.Tensor | list[torch.Tensor],
+           limits: torch.Tensor | None, heads_first: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """q (B, H, n, E), k, v (B, H, L, E) bf16 (last dim contiguous), or lists of such pieces whose concatenation
+    along dim 2 are the keys and values (a piece may have fewer batch rows, a divisor of B: row b reads row
+    b % rows, as a voice prefix shared by request pairs); limits (1 or B, n) int32 or None (every key visible)
+    -> out (B, H, n, E) when heads_first else (B, n, H, E), and log-sum-exp (B, H, n) fp32."""
     ext = int8_gemv.extension()
-    out, lse = ext.bf16_attention(q, k, v, _ALL_VISIBLE if limits is None else limits, q.shape[-1] ** -0.5,
+    ks, vs = (k, v) if isinstance(k, list) else ([k], [v])
+    out, lse = ext.bf16_attention(q, ks, vs, _ALL_VISIBLE if limits is None else limits, q.shape[-1] ** -0.5,
                                   heads_first)
     return out, lse

@@ -23,6 +23,7 @@ import os
 from dataclasses import dataclass
 
 import torch
+from torch import nn
 
 from vocalis.engine import int8_gemv
 from vocalis.engine.backends import has_amx
@@ -30,6 +31,7 @@ from vocalis.engine.backends import has_amx
 _EPILOGUE_BF16, _EPILOGUE_GELU_BF16, _EPILOGUE_ADD_F32 = 0, 1, 2
 _NO_BIAS = torch.empty(0)
 _NO_RESIDUAL = torch.empty(0)
+_NO_LIMITS = torch.empty(0, dtype=torch.int32)
 _available: bool | None = None
 
 
@@ -76,6 +78,39 @@ def linear_add_(residual: torch.Tensor, x: torch.Tensor, w: PackedWeight) -> tor
     """residual (M, N) fp32 contiguous += x (M, K) @ W^T + bias, in place; returns residual."""
     ext = int8_gemv.extension()
     return ext.bf16_linear(_rows(x), w.panels, w.n, w.bias, _EPILOGUE_ADD_F32, residual)
+
+
+@dataclass(frozen=True)
+class BlockWeights:
+    """What the one-call transformer block (bf16_block.cpp) reads: the two norms (fp32 weights, biases, eps), the
+    head layout, and the packed q/k/v (no bias), output projection and feed-forward GEMMs."""
+
+    norm1: nn.LayerNorm
+    norm3: nn.LayerNorm
+    heads: int
+    head_dim: int
+    qkv: PackedWeight
+    out: PackedWeight
+    ff1: PackedWeight
+    ff2: PackedWeight
+
+
+def transformer_block(x: torch.Tensor, w: BlockWeights, cached_k: list[torch.Tensor], cached_v: list[torch.Tensor],
+                      limits: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """x (B, n, D) fp32 contiguous += attention(norm1(x)), then += feed-forward(norm3(x)), in place (bf16_block.cpp).
+    The new frames attend over cached_k/cached_v (pieces (B or a divisor of B, H, L_i, E) bf16, in order) and
+    their own keys, each frame the keys [0, limit) (limits (1 or B, n) int32; None: all) -> the new frames' keys
+    and values, (B, H, n, E) bf16 each."""
+    ext = int8_gemv.extension()
+    n1, n3 = w.norm1, w.norm3
+    return ext.bf16_block(x, n1.weight, n1.bias, n1.eps, w.qkv.panels, w.heads, w.head_dim, w.out.panels,
+                          _bias(w.out), n3.weight, n3.bias, n3.eps, w.ff1.panels, _bias(w.ff1), w.ff1.n,
+                          w.ff2.panels, _bias(w.ff2), cached_k, cached_v,
+                          _NO_LIMITS if limits is None else limits)
+
+
+def _bias(w: PackedWeight) -> torch.Tensor:
+    return w.bias if w.bias.numel() else torch.zeros(w.n)
 
 
 def conv(x: torch.Tensor, left: torch.Tensor, w: PackedWeight, taps: int) -> torch.Tensor:

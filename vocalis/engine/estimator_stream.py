@@ -39,7 +39,7 @@ from vocalis.engine.backends import has_amx
 from vocalis.errors import InputError
 from vocalis.models.flow.cfm import CausalConditionalCFM, cosine_time_grid
 from vocalis.models.flow.estimator import CausalBlock1D, CausalConditionalDecoder, CausalResnetBlock1D
-from vocalis.models.flow.transformer import SelfAttention
+from vocalis.models.flow.transformer import BasicTransformerBlock, SelfAttention
 
 _MASK_BIAS = -1.0e10  # the estimator's additive mask value
 # a layer's weights as its GEMM takes them: packed for the native bf16 GEMM, or (weight, bias) for torch's
@@ -73,7 +73,8 @@ class ComputeWeights:
         # faster one, and q/k/v, the bf16 key/value caches and the output projection's input stay bf16 (no
         # casts). Elsewhere (AVX512-BF16 alone) the CPU's fp32 attention kernel is the faster; GPUs keep fp32.
         self.reduced_attention = dtype == torch.bfloat16 and has_amx()
-        self._cache: dict[int, tuple[nn.Module, tuple[torch.Tensor, torch.Tensor | None]]] = {}
+        self._cache: dict[int, tuple[nn.Module, Gemm]] = {}
+        self._blocks: dict[int, tuple[nn.Module, bf16_gemm.BlockWeights | None]] = {}
 
     def _gemm(self, key: nn.Module, weights: Callable[[], tuple[torch.Tensor, torch.Tensor | None]]
               ) -> Gemm:
@@ -121,6 +122,27 @@ class ComputeWeights:
             bf16_gemm.linear_add_(residual.view(-1, residual.shape[-1]), x.reshape(-1, x.shape[-1]), gemm)
             return residual
         return residual + self._run(gemm, x.reshape(-1, x.shape[-1])).view(*x.shape[:-1], -1)
+
+    def block_weights(self, block: BasicTransformerBlock) -> bf16_gemm.BlockWeights | None:
+        """A transformer block's weights for `bf16_gemm`'s one-call block (packed GEMMs, fp32 norms and biases),
+        or None where it cannot run it (not native, no affine norms, biased q/k/v, an odd or over-64 head size)."""
+        hit = self._blocks.get(id(block))
+        if hit is not None and hit[0] is block:
+            return hit[1]
+        attn, ff_in, ff_out = block.attn1, block.ff.net[0].proj, block.ff.net[2]
+        weights = None
+        if (self.native is not False and self.kind == torch.bfloat16 and attn.head_dim % 2 == 0
+                and attn.head_dim <= 64 and all(m.bias is None for m in (attn.to_q, attn.to_k, attn.to_v))
+                and all(norm.weight is not None and norm.bias is not None for norm in (block.norm1, block.norm3))):
+            packed = (self._gemm(attn, lambda: (torch.cat([attn.to_q.weight, attn.to_k.weight, attn.to_v.weight]),
+                                                None)),
+                      *(self._gemm(m, lambda m=m: (m.weight, m.bias)) for m in (attn.to_out[0], ff_in, ff_out)))
+            if all(isinstance(g, bf16_gemm.PackedWeight) for g in packed):
+                qkv, out, ff1, ff2 = packed
+                weights = bf16_gemm.BlockWeights(block.norm1, block.norm3, attn.num_heads, attn.head_dim, qkv, out,
+                                                 ff1, ff2)
+        self._blocks[id(block)] = (block, weights)
+        return weights
 
     def qkv(self, attn: SelfAttention, x: torch.Tensor) -> torch.Tensor:
         """Fused (bias-free) q/k/v projections: x (M, D) -> (M, 3 * H * E) in the compute dtype."""
@@ -216,6 +238,7 @@ class _ChunkRun:
         # the attention mask of the call, built by the first transformer block: (additive bias, or None when it
         # hides nothing; the same as per-query key limits for `bf16_attention`, None where that does not run)
         self._mask: tuple[torch.Tensor | None, torch.Tensor | None] | None = None
+        self._limits: tuple[torch.Tensor | None] | None = None  # the same as key limits, for `block`
 
     def conv(self, conv: nn.Conv1d, x: torch.Tensor) -> torch.Tensor:
         """Causal conv x (2R, C, n) -> (2R, C_out, n), left context from the caches."""
@@ -294,6 +317,39 @@ class _ChunkRun:
         if self.compute is None:
             return residual + attn.to_out[1](attn.to_out[0](result))
         return self.compute.linear_add_(residual, attn.to_out[0], result)  # to_out[1]: dropout, identity in eval
+
+    def one_layout(self, n: int) -> bool:
+        """Whether this call's requests share one key layout (one request, or a uniform batch): what `block` and
+        the one-sequence attention need."""
+        return len(self.caches) == 1 or self._uniform([c.num_frames for c in self.caches], n)
+
+    def block(self, w: bf16_gemm.BlockWeights, x: torch.Tensor) -> None:
+        """One transformer block in one native call (`bf16_block.cpp`): x (2R, n, D) fp32 contiguous, updated in
+        place; the new frames' keys/values extend the caches (when kept). Requests of one layout (`one_layout`):
+        each attends over (its voice prefix, its own cached frames, the new frames) under the block-causal limits,
+        the prefix and the cached frames read where they lie."""
+        i = self.block_index
+        self.block_index += 1
+        rows, n, _ = x.shape
+        c0 = self.caches[0]
+        p, start = _prefix_frames(c0), c0.num_frames
+        cached_k, cached_v, own_k, own_v = [], [], None, None
+        if p:
+            cached_k.append(c0.prefix.keys[i].to(torch.bfloat16))  # (2, H, p, E): row b reads b % 2
+            cached_v.append(c0.prefix.values[i].to(torch.bfloat16))
+        if start > p:
+            own_k, own_v = ((s[0][i] if rows == 2 else torch.cat([s_[i] for s_ in s])).to(torch.bfloat16)
+                            for s in ([c.keys for c in self.caches], [c.values for c in self.caches]))
+            cached_k.append(own_k)
+            cached_v.append(own_v)
+        if self._limits is None:
+            self._limits = (_block_limits(start, n, self.chunk),)
+        k_new, v_new = bf16_gemm.transformer_block(x, w, cached_k, cached_v, self._limits[0])
+        self._new_own(i, k_new)
+        if self.keeps[0]:  # the cache holds each request's own frames: earlier ones, then these
+            kept_k, kept_v = (self._stored_new(new, own) for new, own in ((k_new, own_k), (v_new, own_v)))
+            for r, c in enumerate(self.caches):
+                c.keys[i], c.values[i] = kept_k[2 * r : 2 * r + 2], kept_v[2 * r : 2 * r + 2]
 
     def _attention_whole(self, i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Requests of one layout (one alone: every chunk of a lone stream, its first the latency case; or a
@@ -401,6 +457,12 @@ class _ChunkRun:
         """A fresh contiguous copy of t in the cache dtype (never a view: t may alias a whole-batch buffer)."""
         return t.to(dtype=self.cache_dtype or t.dtype, memory_format=torch.contiguous_format, copy=True)
 
+    def _stored_new(self, new: torch.Tensor, own: torch.Tensor | None) -> torch.Tensor:
+        """The cache tensor of (own cached frames, new frames): a fresh `new` in the cache dtype is kept as is."""
+        if own is None and new.dtype == (self.cache_dtype or new.dtype):
+            return new
+        return self._stored(new if own is None else torch.cat([own, new], dim=2))
+
     def _new_own(self, i: int, k: torch.Tensor) -> None:
         """Empty own key/value caches for block i of requests on their first chunk."""
         for c in self.caches:
@@ -450,6 +512,14 @@ class _ChunkRun:
                     s[i] = self._stored(own[pair, :, : held + m])
             out.append(own)
         return out[0], out[1]
+
+
+def _block_limits(start: int, n: int, chunk: int) -> torch.Tensor | None:
+    """Keys visible to each of n new frames from absolute frame `start` over all of a request's keys: up to its
+    block's end, (1, n) int32; None when every query sees every key (the new frames lie in one block)."""
+    qi = torch.arange(start, start + n)
+    limit = torch.clamp((qi // chunk + 1) * chunk, max=start + n)
+    return None if int(limit.min()) >= start + n else limit.to(torch.int32)[None]
 
 
 def _tail(left: torch.Tensor, x: torch.Tensor, m: int) -> torch.Tensor:
@@ -532,6 +602,11 @@ def _transformers(run: _ChunkRun, blocks: nn.ModuleList, h: torch.Tensor) -> tor
     x = h.transpose(1, 2)  # (2R, n, D), the residual stream
     if run.compute is not None:  # which may be added into in place: a copy of its own (h stays as it is)
         x = x.clone(memory_format=torch.contiguous_format)
+        weights = [run.compute.block_weights(block) for block in blocks]
+        if run.one_layout(x.shape[1]) and all(w is not None for w in weights):
+            for w in weights:
+                run.block(w, x)
+            return x.transpose(1, 2)
     for block in blocks:
         x = run.attention(block.attn1, block.norm1(x), x)
         if run.compute is None:

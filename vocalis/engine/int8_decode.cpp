@@ -715,4 +715,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   bind_stack<DecodeStack<F32Operand>>(m, "F32DecodeStack");  // fp32 weights
   bf16gemm::bind(m);  // the estimator's bf16 GEMM (bf16_gemm.cpp)
   bf16attn::bind(m);  // and its bf16 attention (bf16_attention.cpp)
+  bf16block::bind(m);  // and a whole transformer block of it (bf16_block.cpp)
 }
