@@ -253,6 +253,7 @@ def test_engine_reduced_compute_error(reference, precision: str, kind: object, b
     (mel,), engine = _engine_mels(model, native=native)
     assert engine.compute is not None and engine.compute.kind == kind
     assert any(isinstance(g[1], PackedWeight) for g in engine.compute._cache.values()) == native
+    assert any(w is not None for _, w in engine.compute._blocks.values()) == native  # one-call blocks
     (plain,), plain_engine = _engine_mels(model, compute="modules")
     assert plain_engine.compute is None
     scale = ref.abs().max()

@@ -69,3 +69,22 @@ def test_limits_of_block_causal_bias() -> None:
     limit = (qi // 50 + 1) * 50
     bias = torch.where(torch.arange(200)[None] < limit[:, None], 0.0, -1e10)[None, None]  # (1, 1, n, L)
     assert torch.equal(bf16_attention.limits_of(bias), limit[None].int())
+
+
+def test_key_pieces_equal_one_sequence() -> None:
+    """Keys/values given as pieces (a prefix with 2 batch rows shared by request pairs, then per-row pieces, one
+    of them strided) equal the same keys laid out as one sequence."""
+    g = torch.Generator().manual_seed(11)
+    B, H, n, E = 6, 2, 9, 64
+    q = torch.randn(B, H, n, E, generator=g).bfloat16()
+    prefix_k, prefix_v = (torch.randn(2, H, 13, E, generator=g).bfloat16() for _ in range(2))
+    own_k, own_v = (torch.randn(B, H, 7, E, generator=g).bfloat16() for _ in range(2))
+    new = torch.randn(B, n, 2, H, E, generator=g).bfloat16()
+    new_k, new_v = new[:, :, 0].transpose(1, 2), new[:, :, 1].transpose(1, 2)  # strided views
+    limits = torch.randint(1, 13 + 7 + n + 1, (B, n), generator=g, dtype=torch.int32)
+    out, lse = bf16_attention.attend(q, [prefix_k, own_k, new_k], [prefix_v, own_v, new_v], limits)
+    whole_k = torch.cat([prefix_k.repeat(B // 2, 1, 1, 1), own_k, new_k], dim=2)
+    whole_v = torch.cat([prefix_v.repeat(B // 2, 1, 1, 1), own_v, new_v], dim=2)
+    want, want_lse = bf16_attention.attend(q, whole_k, whole_v, limits)
+    torch.testing.assert_close(out, want, rtol=0, atol=0)
+    torch.testing.assert_close(lse, want_lse, rtol=0, atol=0)
