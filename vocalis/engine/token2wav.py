@@ -53,6 +53,7 @@ import torch
 import torch.nn.functional as F
 
 from vocalis.config import StreamConfig
+from vocalis.engine import bf16_gemm
 from vocalis.engine.backends import CastLinear
 from vocalis.engine.encoder_stream import EncoderCache, EncoderRow, EncoderStreamer
 from vocalis.engine.estimator_stream import ComputeWeights, EstimatorCache, TimeTerms, solve_chunk
@@ -238,7 +239,10 @@ class Token2WavEngine:
         dtypes = {m.weight.dtype for m in self.estimator.modules() if isinstance(m, CastLinear)}
         if len(dtypes) == 1 and next(iter(dtypes)) in (torch.bfloat16, torch.float16) \
                 and ComputeWeights.supports(self.estimator):
-            return ComputeWeights(dtypes.pop())
+            dtype = dtypes.pop()
+            # decided here, at load, so a first use of the native kernels (built once per machine) is no request's
+            cpu = self.flow.input_embedding.weight.device.type == "cpu"
+            return ComputeWeights(dtype, native=cpu and dtype == torch.bfloat16 and bf16_gemm.available())
         # int8 (fbgemm Linear layers) keeps the modules: bf16 conv GEMMs around them measured no faster
         return None
 
