@@ -16,6 +16,8 @@ Precision (what the heavy matmuls run in):
   strength), except on CPUs with AMX tiles: there the estimator, compute-bound, is faster in bf16 (prepacked
   oneDNN GEMMs on AMX: 1.5-3x fbgemm's int8 with its per-call activation quantization at the estimator's shapes,
   2-core Xeon), so it is cast to bf16 as under `bf16`. `apply_backend(flow_int8=True)` forces int8 there.
+  With bf16 estimator weights on an AMX CPU the token2wav engine's incremental estimator runs on our native bf16
+  kernels (`bf16_gemm`, `bf16_attention`: one call per transformer block), decided when the engine is built.
 Swapping modules (not an autocast context) means every caller of the modules, the reference path, the LLM engine
 and the token2wav engine's incremental path alike, runs the chosen precision with no extra plumbing.
 

@@ -20,9 +20,7 @@ constexpr int64_t kQueryTile = 64;  // queries per tile (the tile kernel takes a
 
 inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
-inline __mmask16 first(int64_t count) {  // lanes [0, count) of 16
-  return count >= 16 ? __mmask16(0xFFFF) : count <= 0 ? __mmask16(0) : __mmask16((1u << count) - 1);
-}
+using bf16gemm::first;
 
 // One stretch of a row's keys and values: rows [0, len) of k/v (batches, H, len, E) at the given strides (in
 // elements; row strides even), batch row b reading batch b % batches (a prefix shared by request pairs).

@@ -63,6 +63,11 @@ inline __m512 gelu(__m512 x) {
   return _mm512_mul_ps(_mm512_mul_ps(x, _mm512_set1_ps(0.5f)), _mm512_add_ps(erf, _mm512_set1_ps(1.0f)));
 }
 
+// lanes [0, count) of 16 (the valid ones of a row's last, partial vector)
+inline __mmask16 first(int64_t count) {
+  return count >= 16 ? __mmask16(0xFFFF) : count <= 0 ? __mmask16(0) : __mmask16((1u << count) - 1);
+}
+
 // fp32 -> bf16, round to nearest even (torch's rounding for finite values)
 inline __m256i to_bf16(__m512 v) {
   __m512i u = _mm512_castps_si512(v);
@@ -94,7 +99,7 @@ inline void finish_tile(const float* acc, int64_t rows, int64_t cols, const floa
                         int64_t at, int64_t ld) {
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t c = 0; c < cols; c += 16) {
-      const __mmask16 mask = cols - c >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (cols - c)) - 1);
+      const __mmask16 mask = first(cols - c);
       __m512 v = _mm512_load_ps(acc + r * kPanelN + c);
       if (bias) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, bias + c));
       const int64_t i = at + r * ld + c;
@@ -175,11 +180,10 @@ torch::Tensor conv(const torch::Tensor& x, const torch::Tensor& left, const torc
         bp[(i * len + t) * c + j] = at::BFloat16(lp[i * left.stride(0) + j * left.stride(1) + t * left.stride(2)]);
     for (int64_t t = 0; t < n; ++t) {
       const float* row = xp + i * x.stride(0) + t * x.stride(2);
-      auto* dst = reinterpret_cast<__m256i*>(bp + (i * len + ctx + t) * c);
+      at::BFloat16* dst = bp + (i * len + ctx + t) * c;
       for (int64_t j = 0; j < c; j += 16) {
-        const __mmask16 mask = c - j >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (c - j)) - 1);
-        _mm256_mask_storeu_epi16(reinterpret_cast<at::BFloat16*>(dst) + j, mask,
-                                 to_bf16(_mm512_maskz_loadu_ps(mask, row + j)));
+        const __mmask16 mask = first(c - j);
+        _mm256_mask_storeu_epi16(dst + j, mask, to_bf16(_mm512_maskz_loadu_ps(mask, row + j)));
       }
     }
   }

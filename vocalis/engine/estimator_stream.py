@@ -22,6 +22,12 @@ keys read once, not copied per request), each request's queries attend to its ow
 block-causal mask, and the two partial softmaxes are merged exactly by their log-sum-exps (`_merge`). A lone
 request (the first-chunk latency case) instead lays its keys out once and attends block by block, unmasked.
 
+Native path (bf16 compute on AMX CPUs, `ComputeWeights.native`): a lone request or a uniform batch runs each
+transformer block as one call (`_ChunkRun.block`, bf16_block.cpp) that reads the prefix and cached keys where
+they lie and takes the block-causal mask as per-query key limits; GEMMs (`bf16_gemm`) fuse bias, GELU and the
+residual add; causal convs read their taps in place from a time-major bf16 copy of their input (no im2col).
+Other batches keep the two-part attention above, on `bf16_attention`.
+
 Legend: R requests, n new frames (padded), C channels, D transformer width, H heads, E head width.
 """
 
