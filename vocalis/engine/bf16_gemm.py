@@ -19,6 +19,7 @@ Legend: M rows, K in features, N out features.
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 
@@ -27,6 +28,8 @@ from torch import nn
 
 from vocalis.engine import int8_gemv
 from vocalis.engine.backends import has_amx
+
+log = logging.getLogger(__name__)
 
 _EPILOGUE_BF16, _EPILOGUE_GELU_BF16, _EPILOGUE_ADD_F32 = 0, 1, 2
 _NO_BIAS = torch.empty(0)
@@ -45,12 +48,27 @@ class PackedWeight:
 
 
 def available() -> bool:
-    """Whether the bf16 tile kernel runs here (decided once): AMX CPU, the native extension built, not turned off."""
+    """Whether the bf16 tile kernel runs here (decided once): AMX CPU, the native extension built, not turned off,
+    and a small GEMM through it agrees with torch's (else logged, and the caller keeps torch's ops)."""
     global _available
     if _available is None:
         ext = None if os.environ.get("VOCALIS_BF16_GEMM", "1") == "0" or not has_amx() else int8_gemv.extension()
         _available = ext is not None and bool(ext.bf16_usable())
+        if _available and not _agrees():
+            log.warning("native bf16 GEMM disagrees with torch's on a small check; using torch's ops")
+            _available = False
     return _available
+
+
+def _agrees() -> bool:
+    g = torch.Generator().manual_seed(0)
+    x, w, b = torch.randn(5, 32, generator=g), torch.randn(70, 32, generator=g), torch.randn(70, generator=g)
+    try:
+        y = linear(x, pack(w, b)).float()
+    except RuntimeError:
+        return False
+    ref = torch.nn.functional.linear(x.bfloat16().float(), w.bfloat16().float(), b)
+    return bool(torch.allclose(y, ref, rtol=2e-2, atol=2e-2))
 
 
 def supports(weight: torch.Tensor) -> bool:

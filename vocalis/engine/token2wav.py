@@ -242,7 +242,10 @@ class Token2WavEngine:
             dtype = dtypes.pop()
             # decided here, at load, so a first use of the native kernels (built once per machine) is no request's
             cpu = self.flow.input_embedding.weight.device.type == "cpu"
-            return ComputeWeights(dtype, native=cpu and dtype == torch.bfloat16 and bf16_gemm.available())
+            native = cpu and dtype == torch.bfloat16 and bf16_gemm.available()
+            if native:
+                log.info("token2wav estimator (incremental path): native bf16 kernels, one call per transformer block")
+            return ComputeWeights(dtype, native=native)
         # int8 (fbgemm Linear layers) keeps the modules: bf16 conv GEMMs around them measured no faster
         return None
 
