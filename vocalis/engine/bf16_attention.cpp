@@ -20,7 +20,7 @@ constexpr int64_t kQueryTile = 64;  // queries per tile (the tile kernel takes a
 
 inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
-using bf16gemm::first;
+using vecmath::first;
 
 // One stretch of a row's keys and values: rows [0, len) of k/v (batches, H, len, E) at the given strides (in
 // elements; row strides even), batch row b reading batch b % batches (a prefix shared by request pairs).
@@ -161,11 +161,11 @@ void run(const Problem& pr) {
             _mm256_storeu_si256(reinterpret_cast<__m256i*>(prow + l), _mm256_setzero_si256());
           for (int64_t l = 0; l < lim_r; l += 16) {
             const __mmask16 m = first(lim_r - l);
-            __m512 e = bf16gemm::exp_neg(_mm512_fmsub_ps(_mm512_maskz_loadu_ps(m, srow + l), vscale, vmx));
+            __m512 e = vecmath::exp_ps(_mm512_fmsub_ps(_mm512_maskz_loadu_ps(m, srow + l), vscale, vmx));
             e = _mm512_maskz_mov_ps(m, e);
             vexact = _mm512_add_ps(vexact, e);
             // the weights are rounded for p v: normalize by the sum of the rounded ones
-            const __m256i eb = bf16gemm::to_bf16(e);
+            const __m256i eb = vecmath::to_bf16(e);
             vsum = _mm512_add_ps(vsum, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(eb), 16)));
             _mm256_storeu_si256(reinterpret_cast<__m256i*>(prow + l), eb);
           }
@@ -180,7 +180,7 @@ void run(const Problem& pr) {
           for (int64_t e = 0; e < E; e += 16) {
             const __m512 o = sums[r] > 0.0f ? _mm512_mul_ps(_mm512_loadu_ps(acc.data() + r * Ep + e), inv)
                                             : _mm512_setzero_ps();
-            _mm256_mask_storeu_epi16(dst + e, first(E - e), bf16gemm::to_bf16(o));
+            _mm256_mask_storeu_epi16(dst + e, first(E - e), vecmath::to_bf16(o));
           }
         }
       }

@@ -26,22 +26,22 @@ void layer_norm_bf16(const float* x, int64_t rows, int64_t d, const float* w, co
     for (int64_t r = begin; r < end; ++r) {
       const float* row = x + r * d;
       __m512 sum = _mm512_setzero_ps();
-      for (int64_t j = 0; j < d; j += 16) sum = _mm512_add_ps(sum, _mm512_maskz_loadu_ps(bf16gemm::first(d - j), row + j));
+      for (int64_t j = 0; j < d; j += 16) sum = _mm512_add_ps(sum, _mm512_maskz_loadu_ps(vecmath::first(d - j), row + j));
       const float mean = _mm512_reduce_add_ps(sum) / static_cast<float>(d);
       const __m512 vmean = _mm512_set1_ps(mean);
       __m512 sq = _mm512_setzero_ps();
       for (int64_t j = 0; j < d; j += 16) {
-        const __mmask16 m = bf16gemm::first(d - j);
+        const __mmask16 m = vecmath::first(d - j);
         const __m512 c = _mm512_maskz_sub_ps(m, _mm512_maskz_loadu_ps(m, row + j), vmean);
         sq = _mm512_fmadd_ps(c, c, sq);
       }
       const float rstd = 1.0f / std::sqrt(_mm512_reduce_add_ps(sq) / static_cast<float>(d) + eps);
       const __m512 vrstd = _mm512_set1_ps(rstd);
       for (int64_t j = 0; j < d; j += 16) {
-        const __mmask16 m = bf16gemm::first(d - j);
+        const __mmask16 m = vecmath::first(d - j);
         __m512 y = _mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, row + j), vmean), vrstd);
         y = _mm512_fmadd_ps(y, _mm512_maskz_loadu_ps(m, w + j), _mm512_maskz_loadu_ps(m, b + j));
-        _mm256_mask_storeu_epi16(out + r * d + j, m, bf16gemm::to_bf16(y));
+        _mm256_mask_storeu_epi16(out + r * d + j, m, vecmath::to_bf16(y));
       }
     }
   });

@@ -19,27 +19,13 @@
 
 namespace bf16gemm {
 
+using vecmath::first;
+using vecmath::to_bf16;
+
 constexpr int64_t kPanelN = 64;  // output channels per panel: the widest B block the tile kernel takes
 constexpr int64_t kTileM = 32;   // rows per tile (two AMX row tiles)
 
 enum Epilogue : int64_t { kBf16 = 0, kGeluBf16 = 1, kAddF32 = 2, kF32 = 3 };
-
-// exp for v <= 0 (GELU's exp(-z^2)): 2^n * p(r) with r = v - n ln2 split in two parts, p a degree-6 Taylor.
-inline __m512 exp_neg(__m512 v) {
-  v = _mm512_max_ps(v, _mm512_set1_ps(-87.0f));
-  __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(v, _mm512_set1_ps(1.44269504088896341f)),
-                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), v);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.0f / 720);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  return _mm512_scalef_ps(p, n);
-}
 
 // 0.5 x (1 + erf(x / sqrt 2)); erf(|z|) = 1 - t (a1 + t (a2 + ... a5)) exp(-z^2), t = 1 / (1 + p |z|)
 // (Abramowitz & Stegun 7.1.26, |error| <= 1.5e-7), the sign restored after.
@@ -56,24 +42,11 @@ inline __m512 gelu(__m512 x) {
   q = _mm512_fmadd_ps(q, t, _mm512_set1_ps(-0.284496736f));
   q = _mm512_fmadd_ps(q, t, _mm512_set1_ps(0.254829592f));
   q = _mm512_mul_ps(q, t);
-  __m512 erf_abs = _mm512_fnmadd_ps(q, exp_neg(_mm512_mul_ps(_mm512_sub_ps(_mm512_setzero_ps(), az), az)),
+  __m512 erf_abs = _mm512_fnmadd_ps(q, vecmath::exp_ps(_mm512_mul_ps(_mm512_sub_ps(_mm512_setzero_ps(), az), az)),
                                     _mm512_set1_ps(1.0f));
   __m512 erf = _mm512_mask_sub_ps(erf_abs, _mm512_cmp_ps_mask(z, _mm512_setzero_ps(), _CMP_LT_OQ),
                                   _mm512_setzero_ps(), erf_abs);
   return _mm512_mul_ps(_mm512_mul_ps(x, _mm512_set1_ps(0.5f)), _mm512_add_ps(erf, _mm512_set1_ps(1.0f)));
-}
-
-// lanes [0, count) of 16 (the valid ones of a row's last, partial vector)
-inline __mmask16 first(int64_t count) {
-  return count >= 16 ? __mmask16(0xFFFF) : count <= 0 ? __mmask16(0) : __mmask16((1u << count) - 1);
-}
-
-// fp32 -> bf16, round to nearest even (torch's rounding for finite values)
-inline __m256i to_bf16(__m512 v) {
-  __m512i u = _mm512_castps_si512(v);
-  __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-  u = _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF)));
-  return _mm512_cvtepi32_epi16(_mm512_srli_epi32(u, 16));
 }
 
 // W (N, K) bf16 -> packed (P, K / 2, 64, 2) bf16, P = ceil(N / 64), channels past N zero

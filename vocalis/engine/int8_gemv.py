@@ -40,11 +40,12 @@ from vocalis.engine.module_swap import swap_modules
 log = logging.getLogger(__name__)
 
 PANEL = 64  # output channels per panel; fused parts must be whole panels
-# the GEMM kernel, the estimator's bf16 GEMM, attention and transformer block built on them (bf16_gemm.py,
-# bf16_attention.py, estimator_stream.py), then the fused decoder-stack step built on the first (int8_decode.py),
-# which also holds the Python module: one translation unit
+# shared vector math, the GEMM kernel, the estimator's bf16 GEMM, attention and transformer block built on them
+# (bf16_gemm.py, bf16_attention.py, estimator_stream.py), then the fused decoder-stack step built on the int8 kernel
+# (int8_decode.py), which also holds the Python module: one translation unit
 _SOURCES = tuple(Path(__file__).with_name(name) for name in
-                 ("int8_gemv.cpp", "bf16_gemm.cpp", "bf16_attention.cpp", "bf16_block.cpp", "int8_decode.cpp"))
+                 ("vec_math.cpp", "int8_gemv.cpp", "bf16_gemm.cpp", "bf16_attention.cpp", "bf16_block.cpp",
+                  "int8_decode.cpp"))
 _FLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni", "-fopenmp"]
 # what the extension's fp32 code (the fp32 fused decode step) executes; the int8 kernel also needs VNNI. The
 # whole translation unit is compiled with -mavx512vnni, but only the int8 code has the u8 x s8 dot products
