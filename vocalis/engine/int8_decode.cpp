@@ -84,27 +84,42 @@ inline void panel_sums(const PackedRef& w, int64_t p, const uint8_t* xq, int m_r
   kBlocks[m_rows](w.panel(p), xq, w.groups * 4, 0, w.groups, acc);
 }
 
-// One fp32 weight (N, K) in the usual (out, in) row-major layout: panel p is rows [64 p, 64 p + 64), one
-// contiguous run of 64 K floats, so it streams from memory as an int8 panel does (and o_proj and down_proj are
-// read from the modules' own storage).
-struct F32Ref {
-  const float* w = nullptr;
+// One fp32 or bf16 weight (N, K) in the usual (out, in) row-major layout: panel p is rows [64 p, 64 p + 64), one
+// contiguous run of 64 K values, so it streams from memory as an int8 panel does (and o_proj and down_proj are
+// read from the modules' own storage). W: float, or uint16_t holding bf16 (half the bytes per panel).
+template <typename W>
+struct DenseRef {
+  const W* w = nullptr;
   const float* bias = nullptr;  // (N,) or null
   int64_t panels = 0, k = 0, n = 0;
 
   int64_t in_width() const { return k; }
 };
+using F32Ref = DenseRef<float>;
+using BF16Ref = DenseRef<uint16_t>;
 
 #ifndef VOCALIS_F32_PREFETCH
-#define VOCALIS_F32_PREFETCH 2048  // floats ahead (8 KiB, the int8 kernel's distance)
+#define VOCALIS_F32_PREFETCH 8192  // bytes ahead (the int8 kernel's distance)
 #endif
+
+// 16 weights as fp32 (bf16: the 16 bits are the top half of an fp32)
+inline __m512 load16(const float* w) { return _mm512_loadu_ps(w); }
+inline __m512 load16(const uint16_t* w) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(
+      _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w))), 16));
+}
+inline __m512 load16(__mmask16 t, const float* w) { return _mm512_maskz_loadu_ps(t, w); }
+inline __m512 load16(__mmask16 t, const uint16_t* w) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(t, w)), 16));
+}
 
 // out[m * kPanel] = x[m] . w for one channel row w (K,) and MT rows of x (MT, ldx). The panel is read channel
 // after channel, so the weights stream as one sequential run (one prefetch stream per thread, as the int8
 // kernel's); each weight vector is loaded once and used by every row; 4 accumulators per row break the FMA
 // latency chain; the K % 16 tail is masked.
-template <int MT>
-inline void f32_row(const float* w, int64_t k, const float* x, int64_t ldx, float* out) {
+template <typename W, int MT>
+inline void dense_row(const W* w, int64_t k, const float* x, int64_t ldx, float* out) {
+  constexpr int64_t ahead = VOCALIS_F32_PREFETCH / sizeof(W);
   __m512 a[MT][4];
 #pragma GCC unroll 8
   for (int m = 0; m < MT; ++m)
@@ -114,21 +129,20 @@ inline void f32_row(const float* w, int64_t k, const float* x, int64_t ldx, floa
   for (; e + 64 <= k; e += 64) {
 #pragma GCC unroll 4
     for (int u = 0; u < 4; ++u) {
-      if (VOCALIS_F32_PREFETCH)
-        _mm_prefetch(reinterpret_cast<const char*>(w + e + u * 16 + VOCALIS_F32_PREFETCH), _MM_HINT_T0);
-      const __m512 b = _mm512_loadu_ps(w + e + u * 16);
+      if (ahead) _mm_prefetch(reinterpret_cast<const char*>(w + e + u * 16 + ahead), _MM_HINT_T0);
+      const __m512 b = load16(w + e + u * 16);
 #pragma GCC unroll 8
       for (int m = 0; m < MT; ++m) a[m][u] = _mm512_fmadd_ps(_mm512_loadu_ps(x + m * ldx + e + u * 16), b, a[m][u]);
     }
   }
   for (; e + 16 <= k; e += 16) {
-    const __m512 b = _mm512_loadu_ps(w + e);
+    const __m512 b = load16(w + e);
 #pragma GCC unroll 8
     for (int m = 0; m < MT; ++m) a[m][0] = _mm512_fmadd_ps(_mm512_loadu_ps(x + m * ldx + e), b, a[m][0]);
   }
   if (e < k) {
     const __mmask16 t = static_cast<__mmask16>((1u << (k - e)) - 1);
-    const __m512 b = _mm512_maskz_loadu_ps(t, w + e);
+    const __m512 b = load16(t, w + e);
 #pragma GCC unroll 8
     for (int m = 0; m < MT; ++m) a[m][1] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(t, x + m * ldx + e), b, a[m][1]);
   }
@@ -139,11 +153,11 @@ inline void f32_row(const float* w, int64_t k, const float* x, int64_t ldx, floa
 }
 
 // v (M, 64) = x (M, ldx) . panel p of w (+ bias); channels past N give 0
-template <int MT>
-void f32_panel(const F32Ref& w, int64_t p, const float* x, int64_t ldx, float* v) {
+template <typename W, int MT>
+void dense_panel(const DenseRef<W>& w, int64_t p, const float* x, int64_t ldx, float* v) {
   const int64_t c0 = p * kPanel, nc = std::min<int64_t>(kPanel, w.n - c0);
-  const float* wp = w.w + c0 * w.k;
-  for (int64_t c = 0; c < nc; ++c) f32_row<MT>(wp + c * w.k, w.k, x, ldx, v + c);
+  const W* wp = w.w + c0 * w.k;
+  for (int64_t c = 0; c < nc; ++c) dense_row<W, MT>(wp + c * w.k, w.k, x, ldx, v + c);
   for (int m = 0; m < MT; ++m) {
     for (int64_t c = nc; c < kPanel; ++c) v[m * kPanel + c] = 0.f;
     if (w.bias)
@@ -151,9 +165,12 @@ void f32_panel(const F32Ref& w, int64_t p, const float* x, int64_t ldx, float* v
   }
 }
 
-using F32PanelFn = void (*)(const F32Ref&, int64_t, const float*, int64_t, float*);
-const F32PanelFn kF32Panels[kMaxTile + 1] = {nullptr, f32_panel<1>, f32_panel<2>, f32_panel<3>,
-                                             f32_panel<4>, f32_panel<5>, f32_panel<6>};
+template <typename W>
+using DensePanelFn = void (*)(const DenseRef<W>&, int64_t, const float*, int64_t, float*);
+template <typename W>
+constexpr DensePanelFn<W> kDensePanels[kMaxTile + 1] = {nullptr, dense_panel<W, 1>, dense_panel<W, 2>,
+                                                        dense_panel<W, 3>, dense_panel<W, 4>, dense_panel<W, 5>,
+                                                        dense_panel<W, 6>};
 
 // A thread's operand for the GEMVs of one phase, one class per weight kind. set() prepares the phase's input
 // rows once per thread (int8: quantized into the thread's own buffer; fp32: read in place), gemv() runs panels
@@ -205,34 +222,50 @@ struct Int8Operand {
   }
 };
 
-struct F32Operand {
-  using Ref = F32Ref;
-  static constexpr bool kTwoPanelItems = false;  // a panel is 4x the bytes of an int8 one already
-  static constexpr int64_t kGraceNs = 400000;
+// fp32 weights: the rows read in place. bf16 weights: the rows rounded to bf16 first (into the thread's buffer,
+// kept as floats), as the per-op path's CastLinear rounds its input: the same products, fp32 sums.
+template <typename W>
+struct DenseOperand {
+  using Ref = DenseRef<W>;
+  static constexpr bool kTwoPanelItems = false;  // a panel is 2-4x the bytes of an int8 one already
+  static constexpr int64_t kGraceNs = sizeof(W) == 4 ? 400000 : 300000;
 
   const float* x = nullptr;
   int64_t ld = 0;
+  std::vector<float> rounded;
 
-  F32Operand(int64_t, int64_t) {}
+  DenseOperand(int64_t m_rows, int64_t k_max) : rounded(sizeof(W) == 2 ? m_rows * k_max : 0) {}
 
-  void set(const float* rows, int, int64_t k, const Ref&) {
+  void set(const float* rows, int m_rows, int64_t k, const Ref&) {
     x = rows;
     ld = k;
+    if constexpr (sizeof(W) == 2) {
+      for (int m = 0; m < m_rows; ++m)
+        for (int64_t e = 0; e < k; e += 16) {
+          const __mmask16 t = vecmath::first(k - e);
+          const __m256i b = vecmath::to_bf16(_mm512_maskz_loadu_ps(t, rows + m * k + e));
+          _mm512_mask_storeu_ps(rounded.data() + m * k + e, t,
+                                _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16)));
+        }
+      x = rounded.data();
+    }
   }
 
   template <typename Fn>
   void gemv(const Ref& w, int64_t p0, int64_t p1, int m_rows, float* v, Fn&& fn) {
     for (int64_t p = p0; p < p1; ++p) {
-      kF32Panels[m_rows](w, p, x, ld, v);
+      kDensePanels<W>[m_rows](w, p, x, ld, v);
       fn(p, v);
     }
   }
 
   void pair(const Ref& w, int64_t pa, int64_t pb, int m_rows, float* va, float* vb) {
-    kF32Panels[m_rows](w, pa, x, ld, va);
-    kF32Panels[m_rows](w, pb, x, ld, vb);
+    kDensePanels<W>[m_rows](w, pa, x, ld, va);
+    kDensePanels<W>[m_rows](w, pb, x, ld, vb);
   }
 };
+using F32Operand = DenseOperand<float>;
+using BF16Operand = DenseOperand<uint16_t>;
 
 // Work of one phase, claimed item by item: a thread takes the next unclaimed item until none is left, then
 // waits until every item is done. Why not a static split and a barrier: on a shared machine a thread may lose
@@ -311,14 +344,16 @@ PackedRef packed_ref(const torch::Tensor& w, const torch::Tensor& scale, const t
   return r;
 }
 
-F32Ref f32_ref(const torch::Tensor& w, const torch::Tensor& bias, int64_t n) {
-  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == torch::kFloat && w.is_contiguous() && w.size(0) == n,
-              "fp32 weight must be contiguous (N, K), N = ", n);
+template <typename W>
+DenseRef<W> dense_ref(const torch::Tensor& w, const torch::Tensor& bias, int64_t n) {
+  const auto dtype = sizeof(W) == 4 ? torch::kFloat : torch::kBFloat16;
+  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == dtype && w.is_contiguous() && w.size(0) == n,
+              "dense weight must be contiguous (N, K) ", sizeof(W) == 4 ? "fp32" : "bf16", ", N = ", n);
   const bool has_bias = bias.defined() && bias.numel() > 0;
   TORCH_CHECK(!has_bias || (bias.scalar_type() == torch::kFloat && bias.is_contiguous() && bias.numel() == n),
               "bias must be contiguous (N,) fp32");
-  F32Ref r;
-  r.w = w.data_ptr<float>();
+  DenseRef<W> r;
+  r.w = static_cast<const W*>(w.data_ptr());
   r.bias = has_bias ? bias.data_ptr<float>() : nullptr;
   r.panels = (n + kPanel - 1) / kPanel;
   r.k = w.size(1);
@@ -331,7 +366,8 @@ F32Ref f32_ref(const torch::Tensor& w, const torch::Tensor& bias, int64_t n) {
 // fp32, 7 tensors: norm1, qkv (Dq + 2 Dkv, D), qkv bias (Dq + 2 Dkv,) (may be empty), o (D, Dq), norm2,
 // gate_up (2 I, D) (gate rows first, then up), down (D, I).
 constexpr int tensors_per_layer(const Layer<PackedRef>*) { return 15; }
-constexpr int tensors_per_layer(const Layer<F32Ref>*) { return 7; }
+template <typename W>
+constexpr int tensors_per_layer(const Layer<DenseRef<W>>*) { return 7; }
 
 void bind_layer(Layer<PackedRef>& l, const torch::Tensor* t, int64_t d, int64_t qkv_n, int64_t i) {
   l.norm1 = t[0];
@@ -342,13 +378,14 @@ void bind_layer(Layer<PackedRef>& l, const torch::Tensor* t, int64_t d, int64_t 
   l.down = packed_ref(t[12], t[13], t[14], torch::Tensor(), d);
 }
 
-void bind_layer(Layer<F32Ref>& l, const torch::Tensor* t, int64_t d, int64_t qkv_n, int64_t i) {
+template <typename W>
+void bind_layer(Layer<DenseRef<W>>& l, const torch::Tensor* t, int64_t d, int64_t qkv_n, int64_t i) {
   l.norm1 = t[0];
   l.norm2 = t[4];
-  l.qkv = f32_ref(t[1], t[2], qkv_n);
-  l.o = f32_ref(t[3], torch::Tensor(), d);
-  l.gate_up = f32_ref(t[5], torch::Tensor(), 2 * i);
-  l.down = f32_ref(t[6], torch::Tensor(), d);
+  l.qkv = dense_ref<W>(t[1], t[2], qkv_n);
+  l.o = dense_ref<W>(t[3], torch::Tensor(), d);
+  l.gate_up = dense_ref<W>(t[5], torch::Tensor(), 2 * i);
+  l.down = dense_ref<W>(t[6], torch::Tensor(), d);
   TORCH_CHECK(l.qkv.k == d && l.gate_up.k == d, "q/k/v and gate/up take D inputs");  // rows read exactly K
 }
 
@@ -365,7 +402,13 @@ PackedRef bind_head<PackedRef>(const std::vector<torch::Tensor>& t, int64_t n) {
 template <>
 F32Ref bind_head<F32Ref>(const std::vector<torch::Tensor>& t, int64_t n) {
   TORCH_CHECK(t.size() == 2, "fp32 head: w, bias");
-  return f32_ref(t[0], t[1], n);
+  return dense_ref<float>(t[0], t[1], n);
+}
+
+template <>
+BF16Ref bind_head<BF16Ref>(const std::vector<torch::Tensor>& t, int64_t n) {
+  TORCH_CHECK(t.size() == 2, "bf16 head: w, bias");
+  return dense_ref<uint16_t>(t[0], t[1], n);
 }
 
 }  // namespace
@@ -696,6 +739,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::call_guard<pybind11::gil_scoped_release>());
   bind_stack<DecodeStack<Int8Operand>>(m, "DecodeStack");  // int8 weights
   bind_stack<DecodeStack<F32Operand>>(m, "F32DecodeStack");  // fp32 weights
+  bind_stack<DecodeStack<BF16Operand>>(m, "BF16DecodeStack");  // bf16 weights
   bf16gemm::bind(m);  // the estimator's bf16 GEMM (bf16_gemm.cpp)
   bf16attn::bind(m);  // and its bf16 attention (bf16_attention.cpp)
   bf16block::bind(m);  // and a whole transformer block of it (bf16_block.cpp)

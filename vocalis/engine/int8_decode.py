@@ -1,4 +1,4 @@
-"""The LLM's decoder stack for decode steps of a few rows as one native call (int8_decode.cpp), int8 or fp32.
+"""The LLM's decoder stack for decode steps of a few rows as one native call (int8_decode.cpp): int8, fp32 or bf16.
 
 Why: with the VNNI kernel reading weights as fast as a copy, a batch-1 int8 decode step still spent ~7 ms of
 ~25 ms outside the GEMVs, in ~20 small torch ops per layer x 24 layers (RMSNorm, rotary, K/V writes, gathering
@@ -23,8 +23,14 @@ run, read from `packed_weights`' storage, which the per-op path (prefill, > 4 ro
 differs from the per-op path only in summation order (and the polynomial exp in softmax and SiLU).
 `VOCALIS_FP32_FUSED=0` turns the fp32 step off.
 
-Both steps also run the final RMSNorm and the speech head (`forward_logits`) where the head is the stack's kind:
-int8 packed for the kernel, or fp32 (out, in) rows.
+bf16 weights (the bf16 backend's `CastLinear` layers, packed by `packed_weights` in bf16) get it too
+(`BF16DecodeStack`): the same panels at half the bytes, each weight widened to fp32 in registers, the input rows
+rounded to bf16 first as `CastLinear` rounds them; fp32 sums. Why: op by op, a bf16 batch-1 step decoded at
+~0.34 of its bandwidth limit (11 tok/s, slower than fp32's fused 16), every Linear costing two casts and a GEMM
+call. `VOCALIS_BF16_FUSED=0` turns it off.
+
+Every step also runs the final RMSNorm and the speech head (`forward_logits`) where the head is the stack's
+kind: int8 packed for the kernel, or fp32 / bf16 (out, in) rows.
 
 Legend: M rows, D hidden, L layers, S cache slots, Hkv key/value heads, Dh head width, Lmax context length.
 """
@@ -39,6 +45,7 @@ import torch
 from torch import nn
 
 from vocalis.engine import int8_gemv
+from vocalis.engine.backends import CastLinear
 from vocalis.engine.int8_gemv import Int8Linear, Int8Weight
 from vocalis.engine.packed_weights import PackedLayer
 from vocalis.models.speech_lm import Qwen2LM
@@ -91,17 +98,17 @@ Int8DecodeStack = FusedDecodeStack  # the name before fp32 weights had the step 
 
 def decode_stack(llm: Qwen2LM, packed: Sequence[PackedLayer | None],
                  cache_dtype: torch.dtype) -> FusedDecodeStack | None:
-    """The fused stack for `llm` (int8 or fp32 weights), or None where it does not apply (see the module doc;
-    logged at debug)."""
-    fp32 = bool(packed) and all(pk is not None and isinstance(pk.qkv_t, torch.Tensor) for pk in packed)
-    reason = _unsupported(llm, packed, cache_dtype, fp32)
+    """The fused stack for `llm` (int8, fp32 or bf16 weights), or None where it does not apply (see the module
+    doc; logged at debug)."""
+    kind = _kind(packed)
+    reason = _unsupported(llm, packed, cache_dtype, kind)
     if reason is not None:
-        log.debug("fused %s decode step off: %s", "fp32" if fp32 else "int8", reason)
+        log.debug("fused %s decode step off: %s", kind, reason)
         return None
     ext = int8_gemv.extension()
     assert ext is not None
-    if fp32:
-        return _with_head(_fp32_stack(llm, packed, ext), llm)
+    if kind != "int8":
+        return _with_head(_dense_stack(llm, packed, ext, kind), llm)
     q = llm.config.qwen
     tensors: list[torch.Tensor] = []
     for layer, pk in zip(llm.qwen.layers, packed):
@@ -123,16 +130,18 @@ def decode_stack(llm: Qwen2LM, packed: Sequence[PackedLayer | None],
 
 def _with_head(stack: FusedDecodeStack, llm: Qwen2LM) -> FusedDecodeStack:
     """Bind the final norm and the speech head where the stack can run them (an int8 head packed for the kernel
-    on an int8 stack; an fp32 head in its (out, in) rows on an fp32 stack); else the step leaves them to torch."""
+    on an int8 stack; an fp32 or bf16 head in its (out, in) rows on a stack of its kind); else the step leaves
+    them to torch."""
     native, head, norm = stack._native, llm.llm_decoder, llm.qwen.norm
     if norm.weight.dtype != torch.float32:
         return stack
-    fp32 = type(native).__name__ == "F32DecodeStack"
-    if not fp32 and isinstance(head, Int8Linear):
+    dense = {"F32DecodeStack": torch.float32, "BF16DecodeStack": torch.bfloat16}.get(type(native).__name__)
+    if dense is None and isinstance(head, Int8Linear):
         pk = head.packed
         tensors = [pk.w, pk.scale, pk.corr, _NO_BIAS if pk.bias is None else pk.bias]
-    elif fp32 and type(head) is nn.Linear and head.weight.dtype == torch.float32 and head.weight.is_contiguous():
-        tensors = [head.weight.detach(), _NO_BIAS if head.bias is None else head.bias.detach().contiguous()]
+    elif (dense is not None and type(head) in (nn.Linear, CastLinear) and head.weight.dtype == dense
+          and head.weight.is_contiguous()):
+        tensors = [head.weight.detach(), _NO_BIAS if head.bias is None else head.bias.detach().float().contiguous()]
     else:
         return stack
     native.set_head(norm.weight.detach().contiguous(), tensors, head.out_features,  # type: ignore[attr-defined]
@@ -141,9 +150,19 @@ def _with_head(stack: FusedDecodeStack, llm: Qwen2LM) -> FusedDecodeStack:
     return stack
 
 
-def _fp32_stack(llm: Qwen2LM, packed: Sequence[PackedLayer | None], ext: object) -> FusedDecodeStack:
-    """fp32 layers: norm1, qkv (Dq + 2 Dkv, D) + bias, o (D, Dq), norm2, gate_up (2 I, D), down (D, I), all
-    (out, in) row-major, read from `packed_weights`' storage (the per-op path reads the same tensors: no copy)."""
+def _kind(packed: Sequence[PackedLayer | None]) -> str:
+    """The packed layers' weight kind: "fp32" or "bf16" when every layer holds such dense weights, else "int8"
+    (whether the int8 step applies is `_unsupported`'s question)."""
+    dtypes = {pk.qkv_t.dtype if isinstance(pk.qkv_t, torch.Tensor) else None for pk in packed if pk is not None}
+    if packed and all(pk is not None for pk in packed) and len(dtypes) == 1:
+        return {torch.float32: "fp32", torch.bfloat16: "bf16"}.get(dtypes.pop(), "int8")
+    return "int8"
+
+
+def _dense_stack(llm: Qwen2LM, packed: Sequence[PackedLayer | None], ext: object, kind: str) -> FusedDecodeStack:
+    """fp32 or bf16 layers: norm1, qkv (Dq + 2 Dkv, D) + bias (fp32), o (D, Dq), norm2, gate_up (2 I, D),
+    down (D, I), all (out, in) row-major, read from `packed_weights`' storage (the per-op path reads the same
+    tensors: no copy)."""
     q = llm.config.qwen
     tensors: list[torch.Tensor] = []
     for layer, pk in zip(llm.qwen.layers, packed):
@@ -153,25 +172,26 @@ def _fp32_stack(llm: Qwen2LM, packed: Sequence[PackedLayer | None], ext: object)
         # only where a weight arrived otherwise laid out
         tensors += [layer.input_layernorm.weight.detach().contiguous(),
                     pk.qkv_t.t().contiguous(),  # (Dq + 2 Dkv, D)
-                    _NO_BIAS if pk.qkv_bias is None else pk.qkv_bias.contiguous(),
+                    _NO_BIAS if pk.qkv_bias is None else pk.qkv_bias.float().contiguous(),
                     pk.o_t.t().contiguous(),  # (D, Dq): the module's storage
                     layer.post_attention_layernorm.weight.detach().contiguous(),
                     pk.gate_up_t.t().contiguous(),  # (2 I, D)
                     pk.down_t.t().contiguous()]  # (D, I): the module's storage
-    native = ext.F32DecodeStack(tensors, q.hidden_size, q.num_attention_heads,  # type: ignore[attr-defined]
-                                q.num_key_value_heads, q.head_dim, q.intermediate_size,
-                                float(llm.qwen.layers[0].input_layernorm.eps))
-    log.info("fp32 decode steps of 1..%d rows run fused (one native call per step)", MAX_ROWS)
+    stack = ext.F32DecodeStack if kind == "fp32" else ext.BF16DecodeStack  # type: ignore[attr-defined]
+    native = stack(tensors, q.hidden_size, q.num_attention_heads, q.num_key_value_heads, q.head_dim,
+                   q.intermediate_size, float(llm.qwen.layers[0].input_layernorm.eps))
+    log.info("%s decode steps of 1..%d rows run fused (one native call per step)", kind, MAX_ROWS)
     return FusedDecodeStack(native, MAX_ROWS)
 
 
 def _unsupported(llm: Qwen2LM, packed: Sequence[PackedLayer | None], cache_dtype: torch.dtype,
-                 fp32: bool) -> str | None:
-    switch = "VOCALIS_FP32_FUSED" if fp32 else "VOCALIS_INT8_FUSED"
+                 kind: str) -> str | None:
+    fp32 = kind != "int8"  # a dense kind: what the fp32 step needs, the bf16 one too
+    switch = f"VOCALIS_{kind.upper()}_FUSED"
     if os.environ.get(switch, "1") == "0":
         return f"{switch}=0"
     if not fp32 and (not packed or any(pk is None or not isinstance(pk.qkv_t, Int8Weight) for pk in packed)):
-        return "not every layer is int8-packed or fp32-packed"
+        return "not every layer is int8-, fp32- or bf16-packed"
     q = llm.config.qwen
     if cache_dtype != torch.float32 or llm.speech_embedding.weight.device.type != "cpu":
         return "cache not fp32 on CPU"

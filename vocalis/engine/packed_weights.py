@@ -14,10 +14,11 @@ gate/up (~0.94 GB at the 0.5B shapes). The speech head stays (out, in) too (the 
 
 The packing is in place and costs no memory: each module's `weight` (and bias) becomes a view into the fused
 storage with its usual shape and values (a contiguous row range), so the modules, the reference path and
-`state_dict()` keep working. Only plain fp32 `nn.Linear` layers are packed this way; a layer a
-precision backend replaced (quantised, or cast to bf16) is left to its module, except the int8 backend's
-`Int8Linear` layers (our VNNI kernel, `int8_gemv`), whose packed int8 weights are fused the same way (q, k, v
-and gate, up concatenated; the modules keep views) and which `gemm` runs through the kernel.
+`state_dict()` keep working. Plain fp32 `nn.Linear` layers and the bf16 backend's `CastLinear` layers are packed
+this way (bf16 storage for the latter: `gemm` multiplies their input rounded to bf16, as `CastLinear` does); a
+layer otherwise replaced is left to its module, except the int8 backend's `Int8Linear` layers (our VNNI kernel,
+`int8_gemv`), whose packed int8 weights are fused the same way (q, k, v and gate, up concatenated; the modules
+keep views) and which `gemm` runs through the kernel.
 
 Legend: D hidden, Dq = H*Dh, Dkv = Hkv*Dh, I intermediate.
 """
@@ -27,9 +28,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from vocalis.engine.backends import has_amx
+from vocalis.engine.backends import CastLinear, has_amx
 from vocalis.engine.int8_gemv import AMX_MIN_ROWS, Int8Linear, Int8Weight, amx_linear, fuse, int8_linear, with_amx_copy
 from vocalis.models.qwen2 import Qwen2DecoderLayer
 from vocalis.models.speech_lm import Qwen2LM
@@ -37,8 +39,8 @@ from vocalis.models.speech_lm import Qwen2LM
 
 @dataclass(frozen=True, slots=True)
 class PackedLayer:
-    # fp32: (in, out) views of (out, in) row-major storage (`.t()` of each is contiguous: the rows the fused step
-    # reads); int8 (`Int8Weight`, its bias inside): the same products packed for the kernel
+    # fp32 or bf16: (in, out) views of (out, in) row-major storage (`.t()` of each is contiguous: the rows the fused
+    # step reads); int8 (`Int8Weight`, its bias inside): the same products packed for the kernel
     qkv_t: torch.Tensor | Int8Weight  # (D, Dq + 2 Dkv): the fused (Dq + 2 Dkv, D) storage, transposed
     qkv_bias: torch.Tensor | None  # (Dq + 2 Dkv,)
     gate_up_t: torch.Tensor | Int8Weight  # (D, 2 I): the fused (2 I, D) storage (gate rows, then up), transposed
@@ -48,8 +50,12 @@ class PackedLayer:
     kv_dim: int
 
 
-def _plain(*linears: nn.Linear) -> bool:
+def _plain(*linears: nn.Module) -> bool:
     return all(type(m) is nn.Linear and m.weight.dtype == torch.float32 for m in linears)
+
+
+def _bf16(*linears: nn.Module) -> bool:
+    return all(type(m) is CastLinear and m.weight.dtype == torch.bfloat16 for m in linears)
 
 
 def _fuse(linears: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -81,6 +87,8 @@ def gemm(x: torch.Tensor, w_t: torch.Tensor | Int8Weight, bias: torch.Tensor | N
         if w_t.amx is not None and x.shape[0] >= AMX_MIN_ROWS:
             return amx_linear(x, w_t)
         return int8_linear(x, w_t)
+    if w_t.dtype == torch.bfloat16:  # `CastLinear`'s weights: its arithmetic (input rounded to bf16), fp32 out
+        return F.linear(x.to(torch.bfloat16), w_t.t(), bias).float()
     if _ONEDNN and x.shape[0] >= ONEDNN_MIN_ROWS and x.is_cpu:
         return torch.ops.mkldnn._linear_pointwise(x, w_t.t(), bias, "none", [], "")
     return torch.mm(x, w_t) if bias is None else torch.addmm(bias, x, w_t)
@@ -119,7 +127,7 @@ def pack_layer(layer: Qwen2DecoderLayer) -> PackedLayer | None:
         if packed is not None:
             layer._vocalis_packed = packed  # type: ignore[attr-defined]
         return packed
-    if not _plain(attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj):
+    if not (_plain(*linears) or _bf16(*linears)):
         return None
     qkv, qkv_bias = _fuse([attn.q_proj, attn.k_proj, attn.v_proj])  # (Dq + 2 Dkv, D)
     gate_up, _ = _fuse([mlp.gate_proj, mlp.up_proj])  # (2 I, D)
