@@ -1,18 +1,24 @@
-"""Shared by the fused decode step tests (int8 and fp32): run an engine with or without its fused stack and record
-every step's log-probs."""
+"""Shared by the fused decode step tests (int8, fp32, bf16): run an engine with or without its fused stack and
+record every step's log-probs."""
 
 from __future__ import annotations
 
 import dataclasses
 
+import pytest
 import torch
 
 from vocalis.config import PRESETS
+from vocalis.engine import int8_gemv
 from vocalis.engine.config import EngineConfig
 from vocalis.engine.llm_engine import LLMEngine
 from vocalis.engine.model_runner import StepInputs
 from vocalis.engine.request import SamplingParams
 from vocalis.models.speech_lm import Qwen2LM
+
+# the fp32 and bf16 steps need the kernel extension only (AVX-512, a compiler), not the int8 kernel's VNNI
+dense_kernel = pytest.mark.skipif(int8_gemv.fp32_unavailable_reason() is not None,
+                                  reason=f"kernel extension unavailable: {int8_gemv.fp32_unavailable_reason()}")
 
 # requests of different lengths: paged contexts that end mid-block, mixed prefill + decode steps
 TEXTS = [[40, 41, 42], [50, 51, 52, 53, 54], [60], [70, 71], [80, 81, 82, 83, 84, 85, 86], [90]]

@@ -16,15 +16,14 @@ from tests.fused_decode_support import (
     TEXTS,
     check_duplicated_items_change_nothing,
     check_fused_equals_per_op,
+    dense_kernel,
     run_steps,
     small_engine,
     tiny_lm,
 )
-from vocalis.engine import int8_gemv
 from vocalis.engine.backends import cast_linears
 
-kernel = pytest.mark.skipif(int8_gemv.fp32_unavailable_reason() is not None,
-                            reason=f"kernel extension unavailable: {int8_gemv.fp32_unavailable_reason()}")
+kernel = dense_kernel
 
 
 def _bf16_lm(hidden: int, heads: int, kv_heads: int, intermediate: int):

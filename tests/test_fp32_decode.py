@@ -16,6 +16,7 @@ from tests.fused_decode_support import (
     TEXTS,
     check_duplicated_items_change_nothing,
     check_fused_equals_per_op,
+    dense_kernel,
     small_engine,
     tiny_lm,
 )
@@ -23,8 +24,7 @@ from vocalis.engine import int8_gemv
 from vocalis.engine.request import SamplingParams
 from vocalis.sampling import make_greedy_sampler
 
-kernel = pytest.mark.skipif(int8_gemv.fp32_unavailable_reason() is not None,
-                            reason=f"kernel extension unavailable: {int8_gemv.fp32_unavailable_reason()}")
+kernel = dense_kernel
 
 
 @kernel
