@@ -60,3 +60,23 @@ def test_odd_k_is_not_supported() -> None:
     """The layout pairs k values: an odd-K weight is reported unsupported (the caller keeps torch's GEMM)."""
     assert not bf16_gemm.supports(torch.randn(8, 3))
     assert bf16_gemm.supports(torch.randn(8, 4))
+
+
+@pytest.mark.parametrize("taps", [1, 3])
+@pytest.mark.parametrize("time_major", [True, False])
+def test_causal_conv_against_exact(taps: int, time_major: bool) -> None:
+    """`conv`: (left context, x) through a causal conv of `taps` taps, both layouts of x (the estimator's time-major
+    views and a channels-first tensor), rows and channels with tails; fp32 out within bf16 input rounding of the
+    exact result (inputs and weights rounded to bf16, fp32 sums: |err| <= 1e-5 of the range)."""
+    g = torch.Generator().manual_seed(taps)
+    b, c_in, c_out, n = 3, 40, 70, 37
+    x = torch.randn(b, n, c_in, generator=g).transpose(1, 2) if time_major else torch.randn(b, c_in, n, generator=g)
+    left = torch.randn(b, c_in, taps - 1, generator=g)
+    w = torch.randn(c_out, c_in, taps, generator=g) / (c_in * taps) ** 0.5
+    bias = torch.randn(c_out, generator=g)
+    packed = bf16_gemm.pack(w.permute(0, 2, 1).reshape(c_out, taps * c_in), bias)  # tap-major, as the engine packs
+    y = bf16_gemm.conv(x, left, packed, taps)
+    full = torch.cat([left, x], dim=2).bfloat16().double()
+    exact = F.conv1d(full, w.bfloat16().double(), bias.double())
+    assert y.shape == (b, c_out, n) and y.dtype == torch.float32
+    assert (y.double() - exact).abs().max().item() <= 1e-5 * exact.abs().max().item()
