@@ -140,10 +140,19 @@ def test_waiting_for_text_does_not_spin(model: LoadedModel) -> None:
 
         with AsyncEngine.from_model(model) as eng:
             handle = eng.submit(_pieces_request(model, pieces(), seed=0))
-            await asyncio.sleep(0.3)
-            steps = eng.stats()["llm_steps"]
+            # the first piece's work done (however slow the machine): no step for 0.3 s; a loop that kept
+            # stepping (spinning) while waiting never gets there
+            loop = asyncio.get_running_loop()
+            steps, quiet_since = eng.stats()["llm_steps"], loop.time()
+            for _ in range(200):
+                await asyncio.sleep(0.05)
+                count = eng.stats()["llm_steps"]
+                if count != steps:
+                    steps, quiet_since = count, loop.time()
+                elif loop.time() - quiet_since >= 0.3:
+                    break
             await asyncio.sleep(0.3)  # the stream waits for text: the loop sleeps, no steps, no polling
-            assert eng.stats()["llm_steps"] == steps
+            assert steps > 0 and eng.stats()["llm_steps"] == steps
             gate.set()
             chunks = await _collect(handle)
             assert chunks[-1].final and eng.stats()["llm_steps"] > steps
