@@ -47,7 +47,7 @@ Backend (who runs the flow estimator and the HiFT body; the LLM runs in torch ex
   17.6 / 187, vLLM bf16 28.4 / 275, our LLMEngine fp32 27.4 / 112 (int8: ~70-80 / ~270, see README); the
   worker starts in ~15 s (export + vLLM load).
 - auto: CUDA -> fp16 with tensorrt when importable, else torch; CPU -> int8 on CPUs with AMX tiles where the int8
-  kernel builds (first chunk ~0.33 of the reference's against bf16's ~0.6 on the 2-core AMX Xeon), else bf16 on
+  kernel builds (first chunk ~0.26 of the reference's against bf16's ~0.33 on the 2-core AMX Xeon), else bf16 on
   CPUs with native bf16 (AVX512-BF16), else fp32; torch. The choice is logged and returned in `Runtime`.
 An unavailable choice raises `InputError` naming what to install or use instead.
 """

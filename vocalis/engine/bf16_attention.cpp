@@ -88,8 +88,8 @@ inline void pack_keys(const Problem& pr, int64_t b, int64_t h, int64_t need, int
 // keys from `need` and values from E zero.
 inline void pack_values(const Problem& pr, int64_t b, int64_t h, int64_t need, int64_t padded, int64_t Ep,
                         uint32_t* out) {
-  std::vector<const at::BFloat16*> rows;  // every key row's values, in order
-  rows.reserve(need);
+  thread_local std::vector<const at::BFloat16*> rows;  // every key row's values, in order (kept between calls)
+  rows.clear();
   for (const Segment& sg : pr.segments) {
     const at::BFloat16* base = sg.v + (b % sg.batches) * sg.vb + h * sg.vh;
     for (int64_t r = 0; r < sg.len && static_cast<int64_t>(rows.size()) < need; ++r) rows.push_back(base + r * sg.vl);

@@ -53,8 +53,13 @@ const float* f32(const torch::Tensor& t, int64_t n, const char* what) {
   return t.data_ptr<float>();
 }
 
+// a layer's bias: null where it has none (an empty tensor), as bf16_gemm's tiles take it
+const float* bias_of(const torch::Tensor& t, int64_t n, const char* what) {
+  return t.numel() == 0 ? nullptr : f32(t, n, what);
+}
+
 // x (B, n, D) fp32 contiguous, updated in place. Weights packed by bf16_gemm.pack: qkv (3 H E out, D in; no
-// bias), out (D, H E), ff1 (F, D), ff2 (D, F). cached_k/cached_v: the keys/values before the new frames, pieces
+// bias), out (D, H E), ff1 (F, D), ff2 (D, F); their biases fp32, or empty where a layer has none. cached_k/cached_v: the keys/values before the new frames, pieces
 // (B or a divisor of B, H, L_i, E) in order (bf16_attention.cpp's segments), maybe none. limits: int32 (1 or B,
 // n) keys visible per new frame, counting cached then new keys, or empty (all).
 // Returns the new frames' keys and values, (B, H, n, E) bf16 each.
@@ -108,13 +113,13 @@ std::vector<torch::Tensor> block(torch::Tensor x, const torch::Tensor& ln1_w, co
   std::tie(pr.limits, pr.lim_row) = bf16attn::limits_of(limits, B, n);
   bf16attn::run(pr);  // -> a (B, n, H, E) = (rows, H E)
   bf16gemm::run_tiles(ap, 1, 0, rows, HE, HE, out.data_ptr<at::BFloat16>(), out.size(0), D,
-                      f32(out_bias, D, "output projection bias"), bf16gemm::kAddF32, xp);
+                      bias_of(out_bias, D, "output projection bias"), bf16gemm::kAddF32, xp);
   layer_norm_bf16(xp, rows, D, f32(ln3_w, D, "norm3 weight"), f32(ln3_b, D, "norm3 bias"), static_cast<float>(eps3), ap);
   auto hidden = torch::empty({rows, inner}, bf16);
   bf16gemm::run_tiles(ap, 1, 0, rows, D, D, ff1.data_ptr<at::BFloat16>(), ff1.size(0), inner,
-                      f32(ff1_bias, inner, "ff1 bias"), bf16gemm::kGeluBf16, hidden.data_ptr());
+                      bias_of(ff1_bias, inner, "ff1 bias"), bf16gemm::kGeluBf16, hidden.data_ptr());
   bf16gemm::run_tiles(hidden.data_ptr<at::BFloat16>(), 1, 0, rows, inner, inner, ff2.data_ptr<at::BFloat16>(),
-                      ff2.size(0), D, f32(ff2_bias, D, "ff2 bias"), bf16gemm::kAddF32, xp);
+                      ff2.size(0), D, bias_of(ff2_bias, D, "ff2 bias"), bf16gemm::kAddF32, xp);
   return {k_new, v_new};
 }
 

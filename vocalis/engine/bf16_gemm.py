@@ -71,6 +71,11 @@ def _agrees() -> bool:
     return bool(torch.allclose(y, ref, rtol=2e-2, atol=2e-2))
 
 
+def serves(dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether the kernel runs compute of `dtype` on `device`: bf16 on the CPU, where `available()`."""
+    return dtype == torch.bfloat16 and device.type == "cpu" and available()
+
+
 def supports(weight: torch.Tensor) -> bool:
     """Whether a weight (N, K) can go through the kernel: a CPU tensor with even K (the layout pairs k values)."""
     return weight.device.type == "cpu" and weight.dim() == 2 and weight.shape[1] % 2 == 0
@@ -122,13 +127,8 @@ def transformer_block(x: torch.Tensor, w: BlockWeights, cached_k: list[torch.Ten
     ext = int8_gemv.extension()
     n1, n3 = w.norm1, w.norm3
     return ext.bf16_block(x, n1.weight, n1.bias, n1.eps, w.qkv.panels, w.heads, w.head_dim, w.out.panels,
-                          _bias(w.out), n3.weight, n3.bias, n3.eps, w.ff1.panels, _bias(w.ff1), w.ff1.n,
-                          w.ff2.panels, _bias(w.ff2), cached_k, cached_v,
-                          _NO_LIMITS if limits is None else limits)
-
-
-def _bias(w: PackedWeight) -> torch.Tensor:
-    return w.bias if w.bias.numel() else torch.zeros(w.n)
+                          w.out.bias, n3.weight, n3.bias, n3.eps, w.ff1.panels, w.ff1.bias, w.ff1.n,
+                          w.ff2.panels, w.ff2.bias, cached_k, cached_v, _NO_LIMITS if limits is None else limits)
 
 
 def conv(x: torch.Tensor, left: torch.Tensor, w: PackedWeight, taps: int) -> torch.Tensor:

@@ -91,7 +91,7 @@ class ComputeWeights:
         if hit is None or hit[0] is not key:
             weight, bias = weights()
             if self.native is None:
-                self.native = self.kind == torch.bfloat16 and weight.device.type == "cpu" and bf16_gemm.available()
+                self.native = bf16_gemm.serves(self.kind, weight.device)
             if self.native and bf16_gemm.supports(weight):
                 hit = self._cache[id(key)] = (key, bf16_gemm.pack(weight, bias))
                 return hit[1]
@@ -127,7 +127,7 @@ class ComputeWeights:
         if isinstance(gemm, bf16_gemm.PackedWeight) and residual.is_contiguous():
             bf16_gemm.linear_add_(residual.view(-1, residual.shape[-1]), x.reshape(-1, x.shape[-1]), gemm)
             return residual
-        return residual + self._run(gemm, x.reshape(-1, x.shape[-1])).view(*x.shape[:-1], -1)
+        return residual + self.linear(layer, x)
 
     def block_weights(self, block: BasicTransformerBlock) -> bf16_gemm.BlockWeights | None:
         """A transformer block's weights for `bf16_gemm`'s one-call block (packed GEMMs, fp32 norms and biases),
@@ -242,9 +242,9 @@ class _ChunkRun:
         self.conv_index = 0
         self.block_index = 0
         # the attention mask of the call, built by the first transformer block: (additive bias, or None when it
-        # hides nothing; the same as per-query key limits for `bf16_attention`, None where that does not run)
+        # hides nothing; the same as per-query key limits for the native kernels, None where every key is visible
+        # or, for the two-part path's own keys, where `bf16_attention` does not run)
         self._mask: tuple[torch.Tensor | None, torch.Tensor | None] | None = None
-        self._limits: tuple[torch.Tensor | None] | None = None  # the same as key limits, for `block`
 
     def conv(self, conv: nn.Conv1d, x: torch.Tensor) -> torch.Tensor:
         """Causal conv x (2R, C, n) -> (2R, C_out, n), left context from the caches."""
@@ -284,13 +284,11 @@ class _ChunkRun:
                 qi = torch.arange(a, a + m, device=like.device)
                 limit = torch.clamp((qi // self.chunk + 1) * self.chunk, max=a + m) - f  # block end, own index
                 bias[r, :, 0, :m] = torch.where(kj[None, :] < limit[:, None], 0.0, _MASK_BIAS).to(like.dtype)
-            self._set_mask(None if bool((bias == 0).all()) else bias.expand(rows // 2, 2, 1, n, width)
-                           .reshape(rows, 1, n, width) if uniform else bias.view(rows, 1, n, width), like)
+            bias = (None if bool((bias == 0).all()) else bias.expand(rows // 2, 2, 1, n, width)
+                    .reshape(rows, 1, n, width) if uniform else bias.view(rows, 1, n, width))
+            limits = None if bias is None or not bf16_attention.supports(like) else bf16_attention.limits_of(bias)
+            self._mask = (bias, limits)
         return self._mask[0]
-
-    def _set_mask(self, bias: torch.Tensor | None, like: torch.Tensor) -> None:
-        limits = None if bias is None or not bf16_attention.supports(like) else bf16_attention.limits_of(bias)
-        self._mask = (bias, limits)
 
     def attention(self, attn: SelfAttention, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """residual (2R, n, D) fp32 + self-attention of new frames x (2R, n, D) over cached + new keys (the add
@@ -348,9 +346,8 @@ class _ChunkRun:
                             for s in ([c.keys for c in self.caches], [c.values for c in self.caches]))
             cached_k.append(own_k)
             cached_v.append(own_v)
-        if self._limits is None:
-            self._limits = (_block_limits(start, n, self.chunk),)
-        k_new, v_new = bf16_gemm.transformer_block(x, w, cached_k, cached_v, self._limits[0])
+        self._whole_bias(start, n, x)  # the call's mask: the block reads its key limits
+        k_new, v_new = bf16_gemm.transformer_block(x, w, cached_k, cached_v, self._mask[1])
         self._new_own(i, k_new)
         if self.keeps[0]:  # the cache holds each request's own frames: earlier ones, then these
             kept_k, kept_v = (self._stored_new(new, own) for new, own in ((k_new, own_k), (v_new, own_v)))
@@ -403,14 +400,13 @@ class _ChunkRun:
     def _whole_bias(self, start: int, n: int, like: torch.Tensor) -> torch.Tensor | None:
         """The block-causal additive mask (1, 1, n, start + n) of new frames over all of a request's keys; None
         when every query sees every key (the new frames lie in one block). Built by the first transformer block
-        of the call."""
+        of the call, with the same as key limits (`_block_limits`) beside it in `_mask`."""
         if self._mask is None:
-            qi = torch.arange(start, start + n, device=like.device)
-            limit = (qi // self.chunk + 1) * self.chunk  # a query sees the keys up to its block's end
+            limits = _block_limits(start, n, self.chunk)  # (1, n): a query sees the keys up to its block's end
             kj = torch.arange(start + n, device=like.device)
-            self._set_mask(None if int(limit.min()) >= start + n else
-                           torch.where(kj[None, :] < limit[:, None], 0.0, _MASK_BIAS).to(like.dtype)[None, None],
-                           like)
+            self._mask = (None if limits is None else
+                          torch.where(kj[None, :] < limits[0, :, None].to(like.device), 0.0, _MASK_BIAS)
+                          .to(like.dtype)[None, None], limits)
         return self._mask[0]
 
     def _attention_batched(self, i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

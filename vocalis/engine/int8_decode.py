@@ -186,18 +186,18 @@ def _dense_stack(llm: Qwen2LM, packed: Sequence[PackedLayer | None], ext: object
 
 def _unsupported(llm: Qwen2LM, packed: Sequence[PackedLayer | None], cache_dtype: torch.dtype,
                  kind: str) -> str | None:
-    fp32 = kind != "int8"  # a dense kind: what the fp32 step needs, the bf16 one too
+    dense = kind != "int8"  # fp32 or bf16: what the fp32 step needs, the bf16 one needs too
     switch = f"VOCALIS_{kind.upper()}_FUSED"
     if os.environ.get(switch, "1") == "0":
         return f"{switch}=0"
-    if not fp32 and (not packed or any(pk is None or not isinstance(pk.qkv_t, Int8Weight) for pk in packed)):
+    if not dense and (not packed or any(pk is None or not isinstance(pk.qkv_t, Int8Weight) for pk in packed)):
         return "not every layer is int8-, fp32- or bf16-packed"
     q = llm.config.qwen
     if cache_dtype != torch.float32 or llm.speech_embedding.weight.device.type != "cpu":
         return "cache not fp32 on CPU"
     if q.head_dim % 16 or q.intermediate_size % int8_gemv.PANEL:
         return "head_dim not a multiple of 16 or intermediate size not whole panels"
-    if fp32 and ((q.num_attention_heads * q.head_dim) % int8_gemv.PANEL
+    if dense and ((q.num_attention_heads * q.head_dim) % int8_gemv.PANEL
                  or (q.num_key_value_heads * q.head_dim) % int8_gemv.PANEL):
         return "q or k/v width not whole 64-channel panels"
     layers = llm.qwen.layers
@@ -205,9 +205,9 @@ def _unsupported(llm: Qwen2LM, packed: Sequence[PackedLayer | None], cache_dtype
                                                                     for layer in layers}
     if len(eps) != 1 or any(layer.input_layernorm.weight.dtype != torch.float32 for layer in layers):
         return "norms not uniform fp32"
-    # last: for fp32 weights this may build the extension (once per machine), only where the step would apply.
-    # The fp32 step needs the extension only, not the int8 kernel's VNNI
-    reason = int8_gemv.fp32_unavailable_reason() if fp32 else int8_gemv.unavailable_reason()
+    # last: for dense weights this may build the extension (once per machine), only where the step would apply.
+    # The dense steps need the extension only, not the int8 kernel's VNNI
+    reason = int8_gemv.fp32_unavailable_reason() if dense else int8_gemv.unavailable_reason()
     if reason is not None:
         return f"native kernels unavailable ({reason})"
     return None
