@@ -6,9 +6,9 @@ process (fresh model, own peak RSS). All tokens are available from the start (as
 figures are token2wav alone. Times are wall and process CPU seconds; on a shared machine compare CPU seconds
 (with --threads 1 they are pure work, no spin-waiting), since wall time depends on the other load.
 
-  reference: `vocalis.inference.token2wav.Token2Wav`, one stream (its streaming loop re-runs the flow over the
+  reference: `vocalis.reference.token2wav.Token2Wav`, one stream (its streaming loop re-runs the flow over the
              whole prefix at every chunk); S streams are served one after another, so S x that time.
-  engine:    `vocalis.engine.token2wav.Token2WavEngine` at each precision: one stream, then S streams stepped
+  engine:    `vocalis.token2wav.engine.Token2WavEngine` at each precision: one stream, then S streams stepped
              together; plus the mel/waveform error against an fp32 model on the same inputs.
 
     python scripts/bench_token2wav.py --seconds 10 --streams 8 --precisions fp32,bf16,int8 --json t2w.json
@@ -32,10 +32,10 @@ import torch
 from torch import nn
 
 from vocalis.config import PRESETS, SAMPLE_RATE, TOKEN_RATE
-from vocalis.engine.accuracy import errors, outputs
-from vocalis.engine.backends import apply_backend
-from vocalis.engine.token2wav import Token2WavConfig, Token2WavEngine
-from vocalis.inference.token2wav import FlowPrompt, Token2Wav
+from vocalis.bench.accuracy import errors, outputs
+from vocalis.runtime.backends import apply_backend
+from vocalis.token2wav.engine import Token2WavConfig, Token2WavEngine
+from vocalis.reference.token2wav import FlowPrompt, Token2Wav
 from vocalis.models.flow.flow import CausalMaskedDiffWithXvec
 from vocalis.models.hift.generator import HiFTGenerator
 

@@ -40,3 +40,18 @@ def load_reference(compat_dir: Path, name: str) -> dict[str, torch.Tensor]:
 @pytest.fixture(autouse=True)
 def _two_threads() -> None:
     torch.set_num_threads(2)
+
+
+@pytest.fixture
+def force_cpu_level(monkeypatch: pytest.MonkeyPatch):
+    """`force_cpu_level("avx2")`: run the rest of the test as on a CPU of that level (`VOCALIS_CPU_ISA`), every
+    kernel decision taken anew; restored afterwards."""
+    from vocalis.precision import int8_linear
+
+    def force(level: str) -> None:
+        monkeypatch.setenv("VOCALIS_CPU_ISA", level)
+        int8_linear.reset()
+
+    yield force
+    monkeypatch.delenv("VOCALIS_CPU_ISA", raising=False)
+    int8_linear.reset()

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from vocalis.config import PRESETS
-from vocalis.engine import int8_gemv
+from vocalis.precision import int8_linear as int8_gemv
 from vocalis.engine.config import EngineConfig
 from vocalis.engine.llm_engine import LLMEngine
 from vocalis.engine.model_runner import StepInputs

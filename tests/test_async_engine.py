@@ -8,12 +8,12 @@ from collections.abc import AsyncIterator
 import numpy as np
 import pytest
 
-from vocalis.engine.async_engine import AsyncEngine, StreamHandle
+from vocalis.runtime.async_engine import AsyncEngine, StreamHandle
 from vocalis.engine.config import EngineConfig
-from vocalis.engine.token2wav import Token2WavConfig
+from vocalis.token2wav.engine import Token2WavConfig
 from vocalis.errors import InputError
-from vocalis.inference.request import AudioChunk, Mode, SynthesisRequest
-from vocalis.inference.synthesizer import Synthesizer
+from vocalis.frontend.request import AudioChunk, Mode, SynthesisRequest
+from vocalis.reference.synthesizer import Synthesizer
 from vocalis.model_dir import LoadedModel, random_model
 
 TEXTS = ["Hello there, how are you today?", "Short one.", "The quick brown fox jumps over the lazy dog again."]
@@ -177,7 +177,7 @@ def test_grouped_token2wav_steps_give_the_same_audio_in_fewer_steps(model: Loade
     import dataclasses
 
     from vocalis.engine.request import SamplingParams
-    from vocalis.engine.step_grouping import StepGrouping
+    from vocalis.runtime.step_grouping import StepGrouping
 
     class FixedLength(AsyncEngine):
         def llm_params(self, text_ids: list[int]) -> SamplingParams:

@@ -23,15 +23,16 @@ import soundfile as sf
 import torch
 
 from vocalis.cli import main
-from vocalis.engine.accuracy import errors, outputs
-from vocalis.engine.backends import CastConv, CastLinear, apply_backend, has_amx, native_bf16_cpu, resolve
-from vocalis.engine.bf16_gemm import PackedWeight
-from vocalis.engine.bf16_gemm import available as bf16_gemm_available
-from vocalis.engine.dynamic_int8 import Int8Linear, eight_bit_activations
-from vocalis.engine.int8_gemv import available as int8_available
-from vocalis.engine.token2wav import Token2WavEngine
+from vocalis.bench.accuracy import errors, outputs
+from vocalis.precision.layers import CastConv, CastLinear
+from vocalis.runtime.backends import apply_backend, has_amx, native_bf16_cpu, resolve
+from vocalis.kernels.bf16_gemm import PackedWeight
+from vocalis.kernels.bf16_gemm import available as bf16_gemm_available
+from vocalis.precision.dynamic_int8 import Int8Linear, eight_bit_activations
+from vocalis.precision.int8_linear import available as int8_available
+from vocalis.token2wav.engine import Token2WavEngine
 from vocalis.errors import InputError
-from vocalis.inference.token2wav import FlowPrompt
+from vocalis.reference.token2wav import FlowPrompt
 from vocalis.model_dir import random_model
 from vocalis.tts import TTS
 
@@ -173,7 +174,7 @@ def test_choices_and_messages(caplog: pytest.LogCaptureFixture, monkeypatch: pyt
         resolve("jax", "fp32", "cpu")
     expected = "int8" if has_amx() and int8_available() else ("bf16" if native_bf16_cpu() else "fp32")
     assert resolve("auto", "auto", "cpu") == ("torch", expected)
-    with caplog.at_level(logging.INFO, logger="vocalis.engine.backends"):
+    with caplog.at_level(logging.INFO, logger="vocalis.runtime.backends"):
         runtime = apply_backend(random_model(), "auto", "auto", "cpu")
     assert "auto picked" in caplog.text and runtime.precision == expected
 
@@ -207,7 +208,7 @@ def _engine_mels(model, compute: str = "auto", streams: int = 1, native: bool | 
                  ) -> tuple[list[torch.Tensor], Token2WavEngine]:
     """Every chunk's mel of `streams` identical-schedule streams (different tokens) through the cached engine;
     native: force the bf16 compute's own GEMM (`bf16_gemm`) on or off (None: its default)."""
-    from vocalis.engine.token2wav import Token2WavConfig
+    from vocalis.token2wav.engine import Token2WavConfig
 
     g = torch.Generator().manual_seed(0)
     prompt = FlowPrompt(torch.randint(0, 6561, (1, 30), generator=g), torch.randn(1, 60, 80, generator=g),

@@ -12,9 +12,9 @@ import pytest
 import soundfile as sf
 from tiny_assets import make_tiny_model_dir, write_voice_like_wav
 
-from vocalis.batch_infer import InferOptions, RankInfo, is_finished, merge_reports, run_batch, shard
+from vocalis.batch.infer import InferOptions, RankInfo, is_finished, merge_reports, run_batch, shard
 from vocalis.cli import main
-from vocalis.manifest import read_manifest
+from vocalis.batch.manifest import read_manifest
 
 REPO = Path(__file__).resolve().parents[1]
 VALID_IDS = {"a1", "a2", "a3", "a4", "a7"}

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from vocalis.bench_bandwidth import BandwidthProbe, copy_gbps, decode_fraction, read_gbps, spread
-from vocalis.bench_measure import kv_bytes_per_position, llm_bytes_per_token
+from vocalis.bench.bandwidth import BandwidthProbe, copy_gbps, decode_fraction, read_gbps, spread
+from vocalis.bench.measure import kv_bytes_per_position, llm_bytes_per_token
 from vocalis.config import PRESETS
 
 

@@ -1,4 +1,4 @@
-"""Our bf16 attention (`vocalis.engine.bf16_attention`, AMX CPUs) against float64 math on the same bf16 inputs:
+"""Our bf16 attention (`vocalis.kernels.bf16_attention`, AMX CPUs) against float64 math on the same bf16 inputs:
 per-query key limits (block-causal and padding masks), queries with no visible key, both output layouts,
 strided q/k/v (views of one fused projection, as the estimator passes them), head sizes 8 and 64, and the
 estimator's masks given as additive biases (`limits_of`).
@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vocalis.engine import bf16_attention
+from vocalis.kernels import bf16_attention
 
 pytestmark = pytest.mark.skipif(not bf16_attention.supports(torch.zeros(1, 1, 1, 64, dtype=torch.bfloat16)),
                                 reason="our bf16 attention runs on AMX CPUs only (with the native extension built)")

@@ -21,7 +21,7 @@ from tests.fused_decode_support import (
     small_engine,
     tiny_lm,
 )
-from vocalis.engine.backends import cast_linears
+from vocalis.precision.layers import cast_linears
 
 kernel = dense_kernel
 

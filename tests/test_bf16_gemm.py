@@ -1,4 +1,4 @@
-"""Our bf16 GEMM (`vocalis.engine.bf16_gemm`, AMX CPUs): each epilogue against float64 math on the same bf16
+"""Our bf16 GEMM (`vocalis.kernels.bf16_gemm`, AMX CPUs): each epilogue against float64 math on the same bf16
 inputs, at shapes with row, column and panel tails.
 
 Bounds: bf16 output (plain and GELU) within one bf16 rounding of the exact result: |err| <= 2^-8 |y| + 1e-6
@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from vocalis.engine import bf16_gemm
+from vocalis.kernels import bf16_gemm
 
 pytestmark = pytest.mark.skipif(not bf16_gemm.available(),
                                 reason="our bf16 GEMM runs on AMX CPUs only (with the native extension built)")

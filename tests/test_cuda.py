@@ -16,15 +16,15 @@ import numpy as np
 import pytest
 import torch
 
-from vocalis.engine.accuracy import errors, outputs
-from vocalis.engine.async_engine import AsyncEngine
-from vocalis.engine.backends import apply_backend
+from vocalis.bench.accuracy import errors, outputs
+from vocalis.runtime.async_engine import AsyncEngine
+from vocalis.runtime.backends import apply_backend
 from vocalis.engine.config import EngineConfig
 from vocalis.engine.llm_engine import LLMEngine
 from vocalis.engine.request import SamplingParams
-from vocalis.engine.token2wav import Token2WavConfig
-from vocalis.inference.request import Mode, SynthesisRequest
-from vocalis.inference.synthesizer import Synthesizer
+from vocalis.token2wav.engine import Token2WavConfig
+from vocalis.frontend.request import Mode, SynthesisRequest
+from vocalis.reference.synthesizer import Synthesizer
 from vocalis.model_dir import random_model
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from vocalis.config import PRESETS
-from vocalis.engine.token2wav import StreamState, Token2WavConfig, Token2WavEngine
-from vocalis.inference.token2wav import FlowPrompt, Token2Wav
+from vocalis.token2wav.engine import StreamState, Token2WavConfig, Token2WavEngine
+from vocalis.reference.token2wav import FlowPrompt, Token2Wav
 from vocalis.models.flow.flow import CausalMaskedDiffWithXvec
 from vocalis.models.hift.generator import HiFTGenerator
 
@@ -327,8 +327,8 @@ def test_native_bf16_batched_equals_one_at_a_time(modules, monkeypatch: pytest.M
     against each request alone (one-call blocks). A lone request attends over its keys as one sequence, the batch
     merges a prefix part and an own part by log-sum-exp: bf16 rounding turns those last-bit differences into
     bf16-sized ones; audio within 5e-4 [measured 7.0e-6]."""
-    from vocalis.engine import bf16_gemm
-    from vocalis.engine.backends import cast_linears
+    from vocalis.kernels import bf16_gemm
+    from vocalis.precision.layers import cast_linears
 
     if not bf16_gemm.available():
         pytest.skip("our bf16 kernels run on AMX CPUs only (with the native extension built)")
@@ -344,7 +344,7 @@ def test_native_bf16_batched_equals_one_at_a_time(modules, monkeypatch: pytest.M
         assert eng.compute is not None and eng.compute.native
         return eng
 
-    from vocalis.engine.estimator_stream import _ChunkRun
+    from vocalis.token2wav.estimator import _ChunkRun
 
     attention_batched, mixed = _ChunkRun._attention_batched, []
 

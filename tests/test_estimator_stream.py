@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from vocalis.engine.estimator_stream import ComputeWeights, EstimatorCache, _ChunkRun
+from vocalis.token2wav.estimator import ComputeWeights, EstimatorCache, _ChunkRun
 from vocalis.models.flow.transformer import SelfAttention
 
 D, H, E, CHUNK = 16, 2, 8, 4  # width, heads, head width, block-causal block (frames)

@@ -20,7 +20,7 @@ from tests.fused_decode_support import (
     small_engine,
     tiny_lm,
 )
-from vocalis.engine import int8_gemv
+from vocalis.precision import int8_linear as int8_gemv
 from vocalis.engine.request import SamplingParams
 from vocalis.sampling import make_greedy_sampler
 
@@ -82,10 +82,8 @@ def test_fused_fp32_reads_the_packed_storage() -> None:
 
 
 @kernel
-def test_fused_fp32_step_needs_no_vnni(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A CPU with AVX-512 but no VNNI: the int8 kernel is off, the fp32 fused step still runs."""
-    real = int8_gemv._cpu_reason
-    monkeypatch.setattr(int8_gemv, "_cpu_reason", lambda needed: "CPU lacks avx512_vnni"
-                        if "avx512_vnni" in needed else real(needed))
+def test_fused_fp32_step_needs_no_vnni(force_cpu_level) -> None:
+    """At the AVX-512 level without VNNI (forced): the int8 kernel is off, the fp32 fused step still runs."""
+    force_cpu_level("avx512")
     assert not int8_gemv.available() and int8_gemv.fp32_unavailable_reason() is None
     assert small_engine(tiny_lm(128, 4, 2, 256)).runner.fused_decode is not None

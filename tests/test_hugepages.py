@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from vocalis.engine import huge_pages
-from vocalis.engine.huge_pages import HUGE_PAGE, to_huge_pages
+from vocalis.kernels import huge_pages
+from vocalis.kernels.huge_pages import HUGE_PAGE, to_huge_pages
 
 _THP_MODE = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 

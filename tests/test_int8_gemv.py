@@ -1,4 +1,4 @@
-"""The int8 VNNI kernel (vocalis/engine/int8_gemv.py) against a float64 reference of the same quantized math,
+"""The int8 VNNI kernel (vocalis/precision/int8_linear.py) against a float64 reference of the same quantized math,
 its fusion, its use by the LLM engine, and the fallback when it cannot be built.
 
 Bounds: kernel vs reference max abs <= 1e-5 * max |y| (the only differences are fp32 rounding in the scale-out:
@@ -20,10 +20,10 @@ from torch import nn
 
 from tests.fused_decode_support import check_duplicated_items_change_nothing, check_fused_equals_per_op, tiny_lm
 from vocalis.config import PRESETS
-from vocalis.engine import int8_gemv
-from vocalis.engine.backends import has_amx
+from vocalis.precision import int8_linear as int8_gemv
+from vocalis.kernels.cpu import has_amx
 from vocalis.engine.config import EngineConfig
-from vocalis.engine.int8_gemv import Int8Linear, fuse, int8_linear, int8_linear_reference, int8_linears, quantize_weight
+from vocalis.precision.int8_linear import Int8Linear, fuse, int8_linear, int8_linear_reference, int8_linears, quantize_weight
 from vocalis.engine.llm_engine import LLMEngine
 from vocalis.engine.request import SamplingParams
 from vocalis.models.speech_lm import Qwen2LM
@@ -115,7 +115,7 @@ def test_int8_engine_equals_reference_path() -> None:
 
 def test_fallback_when_the_kernel_is_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
     """No kernel: the int8 backend quantizes the LLM with torch's dynamic quantization and says so."""
-    from vocalis.engine.backends import apply_backend
+    from vocalis.runtime.backends import apply_backend
     from vocalis.model_dir import random_model
 
     monkeypatch.setattr(int8_gemv, "_ext", None)
@@ -160,7 +160,7 @@ def test_amx_copy_runs_the_same_weights_for_many_rows() -> None:
     """On AMX CPUs a packed int8 weight carries a bf16 copy of its own int8 values (times their scales); rows from
     `AMX_MIN_ROWS` on run through it: within bf16 rounding of the int8 kernel's math [measured ~4e-3 of max |y|],
     fewer rows keep the kernel exactly."""
-    from vocalis.engine.int8_gemv import AMX_MIN_ROWS, with_amx_copy
+    from vocalis.precision.int8_linear import AMX_MIN_ROWS, with_amx_copy
     from vocalis.engine.packed_weights import gemm
 
     g = torch.Generator().manual_seed(3)

@@ -104,7 +104,7 @@ def test_openai_names_map_deterministically() -> None:
     import torch
 
     from vocalis.serve.voices import OPENAI_VOICES, VoiceNotFound, VoiceStore
-    from vocalis.voice import Voice
+    from vocalis.frontend.voice import Voice
 
     def v(name: str) -> Voice:
         return Voice(name, "", (), (), torch.zeros(0, 80), torch.zeros(192))
@@ -124,7 +124,7 @@ def test_stores_sharing_a_folder_follow_each_other(tmp_path: Path) -> None:
     import torch
 
     from vocalis.serve.voices import VoiceNotFound, VoiceStore
-    from vocalis.voice import Voice
+    from vocalis.frontend.voice import Voice
 
     a, b = VoiceStore({}, tmp_path), VoiceStore({}, tmp_path)
     voice = Voice("shared", "hi", (1, 2), (3, 4), torch.zeros(4, 80), torch.ones(192))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from vocalis.engine.step_grouping import StepGrouping, StreamReadiness, plan_token2wav_step
+from vocalis.runtime.step_grouping import StepGrouping, StreamReadiness, plan_token2wav_step
 
 POLICY = StepGrouping(max_wait_steps=4, max_wait_s=1.0)
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from conftest import load_reference
-from vocalis.inference.token2wav import FlowPrompt, Token2Wav
+from vocalis.reference.token2wav import FlowPrompt, Token2Wav
 
 ATOL = 1e-4
 

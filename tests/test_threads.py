@@ -8,7 +8,7 @@ import threading
 import pytest
 import torch
 
-from vocalis.engine.threads import release_openmp_pool
+from vocalis.kernels.threads import release_openmp_pool
 
 
 def _threads() -> int:

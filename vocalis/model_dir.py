@@ -32,10 +32,10 @@ from vocalis.models.hift.generator import prepare_official_state_dict as prepare
 from vocalis.models.speech_lm import Qwen2LM
 from vocalis.models.speech_lm import prepare_official_state_dict as prepare_llm_state_dict
 from vocalis.official_yaml import model_config_from_official, read_official_yaml, read_qwen_config
-from vocalis.voice import Voice, voice_from_spk2info
+from vocalis.frontend.voice import Voice, voice_from_spk2info
 
 if TYPE_CHECKING:
-    from vocalis.engine.backends import Runtime
+    from vocalis.runtime.backends import Runtime
 
 log = logging.getLogger(__name__)
 _SAFE_FILE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")

@@ -9,13 +9,13 @@ import numpy as np
 import torch
 
 from vocalis.config import PROMPT_SAMPLE_RATE_16K, MAX_PROMPT_SECONDS
-from vocalis.engine.backends import Runtime, apply_backend, resolve
+from vocalis.runtime.backends import Runtime, apply_backend, resolve
 from vocalis.errors import InputError
 from vocalis.frontend import audio as audio_fe
-from vocalis.inference.request import AudioChunk, Mode, SynthesisRequest
-from vocalis.inference.synthesizer import AudioSource, Synthesizer
+from vocalis.frontend.request import AudioChunk, Mode, SynthesisRequest
+from vocalis.reference.synthesizer import AudioSource, Synthesizer
 from vocalis.model_dir import LoadedModel, load_model
-from vocalis.voice import Voice, check_voice_name
+from vocalis.frontend.voice import Voice, check_voice_name
 
 
 class TTS:
@@ -38,7 +38,7 @@ class TTS:
         """A model directory (official CosyVoice2 or Vocalis layout), or None for the built-in model.
 
         backend: torch | onnx | tensorrt | compile | vllm | auto; precision: fp32 | bf16 | fp16 | int8 | auto
-        (see `vocalis.engine.backends`; an unavailable choice raises InputError saying what to install).
+        (see `vocalis.runtime.backends`; an unavailable choice raises InputError saying what to install).
         """
         dev = torch.device(device)
         resolve(backend, precision, dev)  # fail fast, before loading

@@ -15,7 +15,7 @@ import torch
 from vocalis.engine.bistream import BistreamInput
 from vocalis.engine.block_manager import BlockManager
 from vocalis.engine.config import EngineConfig
-from vocalis.engine.engine_front import EngineFront
+from vocalis.engine.base import EngineFront
 from vocalis.engine.id_space import IdSpace
 from vocalis.engine.model_runner import ModelRunner, kv_bytes_per_block
 from vocalis.engine.packed_weights import pack_llm

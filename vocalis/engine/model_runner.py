@@ -29,10 +29,10 @@ import torch
 import torch.nn.functional as F
 
 from vocalis.engine.decode_graphs import DecodeGraphs
-from vocalis.engine.huge_pages import to_huge_pages
+from vocalis.kernels.huge_pages import to_huge_pages
 from vocalis.engine.id_space import IdSpace
-from vocalis.engine.int8_decode import decode_stack
-from vocalis.engine.int8_gemv import Int8Linear
+from vocalis.engine.decode_stack import decode_stack
+from vocalis.precision.int8_linear import Int8Linear
 from vocalis.engine.packed_weights import PackedLayer, gemm
 from vocalis.engine.request import Request
 from vocalis.models.qwen2 import Qwen2RMSNorm, rotary_cos_sin

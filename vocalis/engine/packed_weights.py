@@ -31,8 +31,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vocalis.engine.backends import CastLinear, has_amx
-from vocalis.engine.int8_gemv import AMX_MIN_ROWS, Int8Linear, Int8Weight, amx_linear, fuse, int8_linear, with_amx_copy
+from vocalis.kernels.cpu import has_amx
+from vocalis.precision.layers import CastLinear
+from vocalis.precision.int8_linear import AMX_MIN_ROWS, Int8Linear, Int8Weight, amx_linear, fuse, int8_linear, with_amx_copy
 from vocalis.models.qwen2 import Qwen2DecoderLayer
 from vocalis.models.speech_lm import Qwen2LM
 

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from vocalis.engine.request import Request
-from vocalis.engine.threads import single_thread
+from vocalis.kernels.threads import single_thread
 
 
 class Sampler:

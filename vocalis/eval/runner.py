@@ -15,7 +15,7 @@ from vocalis.errors import InputError, VocalisError
 from vocalis.eval.asr import Transcriber, load_transcriber
 from vocalis.eval.similarity import SAMPLE_RATE, SpeakerEmbedder, cosine, make_embedders
 from vocalis.eval.wer import EditCounts, char_counts, word_counts
-from vocalis.manifest import ManifestItem, read_manifest
+from vocalis.batch.manifest import ManifestItem, read_manifest
 
 log = logging.getLogger(__name__)
 

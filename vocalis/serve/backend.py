@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from vocalis.errors import InputError, VocalisError
-from vocalis.inference.request import AudioChunk
-from vocalis.voice import Voice
+from vocalis.frontend.request import AudioChunk
+from vocalis.frontend.voice import Voice
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from fastapi import APIRouter, Depends, File, Form, Request, UploadFile
 from fastapi.responses import StreamingResponse
 
 from vocalis.errors import InputError
-from vocalis.inference.request import MAX_SPEED, MIN_SPEED
+from vocalis.frontend.request import MAX_SPEED, MIN_SPEED
 from vocalis.serve.audio_encoding import check_format
 from vocalis.serve.backend import SpeechJob
 from vocalis.serve.context import ctx_of
@@ -29,7 +29,7 @@ from vocalis.serve.guards import ApiKey
 from vocalis.serve.schemas import MAX_SEED
 from vocalis.serve.streaming import audio_response, start_job
 from vocalis.serve.uploads import read_upload
-from vocalis.voice import Voice
+from vocalis.frontend.voice import Voice
 
 Text = Annotated[str, Form(min_length=1)]
 Speed = Annotated[float, Form(ge=MIN_SPEED, le=MAX_SPEED)]

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from vocalis.errors import InputError
 from vocalis.frontend.text import LANGUAGES
-from vocalis.inference.request import MAX_SPEED, MIN_SPEED
+from vocalis.frontend.request import MAX_SPEED, MIN_SPEED
 
 MAX_SEED = 2**62
 ResponseFormat = Literal["mp3", "opus", "aac", "flac", "wav", "pcm"]

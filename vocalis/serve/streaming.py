@@ -23,7 +23,7 @@ from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
 from vocalis.errors import VocalisError
-from vocalis.inference.request import AudioChunk
+from vocalis.frontend.request import AudioChunk
 from vocalis.serve.audio_encoding import MEDIA_TYPES, AudioEncoder, encode_whole
 from vocalis.serve.backend import Aborted, JobHandle, SpeechJob
 from vocalis.serve.metrics import ServeMetrics

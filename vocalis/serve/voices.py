@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vocalis.errors import InputError, VocalisError
-from vocalis.voice import Voice, check_voice_name
+from vocalis.frontend.voice import Voice, check_voice_name
 
 log = logging.getLogger(__name__)
 

@@ -16,20 +16,18 @@ Legend: K / N input / output width.
 
 from __future__ import annotations
 
-import functools
 import warnings
 
 import torch
 from torch import nn
 
-from vocalis.engine.int8_gemv import _cpu_reason
-from vocalis.engine.module_swap import swap_modules
+from vocalis.kernels import cpu
+from vocalis.precision.module_swap import swap_modules
 
 
-@functools.cache
 def eight_bit_activations() -> bool:
     """Whether fbgemm may quantize activations to all 8 bits here: only with VNNI's int32 sums (module doc)."""
-    return _cpu_reason(("avx512_vnni",)) is None
+    return cpu.features().at_least("avx512_vnni")
 
 
 def use_x86_quantized_engine() -> None:

@@ -44,9 +44,9 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from vocalis.engine import int8_gemv
-from vocalis.engine.backends import CastLinear
-from vocalis.engine.int8_gemv import Int8Linear, Int8Weight
+from vocalis.precision import int8_linear as int8_gemv
+from vocalis.precision.layers import CastLinear
+from vocalis.precision.int8_linear import Int8Linear, Int8Weight
 from vocalis.engine.packed_weights import PackedLayer
 from vocalis.models.speech_lm import Qwen2LM
 

@@ -40,8 +40,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vocalis.engine import bf16_attention, bf16_gemm
-from vocalis.engine.backends import has_amx
+from vocalis.kernels import bf16_attention, bf16_gemm
+from vocalis.kernels.cpu import has_amx
 from vocalis.errors import InputError
 from vocalis.models.flow.cfm import CausalConditionalCFM, cosine_time_grid
 from vocalis.models.flow.estimator import CausalBlock1D, CausalConditionalDecoder, CausalResnetBlock1D

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from vocalis.engine.onnx_backend import export_estimator
+from vocalis.runtime.onnx import export_estimator
 from vocalis.models.flow.estimator import CausalConditionalDecoder
 from vocalis.models.flow.flow import CausalMaskedDiffWithXvec
 

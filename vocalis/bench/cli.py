@@ -45,7 +45,7 @@ def _side(kind: str, cfg: Any, precision: str | None) -> dict[str, Any]:
     """Run one side in a fresh interpreter; its result comes back as JSON through a temporary file."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "side.json"
-        cmd = [sys.executable, "-m", "vocalis.bench", "--_side", kind, "--_config", json.dumps(cfg.to_json()),
+        cmd = [sys.executable, "-m", "vocalis.bench.cli", "--_side", kind, "--_config", json.dumps(cfg.to_json()),
                "--_out", str(out)] + (["--_precision", precision] if precision else [])
         start = time.perf_counter()
         proc = subprocess.run(cmd, check=False, stdin=subprocess.DEVNULL, env=_side_env())
@@ -69,7 +69,7 @@ def run(cfg: Any) -> dict[str, Any]:
     """cfg: a `bench_measure.BenchConfig`."""
     import torch
 
-    from vocalis.bench_measure import measure_bandwidth
+    from vocalis.bench.measure import measure_bandwidth
 
     load_before = os.getloadavg()
     bandwidth = measure_bandwidth()
@@ -236,7 +236,7 @@ def plot(report: dict[str, Any], path: Path) -> None:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", default="cosyvoice2-0.5b", help="model shapes (random weights): cosyvoice2-0.5b, tiny")
     p.add_argument("--precision", default="fp32", help="engine precisions, comma separated: fp32,bf16,int8")
-    p.add_argument("--backend", default="torch", help="engine backend (see vocalis.engine.backends)")
+    p.add_argument("--backend", default="torch", help="engine backend (see vocalis.runtime.backends)")
     p.add_argument("--device", default="cpu", help="cpu or cuda (both sides run there)")
     p.add_argument("--threads", type=int, default=min(os.cpu_count() or 1, 2), help="torch threads per side")
     p.add_argument("--tokens", type=int, help="speech tokens per utterance (25 per second)")
@@ -252,7 +252,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> Any:
-    from vocalis.bench_measure import BenchConfig
+    from vocalis.bench.measure import BenchConfig
 
     kw: dict[str, Any] = dict(QUICK) if args.quick else {}
     kw.update(preset=args.preset, backend=args.backend, threads=args.threads, device=args.device,
@@ -275,7 +275,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
     if args.device != "cpu" and args.device != "cuda" and not args.device.startswith("cuda:"):
         raise InputError(f"--device takes cpu, cuda or cuda:N, got {args.device!r}")
     if kw["precisions"] != ("fp32",) or args.backend != "torch" or args.device != "cpu":
-        from vocalis.engine.backends import resolve
+        from vocalis.runtime.backends import resolve
 
         # resolve "auto" and fail with a clear message now rather than from a side process
         kw["precisions"] = tuple(dict.fromkeys(resolve(args.backend, p, args.device)[1] for p in kw["precisions"]))
@@ -311,7 +311,7 @@ def _side_main(argv: list[str]) -> int:
     parser.add_argument("--_precision")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
-    from vocalis.bench_measure import BenchConfig, run_engine, run_reference
+    from vocalis.bench.measure import BenchConfig, run_engine, run_reference
 
     cfg = BenchConfig.from_json(json.loads(args._config))
     result = run_reference(cfg) if args._side == "reference" else run_engine(cfg, args._precision)

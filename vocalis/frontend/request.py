@@ -9,7 +9,7 @@ from enum import Enum
 import numpy as np
 
 from vocalis.errors import InputError
-from vocalis.voice import Voice
+from vocalis.frontend.voice import Voice
 
 MIN_SPEED, MAX_SPEED = 0.25, 4.0
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from vocalis.inference.token2wav import FlowPrompt, Token2Wav
+from vocalis.reference.token2wav import FlowPrompt, Token2Wav
 
 
 def _inputs(model: Any, seed: int, num_tokens: int, num_prompt: int) -> tuple[torch.Tensor, FlowPrompt]:

@@ -36,20 +36,20 @@ import numpy as np
 import torch
 
 from vocalis.config import StreamConfig
-from vocalis.engine.backends import make_llm_engine
+from vocalis.runtime.backends import make_llm_engine
 from vocalis.engine.config import EngineConfig
 from vocalis.engine.llm_engine import LLMEngine
 from vocalis.engine.request import Request, RequestStatus, SamplingParams
-from vocalis.engine.step_grouping import StepGrouping, StreamReadiness, plan_token2wav_step
-from vocalis.engine.threads import release_openmp_pool
-from vocalis.engine.token2wav import StreamState, Token2WavChunk, Token2WavConfig, Token2WavEngine
+from vocalis.runtime.step_grouping import StepGrouping, StreamReadiness, plan_token2wav_step
+from vocalis.kernels.threads import release_openmp_pool
+from vocalis.token2wav.engine import StreamState, Token2WavChunk, Token2WavConfig, Token2WavEngine
 from vocalis.errors import InputError, VocalisError
-from vocalis.inference.request import AudioChunk, Mode, SynthesisRequest
-from vocalis.inference.synthesizer import Synthesizer
+from vocalis.frontend.request import AudioChunk, Mode, SynthesisRequest
+from vocalis.reference.synthesizer import Synthesizer
 from vocalis.model_dir import LoadedModel
 
 if TYPE_CHECKING:
-    from vocalis.engine.vllm_engine import VLLMEngine
+    from vocalis.engine.vllm.engine import VLLMEngine
 
 log = logging.getLogger(__name__)
 

@@ -17,18 +17,18 @@ import numpy as np
 import torch
 
 from vocalis.config import ENDOFPROMPT_TOKEN, MAX_PROMPT_SECONDS, PROMPT_SAMPLE_RATE_16K, StreamConfig
-from vocalis.engine.backends import vllm_precision
+from vocalis.runtime.backends import vllm_precision
 from vocalis.errors import InputError
 from vocalis.frontend import audio as audio_fe
 from vocalis.frontend import text as text_fe
 from vocalis.frontend.tokenizer import TextTokenizer
-from vocalis.inference.request import AudioChunk, Mode, SynthesisRequest
-from vocalis.inference.token2wav import FlowPrompt, Token2Wav
+from vocalis.frontend.request import AudioChunk, Mode, SynthesisRequest
+from vocalis.reference.token2wav import FlowPrompt, Token2Wav
 from vocalis.model_dir import LoadedModel
-from vocalis.voice import Voice
+from vocalis.frontend.voice import Voice
 
 if TYPE_CHECKING:
-    from vocalis.engine.vllm_engine import VLLMEngine
+    from vocalis.engine.vllm.engine import VLLMEngine
 
 log = logging.getLogger(__name__)
 
@@ -175,7 +175,7 @@ class Synthesizer:
         if precision is None:
             return None
         if self._vllm is None:
-            from vocalis.engine.vllm_engine import VLLMEngine
+            from vocalis.engine.vllm.engine import VLLMEngine
 
             self._vllm = VLLMEngine(self.model.llm, precision=precision)
         return self._vllm

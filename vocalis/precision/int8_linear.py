@@ -1,4 +1,4 @@
-"""Int8 linear layers for the LLM on CPU: our own AVX-512 VNNI kernel (int8_gemv.cpp), built on first use.
+"""Int8 linear layers for the LLM on CPU: our own AVX-512 VNNI kernel (kernels/csrc/int8_gemv.cpp), built on first use.
 
 Why: decoding reads every weight once per step for a few rows, so its speed is the rate weights stream from
 memory. Measured on the 2-core EPYC (AVX-512 VNNI): fbgemm's dynamic int8 linear (`quantize_dynamic`) read
@@ -14,7 +14,7 @@ Math (what `int8_linear_reference` computes in float64): weights symmetric int8 
 u8; int32 accumulation; y = acc * sx * sw + bias. Finer than fbgemm's per-tensor weight scale.
 
 The extension is compiled by `torch.utils.cpp_extension.load_inline` (gcc + ninja) into torch's extension
-cache dir, once per machine; it also holds the fused decode steps (int8_decode.cpp). When the int8 kernel cannot
+cache dir, once per machine; it also holds the fused decode steps (kernels/csrc/int8_decode.cpp). When the int8 kernel cannot
 be used (CPU without AVX-512 VNNI, `VOCALIS_INT8_KERNEL=0`, no compiler, a build error), `available()` is False,
 one log line says why, and the int8 backend keeps torch's dynamic quantization. The fp32 fused step needs only the
 extension (AVX-512 F/BW/VL/DQ, a compiler): `fp32_unavailable_reason()`.
@@ -24,120 +24,71 @@ Legend: M rows, K in features, N out features, P = ceil(N / 64) panels, K4 = cei
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
-import threading
 from dataclasses import dataclass, replace
-from pathlib import Path
 from types import ModuleType
 
 import torch
 from torch import nn
 
-from vocalis.engine.module_swap import swap_modules
+from vocalis.kernels import bf16_gemm, build, cpu
+from vocalis.precision.module_swap import swap_modules
 
 log = logging.getLogger(__name__)
 
 PANEL = 64  # output channels per panel; fused parts must be whole panels
-# shared vector math, the GEMM kernel, the estimator's bf16 GEMM, attention and transformer block built on them
-# (bf16_gemm.py, bf16_attention.py, estimator_stream.py), then the fused decoder-stack step built on the int8 kernel
-# (int8_decode.py), which also holds the Python module: one translation unit
-_SOURCES = tuple(Path(__file__).with_name(name) for name in
-                 ("vec_math.cpp", "int8_gemv.cpp", "bf16_gemm.cpp", "bf16_attention.cpp", "bf16_block.cpp",
-                  "int8_decode.cpp"))
-_FLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni", "-fopenmp"]
-# what the extension's fp32 code (the fp32 fused decode step) executes; the int8 kernel also needs VNNI. The
-# whole translation unit is compiled with -mavx512vnni, but only the int8 code has the u8 x s8 dot products
-# VPDPBUSD computes (the fp32 step is float FMAs and int64 index work), so a CPU without VNNI can run the fp32 step
-_CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512dq")
-_INT8_CPU_FLAGS = ("avx512_vnni",)
-
 # weight bytes each thread gets at least: smaller GEMMs run on the calling thread alone, as waking a pool thread
 # costs more than it saves for the ~1 MB q/k/v and o projections (see the measurements in the module doc)
 GRAIN_BYTES = int(os.environ.get("VOCALIS_INT8_GRAIN_BYTES", str(2 << 20)))
 _NO_BIAS = torch.empty(0)  # the kernel's "no bias" (its binding takes tensors only)
-_lock = threading.Lock()
-_ext: ModuleType | None = None
-_reason: str | None = None  # why the extension is unavailable, once decided
-_int8_logged = False  # whether the int8 kernel's own reason (no VNNI, switched off) was logged
-
-
-def _cpu_reason(needed: tuple[str, ...]) -> str | None:
-    """None when the CPU has every instruction set in `needed`, else what is missing."""
-    try:
-        flags = next((line.split(":", 1)[1].split() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                      if line.startswith("flags")), [])
-    except OSError:
-        return "cannot read /proc/cpuinfo to check for AVX-512"
-    missing = [f for f in needed if f not in flags]
-    return f"CPU lacks {', '.join(missing)}" if missing else None
-
-
-def _build() -> ModuleType:
-    from torch.utils.cpp_extension import load_inline
-
-    sources = [path.read_text() for path in _SOURCES]
-    # the name carries a hash of the sources, so an edited kernel is rebuilt rather than a stale one loaded
-    tag = hashlib.sha1("\n".join(sources).encode()).hexdigest()[:10]
-    log.info("loading the native kernels: int8 VNNI GEMV, fused int8/fp32 decode steps (compiled once per machine "
-             "into torch's extension cache)")
-    return load_inline(name=f"vocalis_int8_gemv_{tag}", cpp_sources=sources, functions=None,
-                       extra_cflags=_FLAGS, extra_ldflags=["-fopenmp"], verbose=False)
+_logged = False  # whether the int8 kernel's own reason (no VNNI, switched off) was logged
 
 
 def extension() -> ModuleType | None:
-    """The compiled extension (the int8 kernel and both fused decode steps), building it on first call; None
-    (logged once, with the reason) when it cannot be built or loaded. The int8 kernel has its own further
-    conditions (`available`)."""
-    global _ext, _reason
-    with _lock:
-        if _ext is None and _reason is None:
-            _reason = _cpu_reason(_CPU_FLAGS)
-            if _reason is None:
-                try:
-                    _ext = _build()
-                except Exception as e:  # noqa: BLE001 - any build failure means: use the fallback
-                    _reason = f"build failed ({type(e).__name__}: {str(e).strip().splitlines()[-1:]})"
-            if _reason is not None:
-                log.info("native kernels unavailable: %s; int8 linears use torch dynamic quantization and decode "
-                         "steps run op by op (fp32 and int8)", _reason)
-        return _ext
+    """The native extension (`kernels.build.extension`)."""
+    return build.extension()
 
 
-def _int8_reason() -> str | None:
-    global _int8_logged
+def unavailable_reason() -> str | None:
+    """Why the int8 kernel (and with it the int8 fused decode step) cannot run here (None: it can)."""
+    global _logged
     if os.environ.get("VOCALIS_INT8_KERNEL", "1") == "0":
-        reason = "VOCALIS_INT8_KERNEL=0"
-    elif extension() is None:
-        return _reason  # logged by extension()
+        reason: str | None = "VOCALIS_INT8_KERNEL=0"
+    elif build.extension() is None:
+        return build.unavailable_reason()  # logged by the build
+    elif not cpu.features().at_least("avx512_vnni"):
+        reason = f"the int8 kernel needs AVX-512 VNNI (CPU level {cpu.features().describe()})"
     else:
-        reason = _cpu_reason(_INT8_CPU_FLAGS)
-    if reason is not None and not _int8_logged:
-        _int8_logged = True
+        reason = None
+    if reason is not None and not _logged:
+        _logged = True
         log.info("int8 VNNI kernel unavailable: %s; int8 linears use torch dynamic quantization", reason)
     return reason
 
 
 def available() -> bool:
     """Whether the int8 kernel (and with it the int8 fused decode step) can run here."""
-    return _int8_reason() is None
-
-
-def unavailable_reason() -> str | None:
-    """Why the int8 kernel cannot run here (None: it can)."""
-    return _int8_reason()
+    return unavailable_reason() is None
 
 
 def fp32_unavailable_reason() -> str | None:
     """Why the fp32 fused decode step cannot run here (None: it can): only the extension itself is needed."""
-    extension()
-    return _reason
+    return build.unavailable_reason()
+
+
+def reset() -> None:
+    """Forget every decision (tests that force a CPU level)."""
+    global _logged
+    _logged = False
+    cpu.reset()
+    build.reset()
+    bf16_gemm.reset()
 
 
 @dataclass(frozen=True, slots=True)
 class Int8Weight:
-    """A Linear's weight packed for the kernel (see int8_gemv.cpp for the layout)."""
+    """A Linear's weight packed for the kernel (see kernels/csrc/int8_gemv.cpp for the layout)."""
 
     w: torch.Tensor  # (P, K4, 64, 4) int8
     scale: torch.Tensor  # (P*64,) fp32 per output channel (0-padded)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from vocalis.engine import bf16_gemm, int8_gemv
+from vocalis.kernels import bf16_gemm, build
 
 _ALL_VISIBLE = torch.empty(0, dtype=torch.int32)
 
@@ -40,7 +40,7 @@ def attend(q: torch.Tensor, k: torch.Tensor | list[torch.Tensor], v: torch.Tenso
     along dim 2 are the keys and values (a piece may have fewer batch rows, a divisor of B: row b reads row
     b % rows, as a voice prefix shared by request pairs); limits (1 or B, n) int32 or None (every key visible)
     -> out (B, H, n, E) when heads_first else (B, n, H, E), and log-sum-exp (B, H, n) fp32."""
-    ext = int8_gemv.extension()
+    ext = build.extension()
     ks, vs = (k, v) if isinstance(k, list) else ([k], [v])
     out, lse = ext.bf16_attention(q, ks, vs, _ALL_VISIBLE if limits is None else limits, q.shape[-1] ** -0.5,
                                   heads_first)

@@ -11,7 +11,7 @@ Math: x bf16, W bf16, fp32 accumulation over the whole K, + bias in fp32 (torch'
 bf16 rounding (RNE) or an fp32 add into the residual stream (no bf16 rounding of the layer's output at all).
 GELU is the exact erf form with erf to ~2e-7.
 
-The kernel lives in the native extension (`int8_gemv.extension()`, compiled once per machine); `available()`
+The kernel lives in the native extension (`build.extension()`, compiled once per machine); `available()`
 says whether it runs here (the extension builds and the CPU has AMX tiles, where the tile kernel is the fast one).
 `VOCALIS_BF16_GEMM=0` turns it off (torch's oneDNN GEMM instead).
 Legend: M rows, K in features, N out features.
@@ -26,8 +26,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from vocalis.engine import int8_gemv
-from vocalis.engine.backends import has_amx
+from vocalis.kernels import build
+from vocalis.kernels.cpu import has_amx
 
 log = logging.getLogger(__name__)
 
@@ -52,12 +52,18 @@ def available() -> bool:
     and a small GEMM through it agrees with torch's (else logged, and the caller keeps torch's ops)."""
     global _available
     if _available is None:
-        ext = None if os.environ.get("VOCALIS_BF16_GEMM", "1") == "0" or not has_amx() else int8_gemv.extension()
+        ext = None if os.environ.get("VOCALIS_BF16_GEMM", "1") == "0" or not has_amx() else build.extension()
         _available = ext is not None and bool(ext.bf16_usable())
         if _available and not _agrees():
             log.warning("native bf16 GEMM disagrees with torch's on a small check; using torch's ops")
             _available = False
     return _available
+
+
+def reset() -> None:
+    """Forget the decision (tests that force a CPU level)."""
+    global _available
+    _available = None
 
 
 def _agrees() -> bool:
@@ -83,7 +89,7 @@ def supports(weight: torch.Tensor) -> bool:
 
 def pack(weight: torch.Tensor, bias: torch.Tensor | None) -> PackedWeight:
     """weight (N, K) any float dtype, bias (N,) or None -> the packed layer (weight rounded to bf16 once)."""
-    ext = int8_gemv.extension()
+    ext = build.extension()
     assert ext is not None and supports(weight)
     panels = ext.bf16_pack(weight.detach().to(torch.bfloat16).contiguous())
     b = _NO_BIAS if bias is None else bias.detach().float().contiguous()
@@ -92,14 +98,14 @@ def pack(weight: torch.Tensor, bias: torch.Tensor | None) -> PackedWeight:
 
 def linear(x: torch.Tensor, w: PackedWeight, gelu: bool = False) -> torch.Tensor:
     """x (M, K) -> (M, N) bf16: x @ W^T + bias, GELU'd when `gelu`."""
-    ext = int8_gemv.extension()
+    ext = build.extension()
     return ext.bf16_linear(_rows(x), w.panels, w.n, w.bias, _EPILOGUE_GELU_BF16 if gelu else _EPILOGUE_BF16,
                            _NO_RESIDUAL)
 
 
 def linear_add_(residual: torch.Tensor, x: torch.Tensor, w: PackedWeight) -> torch.Tensor:
     """residual (M, N) fp32 contiguous += x (M, K) @ W^T + bias, in place; returns residual."""
-    ext = int8_gemv.extension()
+    ext = build.extension()
     return ext.bf16_linear(_rows(x), w.panels, w.n, w.bias, _EPILOGUE_ADD_F32, residual)
 
 
@@ -124,7 +130,7 @@ def transformer_block(x: torch.Tensor, w: BlockWeights, cached_k: list[torch.Ten
     The new frames attend over cached_k/cached_v (pieces (B or a divisor of B, H, L_i, E) bf16, in order) and
     their own keys, each frame the keys [0, limit) (limits (1 or B, n) int32; None: all) -> the new frames' keys
     and values, (B, H, n, E) bf16 each."""
-    ext = int8_gemv.extension()
+    ext = build.extension()
     n1, n3 = w.norm1, w.norm3
     return ext.bf16_block(x, n1.weight, n1.bias, n1.eps, w.qkv.panels, w.heads, w.head_dim, w.out.panels,
                           w.out.bias, n3.weight, n3.bias, n3.eps, w.ff1.panels, w.ff1.bias, w.ff1.n,
@@ -135,7 +141,7 @@ def conv(x: torch.Tensor, left: torch.Tensor, w: PackedWeight, taps: int) -> tor
     """Causal conv of `taps` taps (weight packed from (C_out, taps * C_in), tap-major): x (B, C_in, n) fp32 and
     the taps - 1 frames before it, left (B, C_in, taps - 1) fp32 -> (B, C_out, n) fp32 (+ bias), a transposed
     view of a time-major result. x is read time-major; a channels-first x is transposed once first."""
-    ext = int8_gemv.extension()
+    ext = build.extension()
     if x.stride(1) != 1:
         x = x.transpose(1, 2).contiguous().transpose(1, 2)
     return ext.bf16_conv(x, left, w.panels, w.n, w.bias, taps).transpose(1, 2)

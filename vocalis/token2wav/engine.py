@@ -4,7 +4,7 @@ The caller (the engine loop) owns one `StreamState` per request, appends the LLM
 (`add_tokens`, then `end_input`), and calls `Token2WavEngine.step(states)`; each call runs one batched flow
 pass and one batched HiFT pass over every request that has a chunk ready, and returns those chunks.
 
-Schedule (the reference `vocalis.inference.token2wav`'s, per request): the first hop is 25 tokens plus the
+Schedule (the reference `vocalis.reference.token2wav`'s, per request): the first hop is 25 tokens plus the
 padding that ends the prompt and the first chunk on a 25-token block, later hops grow 25 -> 50 -> 100; a chunk
 needs 3 look-ahead tokens after its hop; when the input has ended and no full hop remains, the rest is the
 final chunk. HiFT holds back 8 mel frames / 3840 samples and cross-fades the seam, as the reference does.
@@ -53,12 +53,12 @@ import torch
 import torch.nn.functional as F
 
 from vocalis.config import StreamConfig
-from vocalis.engine import bf16_gemm
-from vocalis.engine.backends import CastLinear
-from vocalis.engine.encoder_stream import EncoderCache, EncoderRow, EncoderStreamer
-from vocalis.engine.estimator_stream import ComputeWeights, EstimatorCache, TimeTerms, solve_chunk
-from vocalis.engine.hift_batch import HiftBody, vocode_batch
-from vocalis.inference.token2wav import FlowPrompt
+from vocalis.kernels import bf16_gemm
+from vocalis.precision.layers import CastLinear
+from vocalis.token2wav.encoder import EncoderCache, EncoderRow, EncoderStreamer
+from vocalis.token2wav.estimator import ComputeWeights, EstimatorCache, TimeTerms, solve_chunk
+from vocalis.token2wav.hift import HiftBody, vocode_batch
+from vocalis.reference.token2wav import FlowPrompt
 from vocalis.models.flow.flow import CausalMaskedDiffWithXvec
 from vocalis.models.hift.generator import HiFTGenerator
 

@@ -8,7 +8,7 @@ common cloning case; every request speaks `tokens` speech tokens (25 per second 
 The LLM's batch-1 decode is also set against its memory-bandwidth limit: `b1_decode_tokens` steps in
 `b1_segments` timed segments, a streaming-read bandwidth probe (in a separate process, same thread count) before
 each segment and after the last; the fraction is the decode's bytes/s (weights + the row's K/V per step) over the
-median probe. Why and how: `vocalis.bench_bandwidth`.
+median probe. Why and how: `vocalis.bench.bandwidth`.
 """
 
 from __future__ import annotations
@@ -25,13 +25,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from vocalis.bench_bandwidth import copy_gbps
+from vocalis.bench.bandwidth import copy_gbps
 from vocalis.config import TOKEN_RATE, SamplingConfig, SpeechLMConfig
-from vocalis.inference.request import Mode, SynthesisRequest
+from vocalis.frontend.request import Mode, SynthesisRequest
 from vocalis.model_dir import LoadedModel, random_model
 from vocalis.models.speech_lm import Qwen2LM
 from vocalis.sampling import make_sampler
-from vocalis.voice import Voice
+from vocalis.frontend.voice import Voice
 
 log = logging.getLogger(__name__)
 WORDS = ("the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "seven", "bright", "birds",
@@ -150,7 +150,7 @@ def build(cfg: BenchConfig, precision: str | None) -> tuple[LoadedModel, str]:
         return model, f"reference path, fp32 torch, {cfg.device}"
     if precision == "fp32" and cfg.backend == "torch":
         return model, f"backend torch, precision fp32, {cfg.device}"
-    from vocalis.engine.backends import apply_backend
+    from vocalis.runtime.backends import apply_backend
 
     return model, apply_backend(model, cfg.backend, precision, cfg.device).describe()
 
@@ -168,7 +168,7 @@ def _sync(cfg: BenchConfig) -> None:
 
 # ---- the reference path -------------------------------------------------------------------------------------
 def run_reference(cfg: BenchConfig) -> dict[str, Any]:
-    from vocalis.inference.synthesizer import Synthesizer
+    from vocalis.reference.synthesizer import Synthesizer
 
     model, runtime = build(cfg, None)
     voice = bench_voice(model, cfg)
@@ -205,7 +205,7 @@ def _reference_llm(cfg: BenchConfig, model: LoadedModel, voice: Voice, text_ids:
 
 
 def _reference_token2wav(cfg: BenchConfig, model: LoadedModel, voice: Voice, synth: Any) -> dict[str, Any]:
-    from vocalis.inference.token2wav import Token2Wav
+    from vocalis.reference.token2wav import Token2Wav
 
     t2w = Token2Wav(model.flow, model.hift)
     prompt = synth.flow_prompt(SynthesisRequest(voice, Mode.ZERO_SHOT, "x"))
@@ -287,8 +287,8 @@ def run_engine(cfg: BenchConfig, precision: str) -> dict[str, Any]:
 
 def _engine_llm(cfg: BenchConfig, model: LoadedModel, voice: Voice, precision: str,
                 bytes_per_token: int) -> dict[str, Any]:
-    from vocalis.bench_bandwidth import probe_for, spread
-    from vocalis.engine.backends import make_llm_engine
+    from vocalis.bench.bandwidth import probe_for, spread
+    from vocalis.runtime.backends import make_llm_engine
     from vocalis.engine.config import EngineConfig
     from vocalis.engine.request import SamplingParams
 
@@ -341,7 +341,7 @@ def _b1_against_bandwidth(cfg: BenchConfig, eng: Any, req: Any, weight_bytes: in
     before each and after the last (see bench_bandwidth), after `cfg.b1_warmup_tokens` untimed steps (steady
     state: in the first segment right after prefill both precisions ran ~10-20 % slower). A step's bytes: the
     weights plus the K/V of the row's context at that step (its mean over the segment)."""
-    from vocalis.bench_bandwidth import decode_fraction, probe_for, spread
+    from vocalis.bench.bandwidth import decode_fraction, probe_for, spread
 
     total = cfg.b1_decode_tokens
     sizes = [total // cfg.b1_segments + (i < total % cfg.b1_segments) for i in range(cfg.b1_segments)]
@@ -376,7 +376,7 @@ def _b1_against_bandwidth(cfg: BenchConfig, eng: Any, req: Any, weight_bytes: in
 
 
 def _engine_token2wav(cfg: BenchConfig, model: LoadedModel, voice: Voice, precision: str) -> dict[str, Any]:
-    from vocalis.engine.token2wav import Token2WavEngine
+    from vocalis.token2wav.engine import Token2WavEngine
 
     t2w = Token2WavEngine(model.flow, model.hift)
     prompt = _flow_prompt(model, voice)
@@ -392,7 +392,7 @@ def _engine_token2wav(cfg: BenchConfig, model: LoadedModel, voice: Voice, precis
 
 
 def _flow_prompt(model: LoadedModel, voice: Voice):  # -> FlowPrompt
-    from vocalis.inference.synthesizer import Synthesizer
+    from vocalis.reference.synthesizer import Synthesizer
 
     return Synthesizer(model).flow_prompt(SynthesisRequest(voice, Mode.ZERO_SHOT, "x"))
 
@@ -410,11 +410,11 @@ def _t2w_run(cfg: BenchConfig, t2w: Any, prompt: Any, tokens: list[int], streami
 
 
 async def _engine_e2e(cfg: BenchConfig, model: LoadedModel, voice: Voice) -> dict[str, Any]:
-    from vocalis.engine.async_engine import AsyncEngine
-    from vocalis.engine.backends import make_llm_engine
+    from vocalis.runtime.async_engine import AsyncEngine
+    from vocalis.runtime.backends import make_llm_engine
     from vocalis.engine.config import EngineConfig
     from vocalis.engine.request import SamplingParams
-    from vocalis.engine.token2wav import Token2WavEngine
+    from vocalis.token2wav.engine import Token2WavEngine
 
     class FixedLengthEngine(AsyncEngine):
         def llm_params(self, text_ids: list[int]) -> SamplingParams:

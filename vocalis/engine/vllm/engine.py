@@ -39,18 +39,18 @@ from typing import Any, NoReturn
 import torch
 
 from vocalis.engine.config import EngineConfig
-from vocalis.engine.engine_front import EngineFront
+from vocalis.engine.base import EngineFront
 from vocalis.engine.id_space import IdSpace
 from vocalis.engine.model_runner import embed_engine_ids
 from vocalis.engine.request import Request, RequestStatus, fit_to_model_len
-from vocalis.engine.vllm_export import export_for_vllm
+from vocalis.engine.vllm.export import export_for_vllm
 from vocalis.errors import InputError
 from vocalis.models.speech_lm import Qwen2LM
 
 log = logging.getLogger(__name__)
 
 PYTHON_ENV = "VOCALIS_VLLM_PYTHON"
-WORKER = Path(__file__).with_name("vllm_worker.py")
+WORKER = Path(__file__).with_name("worker.py")
 # vLLM 0.32's CPU attention kernel (CPU_ATTN) takes these head widths only; the 0.5B model's is 64
 CPU_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 DTYPES = {"fp32": "float32", "bf16": "bfloat16"}

@@ -34,7 +34,7 @@ import soundfile as sf
 import torch
 
 from vocalis.errors import InputError, VocalisError
-from vocalis.manifest import ManifestItem, read_manifest
+from vocalis.batch.manifest import ManifestItem, read_manifest
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,1 @@
+"""Dataset inference: manifests in, audio files out, on the engine."""

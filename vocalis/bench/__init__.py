@@ -1,0 +1,1 @@
+"""`vocalis bench`: the engine against the reference path, measured in one run."""

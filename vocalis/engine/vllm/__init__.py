@@ -1,0 +1,1 @@
+"""The vLLM backend for the LLM: export, the worker process, and the engine that talks to it."""

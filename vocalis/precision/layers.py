@@ -1,0 +1,77 @@
+"""Reduced-precision layers swapped in for `nn.Linear` / convs: bf16/fp16 weights (`CastLinear`, `CastConv`) and
+torch's dynamic int8 quantization. Which model parts get them is the runtime's choice (`runtime.backends`)."""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vocalis.precision.dynamic_int8 import use_x86_quantized_engine
+from vocalis.precision.module_swap import swap_modules
+
+
+class CastLinear(nn.Module):
+    """`nn.Linear` with weights stored in a reduced float dtype: input cast down, output cast back."""
+
+    def __init__(self, linear: nn.Linear, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight = nn.Parameter(linear.weight.detach().to(dtype), requires_grad=False)
+        self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().to(dtype), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # 2-D input: the CPU bf16 GEMM has a fast path for 2-D and a slow one for batched 3-D shapes
+        y = F.linear(x.reshape(-1, self.in_features).to(self.weight.dtype), self.weight, self.bias)
+        return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+
+
+class CastConv(nn.Module):
+    """`nn.Conv1d` / `nn.ConvTranspose1d` (weight norm folded) with weights in a reduced float dtype: input cast
+    down, output cast back."""
+
+    def __init__(self, conv: nn.Conv1d | nn.ConvTranspose1d, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.transposed = isinstance(conv, nn.ConvTranspose1d)
+        self.stride, self.padding, self.dilation, self.groups = conv.stride, conv.padding, conv.dilation, conv.groups
+        self.output_padding = conv.output_padding
+        # `conv.weight` is the parametrized (weight-normed) weight where there is one: computed once here
+        self.weight = nn.Parameter(conv.weight.detach().to(dtype), requires_grad=False)
+        self.bias = None if conv.bias is None else nn.Parameter(conv.bias.detach().to(dtype), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.to(self.weight.dtype)
+        if self.transposed:
+            y = F.conv_transpose1d(h, self.weight, self.bias, self.stride, self.padding, self.output_padding,
+                                   self.groups, self.dilation)
+        else:
+            y = F.conv1d(h, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
+        return y.to(x.dtype)
+
+
+def cast_hift_convs(hift: nn.Module, dtype: torch.dtype) -> int:
+    """Replace every conv of HiFT's body (`vocalis.token2wav.hift.hift_body`: pre/post convs, upsampling,
+    resblocks, source downsampling) by a `CastConv` (in place); the F0 predictor and the source stay fp32.
+    Returns how many."""
+    for name in ("conv_pre", "conv_post"):
+        setattr(hift, name, CastConv(getattr(hift, name), dtype))
+    return 2 + sum(swap_modules(getattr(hift, name), lambda m: isinstance(m, (nn.Conv1d, nn.ConvTranspose1d)),
+                                lambda m: CastConv(m, dtype))
+                   for name in ("ups", "source_downs", "source_resblocks", "resblocks"))
+
+
+def cast_linears(module: nn.Module, dtype: torch.dtype) -> int:
+    """Replace every `nn.Linear` below `module` by a `CastLinear` (in place); returns how many."""
+    return swap_modules(module, lambda m: type(m) is nn.Linear, lambda m: CastLinear(m, dtype))
+
+
+def quantize_linears_int8(module: nn.Module) -> int:
+    """Dynamic int8 quantization of every `nn.Linear` below `module` (in place, CPU); returns how many."""
+    count = sum(1 for m in module.modules() if type(m) is nn.Linear)
+    use_x86_quantized_engine()
+    with warnings.catch_warnings():  # eager dynamic quantization is deprecated upstream but present in torch 2.13
+        warnings.simplefilter("ignore")
+        torch.ao.quantization.quantize_dynamic(module, {nn.Linear}, dtype=torch.qint8, inplace=True)
+    return count
