@@ -43,11 +43,12 @@ class CausalConditionalCFM(nn.Module):
 
     rand_noise: torch.Tensor
 
-    def __init__(self, cfm: CFMConfig, estimator: EstimatorConfig, mel_dim: int = 80) -> None:
+    def __init__(self, cfm: CFMConfig, estimator: EstimatorConfig | nn.Module, mel_dim: int = 80) -> None:
         super().__init__()
         self.config = cfm
         self.mel_dim = mel_dim
-        self.estimator = CausalConditionalDecoder(estimator)
+        # a built module (CosyVoice 3's DiT) takes the U-Net's place; it has the same call signature
+        self.estimator = estimator if isinstance(estimator, nn.Module) else CausalConditionalDecoder(estimator)
         # Not persistent: the official code keeps it as a plain attribute, so flow.pt has no such key. Built on
         # CPU explicitly so it stays real when the module is constructed on the meta device.
         self.register_buffer("rand_noise", fixed_noise(mel_dim, cfm.noise_frames, cfm.noise_seed), persistent=False)
