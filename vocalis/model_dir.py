@@ -195,6 +195,10 @@ def load_model(path: str | Path | None = None) -> LoadedModel:
         raise ModelLoadError(f"model directory not found: {directory}")
     if (directory / VOCALIS_JSON).is_file():
         return load_vocalis(directory)
+    if (directory / "cosyvoice3.yaml").is_file():  # CosyVoice 3: its own modules (model_dir_cv3.py)
+        from vocalis.model_dir_cv3 import load_cosyvoice3
+
+        return load_cosyvoice3(directory)
     if (directory / OFFICIAL_YAML).is_file():
         return load_official(directory)
     raise ModelLoadError(f"{directory} is not a model directory: it has neither {VOCALIS_JSON} nor {OFFICIAL_YAML}")
