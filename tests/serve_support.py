@@ -80,10 +80,11 @@ def serve(tts: object, backend_opts: dict | None = None, **config: object) -> Se
 
 
 class ServerThread:
-    """uvicorn serving `app` on 127.0.0.1 at a free port, in a background thread."""
+    """`vocalis serve`'s server (uvicorn with the head timeout and drain) on 127.0.0.1 at a free port, in a
+    background thread."""
 
     def __init__(self, app: object, backend: object = None) -> None:
-        import uvicorn
+        from vocalis.serve.server import make_server
 
         self.app = app
         self.backend = backend
@@ -93,8 +94,7 @@ class ServerThread:
         self.sock.bind(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
-        config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5, ws_ping_interval=None)
-        self.server = uvicorn.Server(config)
+        self.server = make_server(app, log_level="warning", timeout_graceful_shutdown=5, ws_ping_interval=None)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
 
     def __enter__(self) -> ServerThread:  # noqa: PYI034

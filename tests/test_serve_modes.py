@@ -172,8 +172,9 @@ def test_websocket_idle_timeout(tts) -> None:
         assert json.loads(ws.recv(timeout=30))["type"] == "ready"
         reply = json.loads(ws.recv(timeout=30))
         with contextlib.suppress(websockets.exceptions.ConnectionClosed):
-            ws.close()
-        assert reply["status"] == 504 and "no text arrived" in reply["message"]
+            ws.recv(timeout=10)
+        assert reply["status"] == 408 and "no message came for 0.5 s" in reply["message"]
+        assert ws.close_code == 4408
 
 
 def test_concurrent_websockets_are_queued(server) -> None:

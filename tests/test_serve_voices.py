@@ -132,7 +132,7 @@ def test_stores_sharing_a_folder_follow_each_other(tmp_path: Path) -> None:
     a.reserve("shared2")  # a pending name is not visible elsewhere
     a.release("shared2")
     assert b.resolve("shared").prompt_speech_ids == (3, 4)
-    assert [e.voice.name for e in b.entries()] == ["shared"]
+    assert [e.name for e in b.entries()] == ["shared"]
     b.delete("shared")
     with pytest.raises(VoiceNotFound):
         a.resolve("shared")

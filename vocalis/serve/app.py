@@ -7,31 +7,34 @@ GET /metrics, and the web page at / (static/). The backend is any object with Th
 
 from __future__ import annotations
 
+import asyncio
 import logging
-import os
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
+from fastapi import APIRouter, FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from vocalis.errors import AudioError, InputError, VocalisError
 from vocalis.serve.audio_encoding import check_format, supported_formats
 from vocalis.serve.backend import Aborted, JobTimeout, Overloaded, SpeechJob
 from vocalis.serve.config import ServeConfig
 from vocalis.serve.context import ServerContext, ctx_of
-from vocalis.serve.guards import ApiKey, BodyLimitMiddleware, RequestMetricsMiddleware
+from vocalis.serve.guards import ApiKey, ApiKeyMiddleware, BodyLimitMiddleware, RequestMetricsMiddleware
+from vocalis.serve.hosts import HostOriginMiddleware, HostPolicy
+from vocalis.serve.limits import PromptBudget, check_text_fields, token_counter
 from vocalis.serve.metrics import ServeMetrics
 from vocalis.serve.schemas import PayloadTooLarge, SpeechRequest, error_body, validation_message
 from vocalis.serve.streaming import audio_response, sse_response, start_job, whole_response
-from vocalis.serve.uploads import UnsupportedMedia, read_body
+from vocalis.serve.uploads import UnsupportedMedia, audio_seconds, read_body
 from vocalis.serve.voices import VoiceConflict, VoiceNotFound, VoiceStore
 
 log = logging.getLogger(__name__)
@@ -68,16 +71,19 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _vocalis(request: Request, exc: VocalisError) -> JSONResponse:
         status, headers = error_status(exc)
         ctx: ServerContext = request.app.state.ctx
+        message = ctx.public(str(exc))
         if status == 503:
             headers = {"Retry-After": str(ctx.config.retry_after_s)}
+            if ctx.shutdown.draining:
+                headers["Connection"] = "close"
         route = getattr(request.scope.get("route"), "path", "unmatched")
         if isinstance(exc, Aborted):  # the client left before the first chunk: nobody reads this answer
             ctx.metrics.aborted.inc()
-            return _json_error(status, str(exc))
+            return _json_error(status, message)
         ctx.metrics.errors.labels(route, type(exc).__name__).inc()
         if status >= 500 and status != 503:
-            log.error("%s %s: %s", request.method, request.url.path, exc)
-        return _json_error(status, str(exc), headers)
+            log.error("%s %s: %s", request.method, request.url.path, message)
+        return _json_error(status, message, headers)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -87,6 +93,12 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         return _json_error(exc.status_code, str(exc.detail), dict(exc.headers or {}))
 
+    @app.exception_handler(ClientDisconnect)
+    async def _gone(request: Request, exc: ClientDisconnect) -> JSONResponse:
+        # The client left while sending its body: nobody reads the answer, and it is no server error.
+        log.info("%s %s: the client left before sending its whole body", request.method, request.url.path)
+        return _json_error(499, "the client disconnected", {"Connection": "close"})
+
     @app.exception_handler(Exception)
     async def _bug(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error in %s %s", request.method, request.url.path)
@@ -94,8 +106,8 @@ def install_error_handlers(app: FastAPI) -> None:
 
 
 # ---- routes ------------------------------------------------------------------------------------------
-def api_router(api_key: ApiKey) -> APIRouter:
-    router = APIRouter(dependencies=[Depends(api_key)])
+def api_router() -> APIRouter:
+    router = APIRouter()  # the API key is checked by ApiKeyMiddleware, before any body is read
 
     @router.post("/v1/audio/speech", summary="OpenAI-compatible text to speech (JSON or multipart)",
                  openapi_extra={"requestBody": {"content": {"application/json": {
@@ -108,20 +120,21 @@ def api_router(api_key: ApiKey) -> APIRouter:
             req = SpeechRequest.model_validate(fields)
         except ValidationError as exc:
             raise InputError(validation_message(exc)) from None
-        if len(req.input) > ctx.config.max_input_chars:
-            raise InputError(f"input is {len(req.input)} characters; the limit is {ctx.config.max_input_chars}")
+        check_text_fields(ctx.config, input=req.input, instructions=req.instructions, ref_text=req.ref_text)
         fmt = check_format(req.response_format)
         prompt = audio.get("ref_audio")
         if prompt is not None and not ctx.backend.can_clone:
-            raise InputError(f"the {ctx.backend.describe} cannot clone voices (no speech tokenizer/speaker encoder)")
+            raise InputError(f"the {ctx.model_label} cannot clone voices (no speech tokenizer/speaker encoder)")
         if req.ref_text and prompt is None:
             raise InputError("ref_text needs ref_audio")
         # ref_audio takes precedence over voice: OpenAI clients always send a voice.
         voice = ctx.voices.resolve(req.voice_name) if prompt is None else None
+        ctx.budget.check(text=req.input, voice=voice, prompt_text=req.ref_text or "", instruct=req.instructions or "",
+                         prompt_seconds=audio_seconds(prompt) if prompt is not None else 0.0)
         job = SpeechJob(text=req.input, voice=voice, prompt_wav=prompt, prompt_text=req.ref_text or "",
                         instruct=req.instructions or "", speed=req.speed, seed=req.seed, language=req.language,
                         stream=req.stream or req.stream_format == "sse")
-        stream = await start_job(ctx.backend, job, request, ctx.metrics, "/v1/audio/speech", t0)
+        stream = await start_job(ctx, job, request, "/v1/audio/speech", t0)
         if req.stream_format == "sse":
             return sse_response(stream, fmt, len(req.input))
         if not req.stream:
@@ -151,11 +164,17 @@ def api_router(api_key: ApiKey) -> APIRouter:
             raise InputError("name is required")
         if clip is None:
             raise InputError("audio is required: the voice's reference clip (file or base64)")
+        check_text_fields(ctx.config, text=text, language=language)
         if not ctx.backend.can_clone:
-            raise InputError(f"the {ctx.backend.describe} cannot make voices (no speech tokenizer/speaker encoder)")
+            raise InputError(f"the {ctx.model_label} cannot make voices (no speech tokenizer/speaker encoder)")
+        ctx.shutdown.check_open()
         ctx.voices.reserve(name)
+        limit = ctx.config.queue_timeout_s + ctx.config.request_timeout_s
         try:
-            voice = await ctx.backend.make_voice(name, clip, text, language)
+            try:
+                voice = await asyncio.wait_for(ctx.backend.make_voice(name, clip, text, language), limit)
+            except TimeoutError:
+                raise JobTimeout(f"making the voice took longer than {limit:g} s") from None
         except BaseException:
             ctx.voices.release(name)
             raise
@@ -179,8 +198,10 @@ def api_router(api_key: ApiKey) -> APIRouter:
 
     @router.get("/v1/models")
     async def models(request: Request) -> dict[str, Any]:
+        ctx = ctx_of(request)
         return {"object": "list", "data": [{"id": "vocalis", "object": "model", "owned_by": "vocalis",
-                                            "description": ctx_of(request).backend.describe}]}
+                                            "name": ctx.config.model_name,
+                                            "description": ctx.public(ctx.backend.describe)}]}
 
     @router.get("/metrics", include_in_schema=False)
     async def metrics(request: Request) -> Response:
@@ -200,7 +221,7 @@ def create_app(backend: Any, config: ServeConfig | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         backend.start()
-        log.info("serving %s; formats: %s", backend.describe, ", ".join(supported_formats()))
+        log.info("serving %s; formats: %s", backend.describe, ", ".join(supported_formats()))  # the log may say where
         try:
             yield
         finally:
@@ -211,19 +232,29 @@ def create_app(backend: Any, config: ServeConfig | None = None) -> FastAPI:
     metrics = ServeMetrics(lambda: backend.queue_depth, lambda: backend.active,
                            getattr(backend, "kv_usage", None))
     api_key = ApiKey(config.api_key)
-    app.state.ctx = ServerContext(backend, config, VoiceStore(backend.builtin_voices, config.voices_dir,
-                                                              config.voice_aliases), metrics, api_key)
+    voices = VoiceStore(backend.builtin_voices, config.voices_dir, config.voice_aliases, config.max_saved_voices)
+    budget = PromptBudget(token_counter(backend), config.max_prompt_tokens)
+    app.state.ctx = ctx = ServerContext(backend, config, voices, metrics, api_key, budget,
+                                        hidden=_hidden_paths(backend, config))
     install_error_handlers(app)
-    app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes)
+    # Starlette runs the last added outermost: metrics see every answer, the Host/Origin check and the API key
+    # come before any body is read, and the key is out of the query string before anything can log it.
+    app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes, timeout_s=config.body_timeout_s)
+    app.add_middleware(HostOriginMiddleware, policy=HostPolicy(config.bind_host, config.allowed_hosts,
+                                                               config.allowed_origins))
+    app.add_middleware(ApiKeyMiddleware, api_key=api_key)
     app.add_middleware(RequestMetricsMiddleware, metrics=metrics)
 
     @app.get("/health", summary="Liveness and load (no API key needed)")
-    async def health() -> dict[str, Any]:
-        return {"status": "ok", "model": backend.describe, "sample_rate": backend.sample_rate, "pid": os.getpid(),
-                "queue_depth": backend.queue_depth, "running": backend.active, "formats": list(supported_formats())}
+    async def health() -> JSONResponse:
+        draining = ctx.shutdown.draining
+        body = {"status": "shutting_down" if draining else "ok", "model": config.model_name,
+                "sample_rate": backend.sample_rate, "queue_depth": backend.queue_depth, "running": backend.active,
+                "formats": list(supported_formats())}
+        return JSONResponse(body, status_code=503 if draining else 200)
 
-    app.include_router(api_router(api_key))
-    app.include_router(cosyvoice_router(api_key))
+    app.include_router(api_router())
+    app.include_router(cosyvoice_router())
     app.include_router(websocket_router())
     if config.web_page:
         app.mount("/web", StaticFiles(directory=STATIC_DIR), name="web")
@@ -233,3 +264,16 @@ def create_app(backend: Any, config: ServeConfig | None = None) -> FastAPI:
             return FileResponse(STATIC_DIR / "index.html")
 
     return app
+
+
+def _hidden_paths(backend: Any, config: ServeConfig) -> tuple[tuple[str, str], ...]:
+    """Paths no answer may show, with what to say instead: the model directory, the voices folder."""
+    model = getattr(getattr(backend, "tts", None), "model", None)
+    path = getattr(model, "path", None)
+    hidden = []
+    if path:
+        hidden.append((str(path), config.model_name))
+        hidden.append((str(Path(path).resolve()), config.model_name))
+    if config.voices_dir is not None:
+        hidden.append((str(config.voices_dir), "the voices folder"))
+    return tuple(sorted(set(hidden), key=lambda p: -len(p[0])))

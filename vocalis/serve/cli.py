@@ -23,10 +23,26 @@ def add_serve_commands(sub: argparse._SubParsersAction) -> None:
     sv.add_argument("--voice-alias", action="append", default=[], metavar="NAME=VOICE",
                     help="map a requested voice name onto a voice, e.g. alloy=my_voice (repeatable)")
     sv.add_argument("--max-queue", type=int, default=64, help="queued requests before answering 503")
-    sv.add_argument("--max-input-chars", type=int, default=4096)
+    sv.add_argument("--max-input-chars", type=int, default=4096,
+                    help="the cap on every text field (input, instructions, prompt/ref text, a WebSocket's text)")
+    sv.add_argument("--max-prompt-tokens", type=int, default=3072,
+                    help="LLM prompt a request may make: prompt text or instruction + text + prompt speech tokens")
     sv.add_argument("--max-upload-mb", type=float, default=10.0)
-    sv.add_argument("--queue-timeout", type=float, default=120.0, help="seconds a request may wait to start")
-    sv.add_argument("--request-timeout", type=float, default=300.0, help="seconds a synthesis may run")
+    sv.add_argument("--max-voices", type=int, default=1000, help="saved voices the voices folder may hold")
+    sv.add_argument("--queue-timeout", type=float, default=120.0, help="seconds a request may wait to start (503)")
+    sv.add_argument("--request-timeout", type=float, default=300.0, help="seconds a synthesis may run (504)")
+    sv.add_argument("--ws-idle-timeout", type=float, default=30.0,
+                    help="close a WebSocket session that sends nothing for this many seconds (4408)")
+    sv.add_argument("--ws-max-session", type=float, default=600.0,
+                    help="the longest a WebSocket session may last, in seconds (4504)")
+    sv.add_argument("--header-timeout", type=float, default=10.0, help="seconds a request head may take (408)")
+    sv.add_argument("--body-timeout", type=float, default=60.0, help="seconds a request body may take (408)")
+    sv.add_argument("--shutdown-grace", type=float, default=10.0,
+                    help="after SIGTERM, seconds running requests get to finish; the rest get 503")
+    sv.add_argument("--allowed-hosts", default="", metavar="NAMES",
+                    help="comma-separated Host names to accept besides loopback and the bound address ('*': any)")
+    sv.add_argument("--allowed-origins", default="", metavar="ORIGINS",
+                    help="comma-separated browser origins (https://app.example) that may call the API ('*': any)")
     sv.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     sv.add_argument("--device", default="cpu", help="cpu or cuda")
     sv.add_argument("--no-web-page", action="store_true", help="do not serve the web page at /")
@@ -52,22 +68,40 @@ def _aliases(pairs: list[str]) -> dict[str, str]:
     return out
 
 
+def _names(value: str) -> tuple[str, ...]:
+    return tuple(v.strip() for v in value.split(",") if v.strip())
+
+
+def model_name(model: str | None) -> str:
+    """What the server calls the model: its directory's name, never the path."""
+    return Path(model).resolve().name if model else "built-in"
+
+
 def serve_config(args: argparse.Namespace):  # -> ServeConfig
     from vocalis.serve.config import ServeConfig, default_voices_dir
 
     upload = int(args.max_upload_mb * 1024 * 1024)
-    return ServeConfig(
-        max_input_chars=args.max_input_chars, max_upload_bytes=upload,
-        max_body_bytes=max(16 * 1024 * 1024, upload * 3 // 2), api_key=args.api_key or None,
-        voices_dir=Path(args.voices_dir) if args.voices_dir else default_voices_dir(),
-        voice_aliases=_aliases(args.voice_alias), web_page=not args.no_web_page,
-    )
+    try:
+        return ServeConfig(
+            max_input_chars=args.max_input_chars, max_prompt_tokens=args.max_prompt_tokens, max_upload_bytes=upload,
+            max_body_bytes=max(16 * 1024 * 1024, upload * 3 // 2), api_key=args.api_key or None,
+            queue_timeout_s=args.queue_timeout, request_timeout_s=args.request_timeout,
+            ws_idle_timeout_s=args.ws_idle_timeout, ws_max_session_s=args.ws_max_session,
+            header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout,
+            shutdown_grace_s=args.shutdown_grace, max_saved_voices=args.max_voices, bind_host=args.host,
+            allowed_hosts=_names(args.allowed_hosts), allowed_origins=_names(args.allowed_origins),
+            model_name=model_name(args.model),
+            voices_dir=Path(args.voices_dir) if args.voices_dir else default_voices_dir(),
+            voice_aliases=_aliases(args.voice_alias), web_page=not args.no_web_page,
+        )
+    except ValueError as exc:
+        raise InputError(f"vocalis serve: {exc}") from None
 
 
 def serve_command(args: argparse.Namespace) -> int:
     try:
         import fastapi  # noqa: F401
-        import uvicorn
+        import uvicorn  # noqa: F401
     except ImportError:
         raise InputError("serving needs the serve extra: pip install 'vocalis[serve]'") from None
     config = serve_config(args)
@@ -92,7 +126,9 @@ def serve_command(args: argparse.Namespace) -> int:
     app = create_app(ThreadedBackend(tts, **backend_opts), config)
     if config.api_key is None and args.host not in ("127.0.0.1", "localhost", "::1"):
         log.warning("listening on %s without an API key: anyone who can reach it can use it", args.host)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="info")
+    from vocalis.serve.server import make_server
+
+    make_server(app, host=args.host, port=args.port).run()
     return 0
 
 

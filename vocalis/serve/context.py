@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from starlette.requests import HTTPConnection
 
 from vocalis.serve.config import ServeConfig
+from vocalis.serve.deadlines import Shutdown
 from vocalis.serve.guards import ApiKey
+from vocalis.serve.limits import PromptBudget
 from vocalis.serve.metrics import ServeMetrics
 from vocalis.serve.voices import VoiceStore
 
@@ -20,6 +22,20 @@ class ServerContext:
     voices: VoiceStore
     metrics: ServeMetrics
     api_key: ApiKey
+    budget: PromptBudget
+    shutdown: Shutdown = field(default_factory=Shutdown)
+    hidden: tuple[tuple[str, str], ...] = ()  # (text, replacement) kept out of answers: the model's path
+
+    def public(self, message: str) -> str:
+        """`message` as a client may see it: where the model lives replaced by its name."""
+        for text, replacement in self.hidden:
+            if text:
+                message = message.replace(text, replacement)
+        return message
+
+    @property
+    def model_label(self) -> str:
+        return f"{self.config.model_name} model"
 
 
 def ctx_of(conn: HTTPConnection) -> ServerContext:

@@ -9,7 +9,8 @@ POST /inference_vc            source_wav, and prompt_wav or spk_id (a voice made
 
 All take optional speed, seed, response_format (default pcm: 16-bit little-endian mono at the X-Sample-Rate
 header's rate, what the official client expects) and stream the audio as it is made. Unlike the official server
-they are POST only, declare their media type, and abort on disconnect.
+they are POST only, declare their media type, and abort on disconnect. Every text field has the server's one
+length cap, and the LLM prompt a request makes is bounded before it is queued (limits.py).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from __future__ import annotations
 import time
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, File, Form, Request, UploadFile
+from fastapi import APIRouter, File, Form, Request, UploadFile
 from fastapi.responses import StreamingResponse
 
 from vocalis.errors import InputError
@@ -25,10 +26,10 @@ from vocalis.frontend.request import MAX_SPEED, MIN_SPEED
 from vocalis.serve.audio_encoding import check_format
 from vocalis.serve.backend import SpeechJob
 from vocalis.serve.context import ctx_of
-from vocalis.serve.guards import ApiKey
+from vocalis.serve.limits import check_text_fields
 from vocalis.serve.schemas import MAX_SEED
 from vocalis.serve.streaming import audio_response, start_job
-from vocalis.serve.uploads import read_upload
+from vocalis.serve.uploads import audio_seconds, read_upload
 from vocalis.frontend.voice import Voice
 
 Text = Annotated[str, Form(min_length=1)]
@@ -39,18 +40,22 @@ Wav = Annotated[UploadFile, File()]
 OptionalWav = Annotated[UploadFile | None, File()]
 
 
-def cosyvoice_router(api_key: ApiKey) -> APIRouter:
-    router = APIRouter(dependencies=[Depends(api_key)], tags=["cosyvoice"])
+def cosyvoice_router() -> APIRouter:
+    router = APIRouter(tags=["cosyvoice"])  # the API key is checked by ApiKeyMiddleware, before the form is read
 
     async def run(request: Request, route: str, t0: float, fmt: str, **job: object) -> StreamingResponse:
         ctx = ctx_of(request)
         check_format(fmt)
-        text = job.get("text", "")
-        if isinstance(text, str) and len(text) > ctx.config.max_input_chars:
-            raise InputError(f"tts_text is {len(text)} characters; the limit is {ctx.config.max_input_chars}")
-        if (job.get("prompt_wav") or job.get("source_wav")) and not ctx.backend.can_clone:
-            raise InputError(f"the {ctx.backend.describe} cannot use prompt audio (no speech tokenizer/speaker encoder)")
-        stream = await start_job(ctx.backend, SpeechJob(**job), request, ctx.metrics, route, t0)  # type: ignore[arg-type]
+        text, prompt_text, instruct = (str(job.get(k) or "") for k in ("text", "prompt_text", "instruct"))
+        check_text_fields(ctx.config, tts_text=text, prompt_text=prompt_text, instruct_text=instruct)
+        prompt_wav = job.get("prompt_wav")
+        if (prompt_wav or job.get("source_wav")) and not ctx.backend.can_clone:
+            raise InputError(f"the {ctx.model_label} cannot use prompt audio (no speech tokenizer/speaker encoder)")
+        if job.get("source_wav") is None:  # voice conversion has no LLM
+            seconds = audio_seconds(prompt_wav) if isinstance(prompt_wav, bytes) else 0.0
+            ctx.budget.check(text=text, voice=job.get("voice"), prompt_text=prompt_text,  # type: ignore[arg-type]
+                             instruct=instruct, prompt_seconds=seconds)
+        stream = await start_job(ctx, SpeechJob(**job), request, route, t0)  # type: ignore[arg-type]
         return audio_response(stream, fmt)
 
     def voice(request: Request, name: str) -> Voice | None:

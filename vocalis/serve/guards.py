@@ -1,24 +1,48 @@
-"""What stands in front of the routes: the body-size limit, the optional API key, per-request metrics."""
+"""What stands in front of the routes: the API key (checked before any body is read, and kept out of the
+logs), the body's size and time limits, and per-request metrics."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import secrets
+import time
 from typing import Any
+from urllib.parse import parse_qsl, urlencode
 
-from fastapi import HTTPException, Request, WebSocket
+from fastapi import HTTPException, WebSocket
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from vocalis.serve.metrics import ServeMetrics
 from vocalis.serve.schemas import error_body
 
+QUERY_KEY = "api_key"
+SCOPE_KEY = "vocalis.query_api_key"  # where the key taken out of the query string is kept for the routes
+# Paths anyone may fetch: liveness, the web page and its files, the API docs.
+PUBLIC_PATHS = frozenset({"/health", "/", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
+PUBLIC_PREFIXES = ("/web/",)
+
+
+async def send_json_error(send: Send, status: int, message: str, headers: list[tuple[bytes, bytes]] | None = None,
+                          close: bool = False) -> None:
+    """An OpenAI-shaped JSON error, from a middleware (before any route ran)."""
+    body = json.dumps(error_body(message, "invalid_request_error" if status < 500 else "server_error",
+                                 code=str(status))).encode()
+    extra = [(b"connection", b"close")] if close else []
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), *extra, *(headers or [])]})
+    await send({"type": "http.response.body", "body": body})
+
 
 class BodyLimitMiddleware:
-    """413 for bodies over `max_bytes`: at once from Content-Length, else while a chunked body is read."""
+    """413 for bodies over `max_bytes` (at once from Content-Length, else while a chunked body is read) and 408
+    for a body that has not fully arrived `timeout_s` after the request began (one byte every few seconds would
+    otherwise hold a connection for as long as the client likes)."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, timeout_s: float = 60.0) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.timeout_s = timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -28,20 +52,26 @@ class BodyLimitMiddleware:
         message = f"request body is larger than the {limit // (1024 * 1024)} MiB limit"
         length = dict(scope["headers"]).get(b"content-length")
         if length is not None and length.isdigit() and int(length) > limit:
-            body = json.dumps(error_body(message, code="payload_too_large")).encode()
-            await send({"type": "http.response.start", "status": 413,
-                        "headers": [(b"content-type", b"application/json"), (b"connection", b"close")]})
-            await send({"type": "http.response.body", "body": body})
+            await send_json_error(send, 413, message, close=True)
             return
         seen = 0
+        complete = False
+        deadline = time.monotonic() + self.timeout_s
 
         async def limited() -> Message:
-            nonlocal seen
-            msg = await receive()
+            nonlocal seen, complete
+            if complete:  # after the body only a disconnect can come: no time limit on waiting for it
+                return await receive()
+            try:
+                msg = await asyncio.wait_for(receive(), max(0.0, deadline - time.monotonic()))
+            except TimeoutError:
+                raise HTTPException(408, f"the request body did not arrive within {self.timeout_s:g} s",
+                                    headers={"Connection": "close"}) from None
             if msg["type"] == "http.request":
                 seen += len(msg.get("body", b""))
+                complete = not msg.get("more_body", False)
                 if seen > limit:
-                    raise HTTPException(413, message)
+                    raise HTTPException(413, message, headers={"Connection": "close"})
             return msg
 
         await self.app(scope, limited, send)
@@ -85,7 +115,7 @@ class ApiKey:
     def __init__(self, key: str | None) -> None:
         self.key = key
 
-    def _ok(self, header: str | None, query: str | None = None) -> bool:
+    def ok(self, header: str | None, query: str | None = None) -> bool:
         if self.key is None:
             return True
         given = query
@@ -93,12 +123,39 @@ class ApiKey:
             given = header[7:].strip()
         return given is not None and secrets.compare_digest(given.encode(), self.key.encode())
 
-    async def __call__(self, request: Request) -> None:
-        """FastAPI dependency for HTTP routes."""
-        if not self._ok(request.headers.get("authorization")):
-            raise HTTPException(401, "missing or wrong API key: send 'Authorization: Bearer <key>'",
-                                headers={"WWW-Authenticate": "Bearer"})
-
     def websocket_ok(self, ws: WebSocket) -> bool:
         """Browsers cannot set headers on a WebSocket, so `?api_key=` is accepted there too."""
-        return self._ok(ws.headers.get("authorization"), ws.query_params.get("api_key"))
+        return self.ok(ws.headers.get("authorization"), ws.scope.get(SCOPE_KEY))
+
+
+class ApiKeyMiddleware:
+    """Takes `api_key` out of every query string (so no access log or error page ever shows it) and, for HTTP,
+    answers 401 before the route runs, i.e. before a byte of the body is read. WebSockets check the key in
+    their route, after the handshake, so the client hears why (close 4401)."""
+
+    def __init__(self, app: ASGIApp, api_key: ApiKey) -> None:
+        self.app = app
+        self.api_key = api_key
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        query = scope.get("query_string", b"")
+        if QUERY_KEY.encode() in query:
+            pairs = parse_qsl(query.decode("latin-1"), keep_blank_values=True)
+            given = [v for k, v in pairs if k == QUERY_KEY]
+            scope[SCOPE_KEY] = given[-1] if given else None
+            # In place: the server's access log reads this same scope.
+            scope["query_string"] = urlencode([(k, "REDACTED" if k == QUERY_KEY else v) for k, v in pairs]).encode()
+        if scope["type"] == "http" and not self._public(scope["path"]):
+            header = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"authorization"), None)
+            if not self.api_key.ok(header):
+                await send_json_error(send, 401, "missing or wrong API key: send 'Authorization: Bearer <key>'",
+                                      [(b"www-authenticate", b"Bearer")], close=True)
+                return
+        await self.app(scope, receive, send)
+
+    @staticmethod
+    def _public(path: str) -> bool:
+        return path in PUBLIC_PATHS or path.startswith(PUBLIC_PREFIXES)

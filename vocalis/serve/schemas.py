@@ -2,6 +2,7 @@
 
 `SpeechRequest` is OpenAI's `POST /v1/audio/speech` body plus Vocalis extensions (ref_audio, ref_text, seed,
 language, stream). Unknown fields are rejected, so a misspelt option fails loudly instead of being ignored.
+Text lengths are checked by the routes against the server's one limit (limits.py), not here.
 """
 
 from __future__ import annotations
@@ -50,11 +51,11 @@ class SpeechRequest(SynthesisOptions):
     model: str = Field("vocalis", description="accepted for compatibility (tts-1, gpt-4o-mini-tts, ...); one model is served")
     input: str = Field(..., min_length=1)
     voice: str | VoiceRef | None = Field(None, description="a saved or built-in voice, or an OpenAI voice name")
-    instructions: str | None = Field(None, max_length=4096, description="how to speak (instruct mode)")
+    instructions: str | None = Field(None, description="how to speak (instruct mode)")
     response_format: ResponseFormat = "mp3"
     stream_format: Literal["audio", "sse"] = "audio"
     ref_audio: str | None = Field(None, description="one-off reference clip: base64 or a data: URL (JSON body)")
-    ref_text: str | None = Field(None, max_length=4096, description="transcript of ref_audio (zero-shot cloning)")
+    ref_text: str | None = Field(None, description="transcript of ref_audio (zero-shot cloning)")
     stream: bool = Field(True, description="false: synthesise the whole utterance, then send one exact file")
 
     @property
@@ -67,7 +68,7 @@ class WsStart(SynthesisOptions):
 
     type: Literal["start"]
     voice: str | None = None
-    instructions: str | None = Field(None, max_length=4096)
+    instructions: str | None = None
     response_format: Literal["pcm", "wav", "mp3", "opus", "flac"] = "pcm"
 
 

@@ -17,6 +17,7 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from fastapi import Request
@@ -25,8 +26,12 @@ from fastapi.responses import Response, StreamingResponse
 from vocalis.errors import VocalisError
 from vocalis.frontend.request import AudioChunk
 from vocalis.serve.audio_encoding import MEDIA_TYPES, AudioEncoder, encode_whole
-from vocalis.serve.backend import Aborted, JobHandle, SpeechJob
+from vocalis.serve.backend import Aborted, SpeechJob
+from vocalis.serve.deadlines import JobWatch
 from vocalis.serve.metrics import ServeMetrics
+
+if TYPE_CHECKING:
+    from vocalis.serve.context import ServerContext
 
 log = logging.getLogger(__name__)
 
@@ -35,9 +40,10 @@ class ClientGone(Aborted):
     """The client disconnected before the first chunk."""
 
 
-async def first_item(handle: JobHandle, request: Request | None, poll_s: float = 0.2) -> AudioChunk:
-    """The job's first chunk; aborts the job and raises `ClientGone` if the client leaves meanwhile."""
-    task = asyncio.ensure_future(handle.__anext__())
+async def first_item(watch: JobWatch, request: Request | None, poll_s: float = 0.2) -> AudioChunk:
+    """The job's first chunk; aborts the job and raises `ClientGone` if the client leaves meanwhile, or the
+    deadline's error (503 queue timeout, 504 run timeout) as soon as one fires."""
+    task = asyncio.ensure_future(watch.next())
     try:
         while True:
             done, _ = await asyncio.wait({task}, timeout=poll_s)
@@ -50,7 +56,8 @@ async def first_item(handle: JobHandle, request: Request | None, poll_s: float =
                 raise ClientGone("the client disconnected before the first chunk")
     except BaseException:
         task.cancel()
-        handle.abort()
+        watch.handle.abort()
+        watch.close()
         raise
 
 
@@ -58,15 +65,17 @@ async def first_item(handle: JobHandle, request: Request | None, poll_s: float =
 class JobStream:
     """A started job: its first chunk, the rest to come, and the bookkeeping for metrics."""
 
-    handle: JobHandle
+    watch: JobWatch
     first: AudioChunk
     metrics: ServeMetrics
     route: str
     t0: float  # request arrival (perf_counter)
     audio_samples: int = 0
     sample_rate: int = field(init=False)
+    handle: Any = field(init=False)
 
     def __post_init__(self) -> None:
+        self.handle = self.watch.handle
         self.sample_rate = self.first.sample_rate
         self.metrics.first_chunk.labels(self.route).observe(time.perf_counter() - self.t0)
 
@@ -77,7 +86,7 @@ class JobStream:
         try:
             self.audio_samples += len(self.first.samples)
             yield self.first
-            async for chunk in self.handle:
+            async for chunk in self.watch:
                 self.audio_samples += len(chunk.samples)
                 yield chunk
             finished = True
@@ -89,6 +98,7 @@ class JobStream:
                 log.warning("stream %d failed after %d samples: %s", self.handle.id, self.audio_samples, exc)
             raise
         finally:
+            self.watch.close()
             self.metrics.active_streams.dec()
             if not finished:
                 self.handle.abort()
@@ -111,11 +121,15 @@ class JobStream:
         return {"audio_seconds": round(seconds, 3), "rtf": round(busy / seconds, 4) if seconds else 0.0}
 
 
-async def start_job(backend: object, job: SpeechJob, request: Request | None, metrics: ServeMetrics,
-                    route: str, t0: float) -> JobStream:
-    handle = backend.submit(job)  # type: ignore[attr-defined]
-    first = await first_item(handle, request)
-    return JobStream(handle, first, metrics, route, t0)
+async def start_job(ctx: ServerContext, job: SpeechJob, request: Request | None, route: str,
+                    t0: float) -> JobStream:
+    """Submit `job` under the server's deadlines and wait for its first chunk."""
+    ctx.shutdown.check_open()
+    handle = ctx.backend.submit(job)
+    watch = JobWatch(handle, queue_timeout_s=ctx.config.queue_timeout_s, run_timeout_s=ctx.config.request_timeout_s,
+                     shutdown=ctx.shutdown)
+    first = await first_item(watch, request)
+    return JobStream(watch, first, ctx.metrics, route, t0)
 
 
 def _timing_headers(stream: JobStream, fmt: str) -> dict[str, str]:

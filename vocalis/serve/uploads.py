@@ -39,6 +39,12 @@ def check_audio_bytes(data: bytes, config: ServeConfig, what: str) -> bytes:
     return data
 
 
+def audio_seconds(data: bytes) -> float:
+    """The length of audio that `check_audio_bytes` accepted."""
+    info = sf.info(io.BytesIO(data))
+    return info.frames / info.samplerate if info.samplerate else 0.0
+
+
 async def read_upload(upload: UploadFile | StarletteUpload, config: ServeConfig, what: str) -> bytes:
     """An uploaded file's bytes, reading at most one byte past the limit."""
     data = await upload.read(config.max_upload_bytes + 1)
@@ -69,6 +75,8 @@ async def read_body(request: Request, config: ServeConfig, audio_fields: tuple[s
             fields = await request.json()
         except ValueError:
             raise InputError("the request body is not valid JSON") from None
+        except RecursionError:  # the parser recurses once per nesting level
+            raise InputError("the JSON body is nested too deeply") from None
         if not isinstance(fields, dict):
             raise InputError("the JSON body must be an object")
     else:

@@ -11,6 +11,11 @@ Server messages: `{"type": "ready", "sample_rate": 24000, "format": "pcm"}` afte
 in the chosen format as it is made; `{"type": "done", "audio_seconds", "first_chunk_latency", "rtf"}` and a
 normal close (1000) at the end; on a problem `{"type": "error", "status": 400, "message": ...}` and close code
 4000 + status (e.g. 4400, 4401, 4503). A client that disconnects aborts its synthesis.
+
+Time limits: a session that sends no message for `ws_idle_timeout_s` (until its "end") is closed with 4408, and
+one that lasts longer than `ws_max_session_s` in all with 4504; a session not started within the queue timeout
+gets 4503. A binary frame from the client is a 4400 (messages are JSON text). The text pieces together have the
+server's one length cap (4413 over it), and the LLM prompt they make is bounded as for HTTP (4400).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import time
 
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
@@ -26,30 +32,51 @@ from pydantic import ValidationError
 
 from vocalis.errors import InputError, VocalisError
 from vocalis.serve.audio_encoding import AudioEncoder, check_format
-from vocalis.serve.backend import Aborted, JobHandle, SpeechJob, TextFeed
+from vocalis.frontend.voice import Voice
+from vocalis.serve.backend import Aborted, SpeechJob, TextFeed
 from vocalis.serve.context import ServerContext, ctx_of
+from vocalis.serve.deadlines import JobWatch
+from vocalis.serve.limits import check_text_fields
 from vocalis.serve.schemas import PayloadTooLarge, WsCancel, WsEnd, WsStart, WsText, validation_message
 
 log = logging.getLogger(__name__)
 ROUTE = "/v1/audio/speech/ws"
+# The backend's text feed gives up on its own a little after the session's idle limit, so the session's timer
+# (which tells the client why) always fires first.
+FEED_SLACK_S = 10.0
 
 
 class _Closed(Exception):
     """The session is over (the error, if any, was already sent)."""
 
 
+class SessionIdle(VocalisError):
+    """No message came for the idle limit (close 4408)."""
+
+
 async def _fail(ws: WebSocket, ctx: ServerContext, status: int, message: str, kind: str) -> None:
     ctx.metrics.errors.labels(ROUTE, kind).inc()
     ctx.metrics.requests.labels(ROUTE, str(status)).inc()
+    message = ctx.public(message)
     with contextlib.suppress(Exception):
         await ws.send_json({"type": "error", "status": status, "message": message})
         await ws.close(code=4000 + status, reason=message[:120])
 
 
-async def _receive_json(ws: WebSocket) -> dict[str, object]:
-    raw = await ws.receive_text()
+async def _receive_json(ws: WebSocket, idle_s: float) -> dict[str, object]:
+    try:
+        message = await asyncio.wait_for(ws.receive(), idle_s)
+    except TimeoutError:
+        raise SessionIdle(f"no message came for {idle_s:g} s; the session is closed") from None
+    if message["type"] == "websocket.disconnect":
+        raise WebSocketDisconnect(message.get("code", 1000))
+    raw = message.get("text")
+    if raw is None:
+        raise InputError("binary frames are not accepted: messages are JSON text")
     try:
         msg = json.loads(raw)
+    except RecursionError:
+        raise InputError("the message is nested too deeply") from None
     except ValueError:
         raise InputError("messages must be JSON text") from None
     if not isinstance(msg, dict) or "type" not in msg:
@@ -65,29 +92,42 @@ def websocket_router() -> APIRouter:
         from vocalis.serve.app import error_status
 
         ctx = ctx_of(ws)
+        cfg = ctx.config
         await ws.accept()
         if not ctx.api_key.websocket_ok(ws):
             await _fail(ws, ctx, 401, "missing or wrong API key (Authorization: Bearer, or ?api_key=)", "Unauthorized")
             return
-        handle: JobHandle | None = None
+        watch: JobWatch | None = None
         try:
-            start = WsStart.model_validate(await _receive_json(ws))
-            fmt = check_format(start.response_format)
-            voice = ctx.voices.resolve(start.voice)
-            feed = TextFeed(ctx.config.ws_idle_timeout_s)
-            job = SpeechJob(text=feed, voice=voice, instruct=start.instructions or "", speed=start.speed,
-                            seed=start.seed, language=start.language)
-            handle = ctx.backend.submit(job)
-            await ws.send_json({"type": "ready", "sample_rate": ctx.backend.sample_rate, "format": fmt})
-            await _session(ws, ctx, handle, feed, fmt)
+            async with asyncio.timeout(cfg.ws_max_session_s):
+                ctx.shutdown.check_open()
+                start = WsStart.model_validate(await _receive_json(ws, cfg.ws_idle_timeout_s))
+                check_text_fields(cfg, instructions=start.instructions)
+                fmt = check_format(start.response_format)
+                voice = ctx.voices.resolve(start.voice)
+                ctx.budget.check(voice=voice, instruct=start.instructions or "")
+                feed = TextFeed(cfg.ws_idle_timeout_s + FEED_SLACK_S)
+                job = SpeechJob(text=feed, voice=voice, instruct=start.instructions or "", speed=start.speed,
+                                seed=start.seed, language=start.language)
+                # A session's length is the client's writing time, so the session cap, not the request
+                # timeout, bounds it; the queue timeout still applies.
+                watch = JobWatch(ctx.backend.submit(job), queue_timeout_s=cfg.queue_timeout_s,
+                                 run_timeout_s=math.inf, shutdown=ctx.shutdown)
+                await ws.send_json({"type": "ready", "sample_rate": ctx.backend.sample_rate, "format": fmt})
+                await _session(ws, ctx, watch, feed, fmt, voice, start.instructions or "")
         except ValidationError as exc:
             await _fail(ws, ctx, 400, validation_message(exc), "ValidationError")
         except WebSocketDisconnect:
-            if handle is not None and not handle.done:
+            if watch is not None and not watch.handle.done:
                 ctx.metrics.aborted.inc()
             ctx.metrics.requests.labels(ROUTE, "499").inc()
         except _Closed:
             pass
+        except SessionIdle as exc:
+            await _fail(ws, ctx, 408, str(exc), "SessionIdle")
+        except TimeoutError:  # the session cap (asyncio.timeout above)
+            await _fail(ws, ctx, 504, f"the session lasted longer than its {cfg.ws_max_session_s:g} s limit",
+                        "SessionTimeout")
         except VocalisError as exc:
             status, _ = error_status(exc)
             await _fail(ws, ctx, status, str(exc), type(exc).__name__)
@@ -95,25 +135,33 @@ def websocket_router() -> APIRouter:
             log.exception("websocket session failed")
             await _fail(ws, ctx, 500, f"internal error ({type(exc).__name__})", type(exc).__name__)
         finally:
-            if handle is not None:
-                handle.abort()
+            if watch is not None:
+                watch.handle.abort()
+                watch.close()
 
     return router
 
 
-async def _session(ws: WebSocket, ctx: ServerContext, handle: JobHandle, feed: TextFeed, fmt: str) -> None:
+async def _session(ws: WebSocket, ctx: ServerContext, watch: JobWatch, feed: TextFeed, fmt: str,
+                   voice: Voice | None, instruct: str) -> None:
     """Run the reader (client text -> feed) and the writer (audio -> client) until the audio is complete."""
     limit = ctx.config.max_input_chars
     t_first_text: list[float] = []
+    handle = watch.handle
+    text_tokens = 0
 
     async def reader() -> None:
+        nonlocal text_tokens
         while True:
-            msg = await _receive_json(ws)
+            msg = await _receive_json(ws, ctx.config.ws_idle_timeout_s)
             kind = msg.get("type")
             if kind == "text":
                 piece = WsText.model_validate(msg).text
                 if feed.chars + len(piece) > limit:
                     raise PayloadTooLarge(f"the text is longer than the {limit}-character limit")
+                # The pieces are one LLM sequence (bi-streaming): their tokens add up.
+                text_tokens += ctx.budget.count(piece)
+                ctx.budget.check(voice=voice, instruct=instruct, extra_text_tokens=text_tokens)
                 if not t_first_text:
                     t_first_text.append(time.perf_counter())
                 feed.put(piece)
@@ -136,7 +184,7 @@ async def _session(ws: WebSocket, ctx: ServerContext, handle: JobHandle, feed: T
         first_latency = 0.0
         ctx.metrics.active_streams.inc()
         try:
-            async for chunk in handle:
+            async for chunk in watch:
                 if samples == 0:
                     first_latency = time.perf_counter() - (t_first_text[0] if t_first_text else time.perf_counter())
                     ctx.metrics.first_chunk.labels(ROUTE).observe(first_latency)
