@@ -7,6 +7,13 @@ import json
 
 
 def _corpus(args: argparse.Namespace) -> int:
+    if args.voice is not None:  # the built-in model's phone corpus: one festival voice with its alignment
+        from vocalis.corpus.phone_corpus import PhoneCorpusConfig
+        from vocalis.corpus.phone_corpus import build as build_phones
+
+        print(json.dumps(build_phones(PhoneCorpusConfig(args.out, utterances=args.utterances, voice=args.voice,
+                                                        seed=args.seed, workers=args.workers)), indent=1))
+        return 0
     from vocalis.corpus.build import CorpusConfig, build
 
     summary = build(CorpusConfig(args.out, hours=args.hours, workers=args.workers, seed=args.seed,
@@ -25,4 +32,7 @@ def add_corpus_command(sub: argparse._SubParsersAction) -> None:
     cp.add_argument("--workers", type=int, default=2, help="parallel synthesis processes")
     cp.add_argument("--seed", type=int, default=0)
     cp.add_argument("--heldout", type=int, default=60, help="English sentences held out for measurement")
+    cp.add_argument("--voice", choices=("slt",), help="the built-in model's phone corpus: WordNet, fortunes and "
+                    "template text spoken by this festival voice, with 25 Hz labels from its alignment")
+    cp.add_argument("--utterances", type=int, default=4000, help="with --voice: sentences to speak")
     cp.set_defaults(func=_corpus)

@@ -62,6 +62,8 @@ class HiFTTaskConfig:
     f0_weight: float = 1.0
     adversarial: str = "lsgan"  # lsgan (official) | hinge | none (warm-up: mel and F0 losses only, no critic)
     extra_mel_ffts: tuple[int, ...] = ()  # more log-mel L1 windows beside the official 1920 (e.g. [512, 1024])
+    stft_weight: float = 0.0  # multi-resolution STFT loss (spectral convergence + log magnitude); 0: off (official)
+    stft_resolutions: tuple[tuple[int, int, int], ...] = ((512, 50, 240), (1024, 120, 600), (2048, 240, 1200))
     # discriminator sizes (defaults: the official recipe; tests shrink them)
     periods: tuple[int, ...] = (2, 3, 5, 7, 11)
     period_channels: tuple[int, ...] = (32, 128, 512, 1024, 1024)

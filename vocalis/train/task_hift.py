@@ -52,7 +52,8 @@ class HiFTTask(Task):
         self.losses = HiFTLossConfig(mel_weight=c.mel_weight, feature_weight=c.feature_weight,
                                      tpr_weight=c.tpr_weight, f0_weight=c.f0_weight,
                                      adversarial=c.adversarial,  # type: ignore[arg-type]
-                                     extra_mel_ffts=tuple(c.extra_mel_ffts))
+                                     extra_mel_ffts=tuple(c.extra_mel_ffts), stft_weight=c.stft_weight,
+                                     stft_resolutions=tuple(tuple(r) for r in c.stft_resolutions))
         self.discriminator_lr = c.discriminator_lr
         self.modules = {"hift": hift, "discriminator": disc}
         self.generator: nn.Module = hift  # DDP-wrapped when distributed

@@ -1,0 +1,146 @@
+"""The phone-based corpus of the built-in model: recipe text spoken by festival's SLT HTS voice, with its alignment.
+
+`build(PhoneCorpusConfig(out, utterances=N))` plans N sentences (`vocalis.corpus.sentences.recipe`), has festival
+speak them in batches of 40 per process (each writing the wav and the segment list, `alignment.SEGS_SCHEME`), then
+writes per utterance: the text frontend's ids (`vocalis.frontend.phones.text_ids`) and the 25 Hz labels
+(`alignment.frame_labels`). An utterance whose frontend phones differ from the ones festival spoke is left out of
+the manifest (counted in `corpus.json` as `g2p_mismatch`): training text and labels always agree.
+
+Output: `wavs/slt/*.wav` + `*.segs` + `*.txt` (the text it was spoken from), `manifest.jsonl` (utt, wav, text, speaker, language: `vocalis prepare`'s input),
+`labels.jsonl` (utt, text_ids, labels, frames), `heldout_wordnet.jsonl` (the 50 held-out sentences), `corpus.json`.
+The plan is a pure function of the config and the installed Debian packages; a rerun synthesises only what is
+missing.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import soundfile as sf
+
+from vocalis.corpus.alignment import SEGS_SCHEME, frame_labels, num_frames, read_segments, spoken_units
+from vocalis.corpus.sentences import heldout_wordnet, recipe
+from vocalis.errors import InputError
+from vocalis.frontend.phones import PUNCTUATION, WORD_BOUNDARY, g2p, text_ids
+
+log = logging.getLogger(__name__)
+
+VOICES = {"slt": "cmu_us_slt_arctic_hts"}
+BATCH = 40
+_TIMEOUT_S = 600.0
+
+
+@dataclass(frozen=True, slots=True)
+class PhoneCorpusConfig:
+    out_dir: str
+    utterances: int = 2000
+    voice: str = "slt"
+    seed: int = 0
+    workers: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Planned:
+    utt: str
+    text: str
+    wav: str  # relative to out_dir; the segment list is the same path with suffix .segs
+
+
+def plan(config: PhoneCorpusConfig) -> list[Planned]:
+    return [Planned(f"{config.voice}-{i:06d}", text, f"wavs/{config.voice}/{config.voice}-{i:06d}.wav")
+            for i, text in enumerate(recipe(config.utterances, seed=config.seed))]
+
+
+def _quote(text: str) -> str:
+    return '"' + text.replace("\\", " ").replace('"', '\\"') + '"'
+
+
+def speak_batch(voice: str, items: list[tuple[str, Path]]) -> None:
+    """One festival process: each (text, wav) -> wav + wav.with_suffix('.segs'), renamed into place when written."""
+    lines = [f"(voice_{VOICES[voice]})", SEGS_SCHEME]
+    for text, wav in items:
+        lines.append(f"(set! u (SynthText {_quote(text)}))")
+        lines.append(f"(utt.save.wave u {_quote(str(wav) + '.tmp')} 'riff)")
+        lines.append(f"(vocalis_segs u {_quote(str(wav.with_suffix('.segs')) + '.tmp')})")
+    script = items[0][1].with_name(f".batch-{os.getpid()}-{items[0][1].stem}.scm")
+    script.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    try:
+        subprocess.run(["festival", "-b", str(script)], check=False, capture_output=True, timeout=_TIMEOUT_S)
+    finally:
+        script.unlink(missing_ok=True)
+    for text, wav in items:
+        segs = wav.with_suffix(".segs")
+        if Path(str(wav) + ".tmp").is_file() and Path(str(segs) + ".tmp").is_file():
+            wav.with_suffix(".txt").write_text(text, encoding="utf-8")
+            os.replace(str(segs) + ".tmp", segs)
+            os.replace(str(wav) + ".tmp", wav)
+
+
+def _spoken(wav: Path, text: str) -> bool:
+    """True when `wav` exists and was spoken from `text` (its `.txt` sidecar), so a changed recipe re-speaks it."""
+    side = wav.with_suffix(".txt")
+    return wav.is_file() and side.is_file() and side.read_text(encoding="utf-8") == text
+
+
+def utterance_record(utt: str, text: str, wav: Path) -> dict[str, object]:
+    """Labels and text ids of one spoken utterance; `mismatch` set when the frontend's phones differ from festival's."""
+    segments = read_segments(wav.with_suffix(".segs"))
+    frames = num_frames(sf.info(str(wav)).duration)
+    labels = frame_labels(segments, frames)
+    predicted = [s for s in g2p(text) if s != WORD_BOUNDARY and s not in PUNCTUATION]
+    return {"utt": utt, "frames": frames, "text_ids": text_ids(text), "labels": labels,
+            "mismatch": predicted != spoken_units(segments)}
+
+
+def build(config: PhoneCorpusConfig) -> dict[str, object]:
+    if config.voice not in VOICES:
+        raise InputError(f"unknown voice {config.voice!r}; known: {', '.join(VOICES)}")
+    out = Path(config.out_dir)
+    planned = plan(config)
+    todo = [p for p in planned if not _spoken(out / p.wav, p.text)]
+    (out / "wavs" / config.voice).mkdir(parents=True, exist_ok=True)
+    log.info("phone corpus: %d planned, %d to speak", len(planned), len(todo))
+    start = time.monotonic()
+    jobs = [todo[i:i + BATCH] for i in range(0, len(todo), BATCH)]
+    with ThreadPoolExecutor(max_workers=max(1, config.workers)) as pool:
+        for k, _ in enumerate(pool.map(lambda b: speak_batch(config.voice, [(p.text, out / p.wav) for p in b]), jobs)):
+            log.info("phone corpus: batch %d/%d (%.0f s)", k + 1, len(jobs), time.monotonic() - start)
+    rows, records, failed, mismatched, seconds = [], [], [], 0, 0.0
+    for p in planned:
+        wav = out / p.wav
+        if not _spoken(wav, p.text):
+            failed.append(p.utt)
+            continue
+        try:
+            rec = utterance_record(p.utt, p.text, wav)
+        except ValueError as exc:
+            log.warning("phone corpus: %s left out: %s", p.utt, exc)
+            failed.append(p.utt)
+            continue
+        if rec.pop("mismatch"):
+            mismatched += 1
+            continue
+        seconds += sf.info(str(wav)).duration
+        rows.append({"utt": p.utt, "wav": p.wav, "text": p.text, "speaker": f"fest-{config.voice}", "language": "en"})
+        records.append(rec)
+    _write_jsonl(out / "manifest.jsonl", rows)
+    _write_jsonl(out / "labels.jsonl", records)
+    _write_jsonl(out / "heldout_wordnet.jsonl", [{"id": f"heldout-{i:03d}", "text": t, "language": "en"}
+                                                 for i, t in enumerate(heldout_wordnet())])
+    summary = {"utterances": len(rows), "hours": round(seconds / 3600, 3), "voice": VOICES[config.voice],
+               "planned": len(planned), "g2p_mismatch": mismatched, "failed": len(failed), "seed": config.seed}
+    (out / "corpus.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
+    return summary
+
+
+def _write_jsonl(path: Path, rows: list[dict[str, object]]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    os.replace(tmp, path)
