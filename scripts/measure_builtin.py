@@ -15,6 +15,13 @@ voice (a fixed prompt sentence synthesised here). Printed table:
 
     python scripts/measure_builtin.py [--model DIR] [-n 50] [--out /work/runs/builtin/measure] [--json out.json]
 
+The ladder of the phone-based built-in model (docs/builtin-model.md) is measured on one voice, festival's
+cmu_us_slt_arctic_hts, speaking the 50 held-out WordNet sentences (`vocalis.corpus.sentences.heldout_wordnet`):
+
+    python scripts/measure_builtin.py --voices slt --rows L1 --hift vocalis/assets/builtin/ladder/L1/hift.safetensors
+
+  L1  teacher mel -> our HiFT (vocoder alone): WER <= 1.15x the teacher's
+
 Needs festival with the three voices, pocketsphinx and resemblyzer (`pip install -e '.[eval]'` and
 `pip install --no-deps resemblyzer webrtcvad-wheels`).
 """
@@ -41,6 +48,81 @@ def load16(path: Path) -> np.ndarray:
     return soxr.resample(wav, sr, 16000).astype(np.float32) if sr != 16000 else wav
 
 
+# ---- the ladder (--voices slt) ---------------------------------------------------------------------------
+
+GATES = {"L1": 1.15}
+
+
+def load_hift(path: Path | None):  # -> HiFTGenerator
+    """The built-in preset's HiFT with weights from `path` (fp16 gate weights are cast to fp32)."""
+    import torch
+    from safetensors.torch import load_file
+
+    from vocalis.checkpoint import load_strict
+    from vocalis.config import PRESETS
+    from vocalis.models.hift.generator import HiFTGenerator
+
+    hift = HiFTGenerator(PRESETS["builtin"].hift)
+    if path is None:
+        sys.exit("measure_builtin --voices slt --rows L1: give the HiFT weights with --hift")
+    load_strict(hift, {k: v.to(torch.float32) for k, v in load_file(str(path)).items()}, str(path))
+    return hift.eval()
+
+
+def measure_ladder(args: argparse.Namespace) -> int:
+    import torch
+
+    from vocalis.config import SAMPLE_RATE
+    from vocalis.corpus.phone_corpus import speak_batch
+    from vocalis.corpus.sentences import heldout_wordnet
+    from vocalis.eval.asr import PocketsphinxTranscriber
+    from vocalis.eval.wer import EditCounts, word_counts
+    from vocalis.frontend.audio import load_wav, prompt_mel
+
+    out = args.out or Path("measure-slt")
+    out.mkdir(parents=True, exist_ok=True)
+    texts = heldout_wordnet()[: args.n]
+    todo = [(t, out / f"teacher-{i:03d}.wav") for i, t in enumerate(texts) if not (out / f"teacher-{i:03d}.wav").is_file()]
+    if todo:
+        speak_batch("slt", todo)
+    asr = PocketsphinxTranscriber()
+    teacher, rows, figures = EditCounts(0, 0, 0, 0), [], {"sentences": len(texts), "voice": "cmu_us_slt_arctic_hts"}
+    hyps_teacher = [asr(load16(out / f"teacher-{i:03d}.wav"), 16000) for i in range(len(texts))]
+    for text, hyp in zip(texts, hyps_teacher):
+        teacher += word_counts(text, hyp, "en")
+    figures["wer_teacher"] = teacher.rate
+    if "L1" in args.rows:
+        hift = load_hift(args.hift)
+        counts, start, audio_s = EditCounts(0, 0, 0, 0), time.perf_counter(), 0.0
+        for i, text in enumerate(texts):
+            wav24 = load_wav(out / f"teacher-{i:03d}.wav", SAMPLE_RATE, max_seconds=None)
+            mel = prompt_mel(wav24).transpose(0, 1).unsqueeze(0)  # (1, 80, T)
+            with torch.inference_mode():
+                voc, _ = hift.inference(mel, generator=torch.Generator().manual_seed(args.seed))
+            sf.write(str(out / f"L1-{i:03d}.wav"), voc[0].numpy(), SAMPLE_RATE)
+            audio_s += voc.shape[-1] / SAMPLE_RATE
+            hyp = asr(load16(out / f"L1-{i:03d}.wav"), 16000)
+            counts += word_counts(text, hyp, "en")
+            rows.append({"text": text, "teacher_asr": hyps_teacher[i], "L1_asr": hyp})
+        figures["L1"] = {"wer": counts.rate, "ratio": counts.rate / teacher.rate if teacher.rate else None,
+                         "gate": GATES["L1"], "vocoder_rtf": (time.perf_counter() - start) / max(audio_s, 1e-9),
+                         "weights": str(args.hift)}
+    print(f"| rung ({len(texts)} held-out WordNet sentences, festival SLT) | WER | x teacher | gate | passes |")
+    print("|---|---|---|---|---|")
+    print(f"| teacher (festival cmu_us_slt_arctic_hts) | {teacher.rate:.1%} | 1.00 | | |")
+    for rung in args.rows:
+        r = figures[rung]
+        ratio = f"{r['ratio']:.2f}" if r["ratio"] is not None else "-"
+        ok = r["ratio"] is not None and r["ratio"] <= r["gate"]
+        print(f"| {rung} teacher mel -> our HiFT | {r['wer']:.1%} | {ratio} | <= {r['gate']} | {'yes' if ok else 'no'} |")
+    if args.json:
+        args.json.write_text(json.dumps({"figures": figures, "rows": rows}, indent=1), encoding="utf-8")
+    return 0
+
+
+# ---- the original measurement (--voices all) --------------------------------------------------------------
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", help="model directory (default: the built-in model)")
@@ -48,7 +130,13 @@ def main() -> int:
     ap.add_argument("--out", type=Path, help="keep the wavs here (default: a temporary folder)")
     ap.add_argument("--json", type=Path, help="also write the figures as JSON")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--voices", choices=("all", "slt"), default="all",
+                    help="all: the three festival teachers (the original measurement); slt: the ladder rows")
+    ap.add_argument("--rows", nargs="+", default=["L1"], choices=("L1",), help="with --voices slt: rungs to measure")
+    ap.add_argument("--hift", type=Path, help="with --voices slt: HiFT weights (.safetensors, fp16 or fp32) for L1")
     args = ap.parse_args()
+    if args.voices == "slt":
+        return measure_ladder(args)
 
     from vocalis.corpus.build import heldout_sentences
     from vocalis.corpus.voices import festival_voices, synthesize_batch

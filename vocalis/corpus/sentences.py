@@ -73,7 +73,7 @@ def fortune_one_liners(root: Path = FORTUNE_DIR, files: tuple[str, ...] = FORTUN
         path = root / name
         if not path.is_file():
             continue
-        for entry in re.split(r"^%$", path.read_text(encoding="latin-1"), flags=re.M):
+        for entry in re.split(r"^%$", path.read_text(encoding="latin-1"), flags=re.MULTILINE):
             lines = [ln for ln in entry.strip().splitlines() if ln.strip()]
             if 1 <= len(lines) <= 2 and (s := clean(" ".join(lines))) is not None:
                 found.add(s)

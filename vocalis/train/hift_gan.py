@@ -284,9 +284,9 @@ __all__ = [
     "discriminator_loss",
     "feature_matching_loss",
     "gan_mel",
-    "multi_resolution_stft_loss",
     "generator_forward",
     "generator_losses",
     "generator_step_losses",
+    "multi_resolution_stft_loss",
     "tpr_loss",
 ]
