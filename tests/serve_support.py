@@ -79,11 +79,30 @@ def serve(tts: object, backend_opts: dict | None = None, **config: object) -> Se
     return ServerThread(app, backend)
 
 
+def reference_backend(tts: object, **backend_opts: object) -> object:
+    """The one-job-at-a-time reference backend over `tts`'s model (its queue is what queue-timeout tests need)."""
+    try:
+        from vocalis.reference.threaded_backend import ReferenceTTS, ThreadedBackend
+    except ImportError:  # before the reference backend moved out of vocalis.serve
+        from vocalis.serve.backend import ThreadedBackend
+
+        return ThreadedBackend(tts, **backend_opts)
+    return ThreadedBackend(ReferenceTTS(tts.model), **backend_opts)  # type: ignore[attr-defined]
+
+
+def serve_backend(backend: object, log_level: str = "warning", **config: object) -> ServerThread:
+    """A `ServerThread` around a fresh app over `backend`."""
+    from vocalis.serve.app import create_app
+    from vocalis.serve.config import ServeConfig
+
+    return ServerThread(create_app(backend, ServeConfig(**config)), backend, log_level)  # type: ignore[arg-type]
+
+
 class ServerThread:
     """`vocalis serve`'s server (uvicorn with the head timeout and drain) on 127.0.0.1 at a free port, in a
     background thread."""
 
-    def __init__(self, app: object, backend: object = None) -> None:
+    def __init__(self, app: object, backend: object = None, log_level: str = "warning") -> None:
         from vocalis.serve.server import make_server
 
         self.app = app
@@ -94,7 +113,7 @@ class ServerThread:
         self.sock.bind(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
-        self.server = make_server(app, log_level="warning", timeout_graceful_shutdown=5, ws_ping_interval=None)
+        self.server = make_server(app, log_level=log_level, timeout_graceful_shutdown=5, ws_ping_interval=None)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
 
     def __enter__(self) -> ServerThread:  # noqa: PYI034

@@ -204,11 +204,36 @@ def _tn_segment(segment: str, language: Language) -> str:
         # wetext's English grammar fails on runs of whitespace; one space carries the same meaning.
         core = _WHITESPACE_RE.sub(" ", core)
         lead, trail = (" " if lead else ""), (" " if trail else "")
+    return lead + _tn_or_raw(core, language) + trail
+
+
+# Where text wetext cannot normalise is cut into smaller parts, coarsest first: at brackets (its English
+# grammar fails on a digit next to `[`/`]`: "See [1] for details."), then at whitespace. Each part is
+# normalised on its own; a word that still fails is kept as written.
+_FALLBACK_CUTS = (re.compile(r"([\[\]{}<>|])"), re.compile(r"(\s+)"))
+
+
+def _tn_or_raw(text: str, language: Language, level: int = 0) -> str:
+    """wetext TN of `text`; where the FST runtime fails (it raises bare AssertionError/RuntimeError on odd
+    input), the failing part alone falls back to the raw text, so speakable text is never rejected."""
     try:
-        out = _wetext_normalizer(language).normalize(core)
-    except Exception as exc:  # the FST runtime raises bare AssertionError/RuntimeError on odd input
-        raise InputError(f"text normalisation ({language}) failed on {core[:60]!r}: {exc!r}") from exc
-    return lead + out + trail
+        return _wetext_normalizer(language).normalize(text)
+    except Exception as exc:  # noqa: BLE001  the failure is local to this text; the fallback below keeps it
+        if level >= len(_FALLBACK_CUTS):
+            logger.debug("text normalisation (%s) kept %r as written: %r", language, text[:60], exc)
+            return text
+    parts = _FALLBACK_CUTS[level].split(text)
+    if len(parts) == 1:
+        return _tn_or_raw(text, language, level + 1)
+    # split() with a capturing group keeps the separators at the odd positions: they stay as written.
+    return "".join(p if i % 2 else _keep_spaces(p, language, level + 1) for i, p in enumerate(parts))
+
+
+def _keep_spaces(part: str, language: Language, level: int) -> str:
+    core = part.strip()
+    if not core:
+        return part
+    return part[: len(part) - len(part.lstrip())] + _tn_or_raw(core, language, level) + part[len(part.rstrip()) :]
 
 
 def _tn_around_tags(text: str, language: Language) -> str:

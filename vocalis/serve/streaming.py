@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
+from starlette.types import Send
 
 from vocalis.errors import VocalisError
 from vocalis.frontend.request import AudioChunk
@@ -141,6 +142,21 @@ def _timing_headers(stream: JobStream, fmt: str) -> dict[str, str]:
     }
 
 
+class CutOnErrorResponse(StreamingResponse):
+    """A streaming response that a failure after the first byte cuts: no end-of-body marker is sent and the
+    connection closes, so the client sees an incomplete body, and the server logs one line, not a traceback
+    (`JobStream.chunks` already logged and counted the failure)."""
+
+    async def stream_response(self, send: Send) -> None:
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        try:
+            async for chunk in self.body_iterator:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        except VocalisError:
+            return
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
 def audio_response(stream: JobStream, fmt: str) -> StreamingResponse:
     """Raw audio bytes in `fmt`, sent as chunks are made."""
     encoder = AudioEncoder(fmt, stream.sample_rate)
@@ -155,7 +171,7 @@ def audio_response(stream: JobStream, fmt: str) -> StreamingResponse:
         if tail:
             yield tail
 
-    return StreamingResponse(body(), media_type=encoder.media_type, headers=_timing_headers(stream, fmt))
+    return CutOnErrorResponse(body(), media_type=encoder.media_type, headers=_timing_headers(stream, fmt))
 
 
 def sse_response(stream: JobStream, fmt: str, input_chars: int) -> StreamingResponse:
