@@ -9,6 +9,7 @@ import pytest
 import torch
 
 COMPAT_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "reference" / "compat"
+COMPAT_CV3_DIR = COMPAT_DIR.with_name("compat_cv3")  # the CosyVoice 3 fixture
 
 
 @pytest.fixture(scope="session")
@@ -30,6 +31,24 @@ def compat_model(compat_dir: Path):  # -> vocalis.model_dir.LoadedModel
     from vocalis.model_dir import load_official
 
     return load_official(compat_dir)
+
+
+@pytest.fixture(scope="session")
+def cv3_dir() -> Path:
+    """`../shared/reference/compat_cv3`: skipped when absent on a developer machine, a failure in CI."""
+    if not (COMPAT_CV3_DIR / "llm.pt").exists():
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CosyVoice 3 compatibility fixture missing at {COMPAT_CV3_DIR}: broken CI set-up")
+        pytest.skip(f"CosyVoice 3 compatibility fixture missing at {COMPAT_CV3_DIR}")
+    return COMPAT_CV3_DIR
+
+
+@pytest.fixture(scope="session")
+def cv3_model(cv3_dir: Path):  # -> vocalis.model_dir.LoadedModel of kind "cosyvoice3"
+    """The CosyVoice 3 folder through `load_model` (strict by name), modules in eval mode; shared, do not modify."""
+    from vocalis.model_dir import load_model
+
+    return load_model(cv3_dir)
 
 
 def load_reference(compat_dir: Path, name: str) -> dict[str, torch.Tensor]:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from cv3_support import ATOL, cv3_dir, cv3_model, cv3_reference, max_diff, state_dict_shapes  # noqa: F401
+from cv3_support import ATOL, cv3_reference, max_diff, state_dict_shapes
 
 from vocalis.models.cv3.flow import CausalMaskedDiffWithDiT
 

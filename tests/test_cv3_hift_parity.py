@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from cv3_support import ATOL, cv3_dir, cv3_model, cv3_reference, max_diff, state_dict_shapes  # noqa: F401
+from cv3_support import ATOL, cv3_reference, max_diff, state_dict_shapes
 
 from vocalis.models.cv3.hift import CausalHiFTGenerator
 from vocalis.models.cv3.source import source_noise_tables

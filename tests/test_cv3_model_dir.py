@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from cv3_support import cv3_dir, cv3_model  # noqa: F401
 
 from vocalis.config import CV3_PRESETS, CosyVoice3Config, QwenConfig
 from vocalis.errors import ModelLoadError

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from cv3_support import ATOL, cv3_dir, cv3_model, cv3_reference, max_diff  # noqa: F401
+from cv3_support import ATOL, cv3_reference, max_diff
 
 from vocalis.config import CV3_SILENT_TOKEN_IDS, StreamConfig
 from vocalis.cv3_stream import FlowCall, StreamSchedule, keep_token, schedule_calls, stream_token2wav

@@ -182,6 +182,9 @@ def build_parser() -> argparse.ArgumentParser:
     from vocalis.bench.cli import add_bench_command  # parser only; measurements load when `bench` runs
 
     add_bench_command(sub)
+    from vocalis.hub import add_download_command  # parser only
+
+    add_download_command(sub)
     return parser
 
 
