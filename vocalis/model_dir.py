@@ -192,7 +192,11 @@ def load_model(path: str | Path | None = None) -> LoadedModel:
         return random_model()
     directory = Path(path).expanduser()
     if not directory.is_dir():
-        raise ModelLoadError(f"model directory not found: {directory}")
+        from vocalis.hub import is_hub_id, resolve_model
+
+        if not is_hub_id(path):
+            raise ModelLoadError(f"model directory not found: {directory}")
+        directory = resolve_model(path)  # a hub id: downloaded once into the hub's cache, verified
     if (directory / VOCALIS_JSON).is_file():
         return load_vocalis(directory)
     if (directory / "cosyvoice3.yaml").is_file():  # CosyVoice 3: its own modules (model_dir_cv3.py)
