@@ -90,3 +90,13 @@ def test_festival_alignment_gives_one_label_per_40ms_and_the_phone_order(spoken:
         assert label_units(rec["labels"]) == [s.unit for s in segments]  # every phone >= 1 frame, same order
         agree += not rec["mismatch"]
     assert agree == len(spoken)  # the frontend predicts exactly the phones festival spoke
+
+
+def test_festival_speaks_the_same_text_the_same_way(spoken: list[tuple[str, Path]], tmp_path: Path) -> None:
+    from vocalis.corpus.phone_corpus import speak_batch
+
+    text, first = spoken[1]
+    again = tmp_path / "again.wav"
+    speak_batch("slt", [(text, again)])
+    assert again.read_bytes() == first.read_bytes()
+    assert again.with_suffix(".segs").read_text() == first.with_suffix(".segs").read_text()
