@@ -65,3 +65,27 @@ def test_a_wrong_checkpoint_is_named(cv3_dir: Path, tmp_path: Path) -> None:
     torch.save(state, folder / "flow.pt")
     with pytest.raises(ModelLoadError, match=r"flow\.pt.*pre_lookahead_layer\.conv2\.bias"):
         load_model(folder)
+
+
+def test_released_preset_builds_on_the_meta_device() -> None:
+    """The `cosyvoice3-0.5b` preset at the released shapes (built on meta: no memory), as `bench` will need it."""
+    from vocalis.model_dir_cv3 import build_cv3_modules
+
+    config = CV3_PRESETS["cosyvoice3-0.5b"]
+    with torch.device("meta"):
+        llm, flow, hift = build_cv3_modules(config)
+    shapes = {**{f"llm.{k}": tuple(v.shape) for k, v in llm.state_dict().items()},
+              **{f"flow.{k}": tuple(v.shape) for k, v in flow.state_dict().items()},
+              **{f"hift.{k}": tuple(v.shape) for k, v in hift.state_dict().items()}}
+    assert shapes["llm.speech_embedding.weight"] == (6761, 896) and shapes["llm.llm_decoder.weight"] == (6761, 896)
+    assert "llm.llm_decoder.bias" not in shapes
+    assert shapes["flow.pre_lookahead_layer.conv1.weight"] == (1024, 80, 4)
+    assert shapes["flow.decoder.estimator.input_embed.proj.weight"] == (1024, 320)
+    assert shapes["flow.decoder.estimator.transformer_blocks.21.attn.to_q.weight"] == (1024, 1024)
+    assert "flow.decoder.estimator.transformer_blocks.22.attn.to_q.weight" not in shapes
+    assert shapes["flow.decoder.estimator.rotary_embed.inv_freq"] == (32,)
+    assert shapes["hift.conv_pre.parametrizations.weight.original1"] == (512, 80, 5)
+    assert shapes["hift.f0_predictor.condnet.0.parametrizations.weight.original1"] == (512, 80, 4)
+    # buffers the checkpoints lack stay real on the meta device
+    assert flow.decoder.rand_noise.device.type == "cpu"
+    assert flow.estimator.rotary_embed.inv_freq.device.type == "cpu"
