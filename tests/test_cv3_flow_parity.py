@@ -120,3 +120,21 @@ def test_streaming_estimator_is_block_causal(flow: CausalMaskedDiffWithDiT, ref:
         prefix = flow.estimator(x[..., :block], mask[..., :block], mu[..., :block], t, spks, cond[..., :block],
                                 streaming=True)
     assert max_diff("estimator streaming prefix", prefix, whole[..., :block]) <= 1e-5
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_estimator_rows_are_independent(flow: CausalMaskedDiffWithDiT, ref: dict[str, torch.Tensor],
+                                        streaming: bool) -> None:
+    """A batch of requests padded to one length (mask 0 on the padding) gives each request's frames as alone."""
+    x, mu, cond, spks, t = (ref[k] for k in ("estimator_in_x", "estimator_in_mu", "estimator_in_cond",
+                                              "estimator_in_spks", "estimator_in_t"))
+    short = 77
+    mask = torch.ones(2, 1, x.shape[2])
+    mask[1, :, short:] = 0
+    with torch.inference_mode():
+        batched = flow.estimator(x, mask, mu, t, spks, cond, streaming=streaming)
+        alone = flow.estimator(x[1:, :, :short], mask[1:, :, :short], mu[1:, :, :short], t[1:], spks[1:],
+                               cond[1:, :, :short], streaming=streaming)
+        full = flow.estimator(x[:1], mask[:1], mu[:1], t[:1], spks[:1], cond[:1], streaming=streaming)
+    assert max_diff("padded row vs alone", batched[1:, :, :short], alone) <= 1e-5
+    assert max_diff("full row vs alone", batched[:1], full) <= 1e-5
