@@ -180,3 +180,11 @@ def test_download_command(hub, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["download", CV3_ID, "--all"]) == 0
     assert (Path(capsys.readouterr().out.strip()) / "llm.rl.pt").is_file()
     assert main(["download", "not-an-id"]) == 2
+
+
+def test_unreachable_hub_falls_back_to_the_cache(hub, monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = resolve_model(CV2_ID)
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens there
+    assert resolve_model(CV2_ID) == folder
+    with pytest.raises(ModelLoadError, match=rf"cannot reach the Hugging Face hub.*vocalis download {CV3_ID}"):
+        resolve_model(CV3_ID)

@@ -146,8 +146,10 @@ def _hf_snapshot(hub_ref: HubRef, cache_dir: str | Path | None, offline: bool | 
                 f"offline (HF_HUB_OFFLINE): {hub_ref} is not in {where}; missing: the whole model "
                 f"({_expected(KNOWN_MODELS.get(hub_ref.repo_id))}); {_fetch_hint(hub_ref)}, or unset HF_HUB_OFFLINE"
             ) from exc
-        raise ModelLoadError(f"cannot reach the Hugging Face hub for {hub_ref} and it is not in {where}: {exc}; "
-                             f"{_fetch_hint(hub_ref)}") from exc
+        endpoint = os.environ.get("HF_ENDPOINT") or "the default endpoint"
+        reason = (str(exc).splitlines() or [type(exc).__name__])[0]
+        raise ModelLoadError(f"cannot reach the Hugging Face hub ({endpoint}) for {hub_ref} and it is not in {where} "
+                             f"({reason}); {_fetch_hint(hub_ref)}") from exc
     except hf_errors.RepositoryNotFoundError as exc:
         raise ModelLoadError(f"{hub_ref}: no such repository on the hub (or it needs a token: HF_TOKEN)") from exc
     except hf_errors.RevisionNotFoundError as exc:
