@@ -1,4 +1,4 @@
-"""ThreadedBackend on the real tiny pipeline: one job at a time, bounded queue, aborts, timeouts, shutdown."""
+"""The reference ThreadedBackend on the real tiny pipeline: one job at a time, bounded queue, aborts, timeouts, shutdown."""
 
 from __future__ import annotations
 
@@ -8,12 +8,13 @@ import numpy as np
 import pytest
 from serve_support import quick_tts
 
-from vocalis.serve.backend import Aborted, JobTimeout, Overloaded, SpeechJob, TextFeed, ThreadedBackend
+from vocalis.reference.threaded_backend import ReferenceTTS, ThreadedBackend
+from vocalis.serve.backend import Aborted, JobTimeout, Overloaded, SpeechJob, TextFeed
 
 
 @pytest.fixture(scope="module")
 def tts(tmp_path_factory):
-    return quick_tts(tmp_path_factory)
+    return ReferenceTTS(quick_tts(tmp_path_factory).model)
 
 
 async def collect(handle) -> np.ndarray:

@@ -12,13 +12,12 @@ import torch
 
 from vocalis.errors import AudioError, ModelLoadError
 from vocalis.frontend.audio import whisper_log_mel
-from vocalis.frontend.speech_tokenizer import SpeechTokenizer
+from vocalis.frontend.speech_tokenizer import SpeechTokenizer, TorchSpeechTokenizer
 from vocalis.models.speech_tokenizer import (
     FSQ,
     SpeechTokenizerConfig,
     SupervisedSpeechTokenizer,
     SymbolTable,
-    TorchSpeechTokenizer,
     char_units,
     greedy_ctc_decode,
     latin_units,
@@ -120,7 +119,7 @@ def test_official_codebook_by_default() -> None:
 @pytest.mark.parametrize(("seconds", "expected"), [(1.0, 25), (2.5, 63), (0.2, 5)])
 def test_25_hz_rate(seconds: float, expected: int) -> None:
     model = _tiny()
-    ids = model.tokenize(_noise(seconds))
+    ids = TorchSpeechTokenizer(model).tokenize(_noise(seconds))
     assert len(ids) == expected
     assert all(0 <= i < 6561 for i in ids)
 
@@ -128,9 +127,9 @@ def test_25_hz_rate(seconds: float, expected: int) -> None:
 def test_batched_equals_single() -> None:
     model = _tiny(seed=1).eval()
     wavs = [_letter_clip(w) for w in ("abcd", "fedcbaabc", "ab")]  # lengths 0.69, 1.49, 0.37 s
-    batched = model.tokenize_batch(wavs)
+    batched = TorchSpeechTokenizer(model).tokenize_batch(wavs)
     assert [len(b) for b in batched] == [18, 38, 10]
-    assert batched == [model.tokenize(w) for w in wavs]
+    assert batched == [TorchSpeechTokenizer(model).tokenize(w) for w in wavs]
     # the continuous path too: padding must not leak into valid frames
     mels = [whisper_log_mel(w) for w in wavs]
     with torch.no_grad():
@@ -245,11 +244,11 @@ def test_save_load_equality(tmp_path: Path) -> None:
     for key, value in model.state_dict().items():
         assert torch.equal(loaded.state_dict()[key], value), key
     wav = _noise(1.2, seed=5)
-    assert loaded.tokenize(wav) == model.tokenize(wav)
+    assert TorchSpeechTokenizer(loaded).tokenize(wav) == TorchSpeechTokenizer(model).tokenize(wav)
 
     frontend = TorchSpeechTokenizer.load(weights)
     assert isinstance(frontend, SpeechTokenizer)
-    assert frontend(wav) == model.tokenize(wav) and frontend.codebook_size == 6561
+    assert frontend(wav) == TorchSpeechTokenizer(model).tokenize(wav) and frontend.codebook_size == 6561
     with pytest.raises(AudioError, match="too long"):
         frontend(np.zeros(31 * SR, dtype=np.float32))
 

@@ -59,26 +59,22 @@ def test_streaming_has_same_tokens_and_length_as_whole(tts: TTS, prompt_wav: Pat
 
 
 def test_stream_sends_a_chunk_as_soon_as_it_is_computed(tts: TTS, prompt_wav: Path) -> None:
-    """When the caller has the first chunk, the LLM has written only the tokens that chunk needed (25 + 3 look-ahead
-    + prompt padding), not those of the chunk after it."""
-    llm = tts.model.llm
-    generate, written = llm.generate, []
+    """The first chunk is vocoded when the LLM has written only the tokens it needs (25 + 3 look-ahead + prompt
+    padding), not those of the chunk after it."""
+    t2w = tts.engine.token2wav
+    step, written = t2w.step, []
 
-    def counting(*args, **kwargs):
-        for token in generate(*args, **kwargs):
-            written.append(token)
-            yield token
+    def counting(states):
+        written.append(max(len(s.tokens) for s in states))
+        return step(states)
 
-    llm.generate = counting
+    t2w.step = counting
     try:
-        chunks = tts.stream(TEXT, prompt_wav=prompt_wav, prompt_text="A short prompt.", seed=3)
-        first = next(chunks)
-        at_first = len(written)
-        rest = list(chunks)
+        chunks = list(tts.stream(TEXT, prompt_wav=prompt_wav, prompt_text="A short prompt.", seed=3))
     finally:
-        del llm.generate
-    assert not first.final and rest and rest[-1].final
-    assert at_first <= 25 + 3 + 25 < len(written)
+        del t2w.step
+    assert len(chunks) > 1 and chunks[-1].final and not chunks[0].final
+    assert written[0] <= 25 + 3 + 25 < written[-1]
 
 
 def test_cross_lingual_instruct_and_modes_differ(tts: TTS, prompt_wav: Path) -> None:

@@ -197,7 +197,7 @@ def test_average_and_export_to_a_loadable_model_dir(corpus: Path, tmp_path: Path
     assert main(["export", str(avg), str(checkpoint_path(tok_run, 1)), "--out", str(model_dir)]) == 0
     loaded = load_model(model_dir)
     assert all(torch.equal(loaded.flow.state_dict()[k], v) for k, v in mean.items())
-    from vocalis.models.speech_tokenizer import TorchSpeechTokenizer
+    from vocalis.frontend.speech_tokenizer import TorchSpeechTokenizer
 
     assert isinstance(loaded.speech_tokenizer, TorchSpeechTokenizer)
     tok_weights = _weights(checkpoint_path(tok_run, 1), "tokenizer")

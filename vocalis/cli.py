@@ -92,11 +92,21 @@ def _info(args: argparse.Namespace) -> int:
     return 0
 
 
+def _positive_int(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
+    return n
+
+
 def _infer(args: argparse.Namespace) -> int:
     from vocalis.batch.infer import InferOptions, describe_summary, run_batch
 
     options = InferOptions(Path(args.manifest), Path(args.out), args.model, args.stream, args.device, args.seed,
-                           progress=not args.no_progress)
+                           progress=not args.no_progress, in_flight=args.in_flight)
     summary = run_batch(options)
     for line in describe_summary(summary) if summary is not None else ():
         log.info("%s", line)
@@ -153,6 +163,8 @@ def build_parser() -> argparse.ArgumentParser:
     bi.add_argument("--stream", action="store_true", help="synthesise chunk by chunk (records first-chunk latency)")
     bi.add_argument("--seed", type=int, default=0, help="base seed; an item's seed is this + crc32(id)")
     bi.add_argument("--device", default="auto", help="auto (cuda:LOCAL_RANK if available), cpu or cuda")
+    bi.add_argument("--in-flight", type=_positive_int, default=8,
+                    help="items synthesised at once per rank (batched by the engine; default 8)")
     bi.add_argument("--no-progress", action="store_true", help="no progress bar")
     bi.set_defaults(func=_infer)
 

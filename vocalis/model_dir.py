@@ -92,7 +92,7 @@ def _eval(*modules: torch.nn.Module) -> None:
 def _speech_tokenizer(directory: Path, config: ModelConfig) -> SpeechTokenizer | None:
     weights, onnx = directory / TORCH_SPEECH_TOKENIZER, directory / SPEECH_TOKENIZER_ONNX
     if weights.is_file():  # ours takes precedence: it is only there on purpose
-        from vocalis.models.speech_tokenizer import TorchSpeechTokenizer
+        from vocalis.frontend.speech_tokenizer import TorchSpeechTokenizer
 
         if onnx.is_file():
             log.warning("%s holds both %s and %s: using %s", directory, weights.name, onnx.name, weights.name)

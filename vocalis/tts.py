@@ -1,21 +1,47 @@
-"""`TTS`: the public façade. Load a model, pick or make a voice, get audio whole or streamed."""
+"""`TTS`: the public façade. Load a model, pick or make a voice, get audio whole or streamed — on the engine.
+
+Every call runs on the batching engine (`runtime.AsyncEngine`): blocking methods (`synthesize`, `stream`,
+`convert_voice`) through its blocking face, async ones (`asynthesize`, `astream`) on the caller's event loop.
+Calls from several threads or tasks at once batch together (LLM steps and token2wav steps across requests).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+import threading
+from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator
 from pathlib import Path
+from typing import Self, TypedDict, Unpack
 
 import numpy as np
 import torch
 
-from vocalis.config import PROMPT_SAMPLE_RATE_16K, MAX_PROMPT_SECONDS
-from vocalis.runtime.backends import Runtime, apply_backend, resolve
+from vocalis.config import MAX_PROMPT_SECONDS, PROMPT_SAMPLE_RATE_16K
+from vocalis.engine.config import EngineConfig
 from vocalis.errors import InputError
 from vocalis.frontend import audio as audio_fe
+from vocalis.frontend.prompt import AudioSource, Frontend
 from vocalis.frontend.request import AudioChunk, Mode, SynthesisRequest
-from vocalis.reference.synthesizer import AudioSource, Synthesizer
-from vocalis.model_dir import LoadedModel, load_model
 from vocalis.frontend.voice import Voice, check_voice_name
+from vocalis.model_dir import LoadedModel, load_model
+from vocalis.runtime.async_engine import AsyncEngine
+from vocalis.runtime.backends import Runtime, apply_backend, resolve
+from vocalis.runtime.sync import BlockingEngine
+from vocalis.token2wav.engine import Token2WavConfig
+
+Text = str | Iterable[str] | AsyncIterable[str]
+
+
+class Options(TypedDict, total=False):
+    """What a synthesis may say besides its text (see `TTS.request`)."""
+
+    voice: str | Voice | None
+    prompt_wav: AudioSource | None
+    prompt_text: str | None
+    instruct: str | None
+    speed: float
+    seed: int | None
+    language: str
+    text_frontend: bool
 
 
 class TTS:
@@ -25,16 +51,29 @@ class TTS:
     >>> wav = tts.synthesize("Hello there.")   # (N,) float32 at tts.sample_rate
     >>> for chunk in tts.stream("Hello there.", prompt_wav="me.wav", prompt_text="what I said"):
     ...     play(chunk.samples)
+    >>> async for chunk in tts.astream("Hello there."):   # inside a coroutine
+    ...     await send(chunk.samples)
+
+    engine: the LLM engine's memory and batching knobs; token2wav: the token2wav engine's (its default final
+    chunk is the reference's full-attention pass; `Token2WavConfig(final_attention="causal")` is cheaper).
+    The engine starts on the first synthesis; `close()` (or a `with` block) stops it.
     """
 
-    def __init__(self, model: LoadedModel):
+    def __init__(self, model: LoadedModel, engine: EngineConfig | None = None,
+                 token2wav: Token2WavConfig | None = None) -> None:
         self.model = model
-        self.synth = Synthesizer(model)
+        self.frontend = Frontend(model)
+        self.engine_config = engine
+        self.token2wav_config = token2wav if token2wav is not None else Token2WavConfig(final_attention="full")
         self._voices: dict[str, Voice] = dict(model.voices)
+        self._lock = threading.Lock()
+        self._engine: AsyncEngine | None = None
+        self._blocking: BlockingEngine | None = None
 
     @classmethod
     def load(cls, path: str | Path | None = None, device: str | torch.device = "cpu", *, backend: str = "torch",
-             precision: str = "fp32") -> TTS:
+             precision: str = "fp32", engine: EngineConfig | None = None,
+             token2wav: Token2WavConfig | None = None) -> TTS:
         """A model directory (official CosyVoice2 or Vocalis layout), or None for the built-in model.
 
         backend: torch | onnx | tensorrt | compile | vllm | auto; precision: fp32 | bf16 | fp16 | int8 | auto
@@ -44,7 +83,33 @@ class TTS:
         resolve(backend, precision, dev)  # fail fast, before loading
         model = load_model(path).to(dev)
         apply_backend(model, backend, precision, dev)
-        return cls(model)
+        return cls(model, engine, token2wav)
+
+    # ---- the engine ------------------------------------------------------------------------------------
+    @property
+    def engine(self) -> AsyncEngine:
+        """The running engine (started on first use)."""
+        return self._faces()[0]
+
+    def _faces(self) -> tuple[AsyncEngine, BlockingEngine]:
+        with self._lock:
+            if self._engine is None or self._blocking is None:
+                self._engine = AsyncEngine.from_model(self.model, self.engine_config, self.token2wav_config)
+                self._blocking = BlockingEngine(self._engine)
+            return self._engine, self._blocking
+
+    def close(self) -> None:
+        """Stop the engine; a later call starts a new one."""
+        with self._lock:
+            if self._blocking is not None:
+                self._blocking.close()
+            self._engine = self._blocking = None
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     @property
     def runtime(self) -> Runtime | None:
@@ -53,8 +118,9 @@ class TTS:
 
     @property
     def sample_rate(self) -> int:
-        return self.synth.sample_rate
+        return self.frontend.sample_rate
 
+    # ---- voices ----------------------------------------------------------------------------------------
     @property
     def voices(self) -> list[str]:
         return sorted(self._voices)
@@ -67,28 +133,31 @@ class TTS:
             raise InputError(f"unknown voice {name!r} (known voices: {known})") from None
 
     def add_voice(self, name: str, prompt_wav: AudioSource, prompt_text: str = "", language: str = "auto") -> Voice:
-        """Make a reusable voice from a recording (and its transcript, for zero-shot cloning)."""
-        voice = self.synth.make_voice(prompt_wav, prompt_text, check_voice_name(name), language)
+        """Make a reusable voice from a recording (and its transcript, for zero-shot cloning). Requests with it
+        share its prompt's LLM prefix and flow prefix, computed once."""
+        voice = self.frontend.make_voice(prompt_wav, prompt_text, check_voice_name(name), language)
         self._voices[name] = voice
         return voice
 
-    # ---- synthesis -----------------------------------------------------------------------------------
-    def _request(
+    # ---- requests --------------------------------------------------------------------------------------
+    def request(
         self,
-        text: str | Iterable[str],
-        voice: str | Voice | None,
-        prompt_wav: AudioSource | None,
-        prompt_text: str | None,
-        instruct: str | None,
-        speed: float,
-        seed: int | None,
-        language: str,
-        text_frontend: bool,
+        text: Text,
+        *,
+        voice: str | Voice | None = None,
+        prompt_wav: AudioSource | None = None,
+        prompt_text: str | None = None,
+        instruct: str | None = None,
+        speed: float = 1.0,
+        seed: int | None = None,
+        language: str = "auto",
+        text_frontend: bool = True,
     ) -> SynthesisRequest:
+        """The typed request the other methods run; the mode follows from what is given (see `Mode`)."""
         if prompt_wav is not None and voice is not None:
             raise InputError("give either a voice or a prompt recording, not both")
         if prompt_wav is not None:
-            chosen = self.synth.make_voice(prompt_wav, prompt_text or "", language=language)
+            chosen = self.frontend.make_voice(prompt_wav, prompt_text or "", language=language)
         elif isinstance(voice, Voice):
             chosen = voice
         elif voice is not None:
@@ -107,52 +176,48 @@ class TTS:
             mode = Mode.CROSS_LINGUAL
         return SynthesisRequest(chosen, mode, text, instruct or "", (), speed, seed, language, text_frontend)
 
-    def stream(
-        self,
-        text: str | Iterable[str],
-        *,
-        voice: str | Voice | None = None,
-        prompt_wav: AudioSource | None = None,
-        prompt_text: str | None = None,
-        instruct: str | None = None,
-        speed: float = 1.0,
-        seed: int | None = None,
-        language: str = "auto",
-        text_frontend: bool = True,
-    ) -> Iterator[AudioChunk]:
-        """Audio chunks as they are made. `text` may be an iterable of pieces still being written."""
-        request = self._request(text, voice, prompt_wav, prompt_text, instruct, speed, seed, language, text_frontend)
-        return self.synth.run(request, stream=True)
-
-    def synthesize(
-        self,
-        text: str,
-        *,
-        voice: str | Voice | None = None,
-        prompt_wav: AudioSource | None = None,
-        prompt_text: str | None = None,
-        instruct: str | None = None,
-        speed: float = 1.0,
-        seed: int | None = None,
-        language: str = "auto",
-        text_frontend: bool = True,
-    ) -> np.ndarray:
-        """The whole utterance: (N,) float32 at `sample_rate`."""
-        request = self._request(text, voice, prompt_wav, prompt_text, instruct, speed, seed, language, text_frontend)
-        return np.concatenate([c.samples for c in self.synth.run(request, stream=False)])
-
-    def convert_voice(
-        self,
-        source_wav: AudioSource,
-        *,
-        voice: str | Voice | None = None,
-        prompt_wav: AudioSource | None = None,
-        speed: float = 1.0,
-        seed: int | None = None,
-        stream: bool = False,
-    ) -> Iterator[AudioChunk]:
+    def vc_request(self, source_wav: AudioSource, *, voice: str | Voice | None = None,
+                   prompt_wav: AudioSource | None = None, speed: float = 1.0, seed: int | None = None
+                   ) -> SynthesisRequest:
         """Voice conversion: say what `source_wav` says in the target voice (no LLM)."""
-        target = self._request("-", voice, prompt_wav, None, None, speed, seed, "auto", False).voice
+        target = self.request("-", voice=voice, prompt_wav=prompt_wav, text_frontend=False).voice
         source = audio_fe.load_wav(source_wav, PROMPT_SAMPLE_RATE_16K, max_seconds=MAX_PROMPT_SECONDS)
-        request = SynthesisRequest(target, Mode.VC, "", "", self.synth.speech_tokens(source), speed, seed)
-        return self.synth.run(request, stream=stream)
+        ids = self.frontend.speech_tokens(source)
+        return SynthesisRequest(target, Mode.VC, "", "", ids, speed, seed)
+
+    # ---- blocking ----------------------------------------------------------------------------------------
+    def stream(self, text: str | Iterable[str], **options: Unpack[Options]) -> Iterator[AudioChunk]:
+        """Audio chunks as they are made. `text` may be an iterable of pieces still being written.
+        Options as `request` (voice, prompt_wav, prompt_text, instruct, speed, seed, language, text_frontend)."""
+        return self.run(self.request(text, **options), stream=True)
+
+    def synthesize(self, text: str, **options: Unpack[Options]) -> np.ndarray:
+        """The whole utterance: (N,) float32 at `sample_rate`. Options as `request`."""
+        chunks = self.run(self.request(text, **options), stream=False)
+        return np.concatenate([c.samples for c in chunks])
+
+    def convert_voice(self, source_wav: AudioSource, *, voice: str | Voice | None = None,
+                      prompt_wav: AudioSource | None = None, speed: float = 1.0, seed: int | None = None,
+                      stream: bool = False) -> Iterator[AudioChunk]:
+        """Voice conversion: say what `source_wav` says in the target voice (no LLM)."""
+        return self.run(self.vc_request(source_wav, voice=voice, prompt_wav=prompt_wav, speed=speed, seed=seed),
+                        stream=stream)
+
+    def run(self, request: SynthesisRequest, *, stream: bool = True) -> Iterator[AudioChunk]:
+        """A prepared request's chunks, blocking (streaming: chunk by chunk; else one chunk per sentence)."""
+        return self._faces()[1].stream(request, stream=stream)
+
+    # ---- async -------------------------------------------------------------------------------------------
+    async def astream(self, text: Text, **options: Unpack[Options]) -> AsyncIterator[AudioChunk]:
+        """`stream` for async callers: `async for chunk in tts.astream(...)`. `text` may be an async iterable."""
+        handle = self.engine.submit(self.request(text, **options), stream=True)
+        try:
+            async for chunk in handle:
+                yield chunk
+        finally:
+            handle.abort()
+
+    async def asynthesize(self, text: str, **options: Unpack[Options]) -> np.ndarray:
+        """`synthesize` for async callers."""
+        handle = self.engine.submit(self.request(text, **options), stream=False)
+        return np.concatenate([c.samples async for c in handle])

@@ -20,10 +20,12 @@ import json
 import logging
 import os
 import sys
+import threading
 import time
 import zlib
 from collections import OrderedDict
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -72,6 +74,7 @@ class InferOptions:
     device: str = "auto"  # "auto": cuda:<LOCAL_RANK> when CUDA is available, else cpu
     seed: int = 0
     progress: bool = True
+    in_flight: int = 8  # items synthesised at once per rank (the engine batches them)
 
 
 @dataclass
@@ -157,7 +160,8 @@ class _Progress:
 
 
 class _Worker:
-    """One rank's model and voice cache; synthesises one item at a time."""
+    """One rank's model and voice cache; several items are synthesised at once from a thread each (the engine
+    batches their LLM and token2wav steps)."""
 
     def __init__(self, options: InferOptions, info: RankInfo) -> None:
         from vocalis.tts import TTS
@@ -170,18 +174,21 @@ class _Worker:
             log.warning("rank %d: no trained model given: the built-in RANDOM-weight model writes noise", info.rank)
         self.options = options
         self.voices: OrderedDict[tuple[str, str, str], Any] = OrderedDict()
+        self._voices_lock = threading.Lock()
 
     def _voice(self, item: ManifestItem) -> Any:
         if item.prompt_wav is None:
             return item.voice  # a name (or None for the default voice)
         key = (str(item.prompt_wav), item.prompt_text, item.language)
-        if key in self.voices:
-            self.voices.move_to_end(key)
-            return self.voices[key]
-        voice = self.tts.synth.make_voice(item.prompt_wav, item.prompt_text, language=item.language)
-        self.voices[key] = voice
-        if len(self.voices) > _VOICE_CACHE_SIZE:
-            self.voices.popitem(last=False)
+        with self._voices_lock:
+            if key in self.voices:
+                self.voices.move_to_end(key)
+                return self.voices[key]
+        voice = self.tts.frontend.make_voice(item.prompt_wav, item.prompt_text, language=item.language)
+        with self._voices_lock:
+            self.voices[key] = voice
+            if len(self.voices) > _VOICE_CACHE_SIZE:
+                self.voices.popitem(last=False)
         return voice
 
     def synthesize(self, item: ManifestItem, result: ItemResult) -> np.ndarray:
@@ -229,29 +236,36 @@ def _run_shard(options: InferOptions, info: RankInfo, items: list[ManifestItem])
     report.model, report.sample_rate = worker.tts.model.describe(), worker.tts.sample_rate
     progress = _Progress(len(items), len(items) - len(todo), options.progress and info.rank == 0,
                          f"rank 0/{info.world_size}" if info.world_size > 1 else "infer")
+    def process(item: ManifestItem) -> ItemResult:
+        result = ItemResult(item.id, item.line, "done", info.rank)
+        path = output_path(options.out_dir, item.id)
+        try:
+            _remove_stale_temporaries(options.out_dir, item.id)
+            audio = worker.synthesize(item, result)
+            if audio.size == 0:
+                raise InputError("the model produced no audio")
+            write_audio(path, audio, worker.tts.sample_rate)
+            result.audio_seconds = audio.size / worker.tts.sample_rate
+        except VocalisError as exc:
+            result.status, result.reason = "failed", str(exc)
+        except Exception as exc:  # one item's crash (a shape bug, OOM) must not end the whole dataset run
+            log.debug("rank %d: %s failed", info.rank, item.id, exc_info=True)
+            result.status, result.reason = "failed", f"{type(exc).__name__}: {exc}"
+        return result
+
     try:
-        for item in todo:
-            result = ItemResult(item.id, item.line, "done", info.rank)
-            path = output_path(options.out_dir, item.id)
-            try:
-                _remove_stale_temporaries(options.out_dir, item.id)
-                audio = worker.synthesize(item, result)
-                if audio.size == 0:
-                    raise InputError("the model produced no audio")
-                write_audio(path, audio, worker.tts.sample_rate)
-                result.audio_seconds = audio.size / worker.tts.sample_rate
-            except VocalisError as exc:
-                result.status, result.reason = "failed", str(exc)
-            except Exception as exc:  # one item's crash (a shape bug, OOM) must not end the whole dataset run
-                log.debug("rank %d: %s failed", info.rank, item.id, exc_info=True)
-                result.status, result.reason = "failed", f"{type(exc).__name__}: {exc}"
-            if result.status == "failed":
-                failed += 1
-                log.warning("rank %d: %s (line %d) failed: %s", info.rank, item.id, item.line, result.reason)
-            report.results.append(result)
-            progress.update(failed)
+        with ThreadPoolExecutor(max_workers=max(1, options.in_flight), thread_name_prefix="vocalis-infer") as pool:
+            futures = [pool.submit(process, item) for item in todo]
+            for future in as_completed(futures):
+                result = future.result()
+                if result.status == "failed":
+                    failed += 1
+                    log.warning("rank %d: %s (line %d) failed: %s", info.rank, result.id, result.line, result.reason)
+                progress.update(failed)
+            report.results.extend(f.result() for f in futures)  # manifest order
     finally:
         progress.close()
+        worker.tts.close()
     report.wall_seconds = time.perf_counter() - start
     return report
 

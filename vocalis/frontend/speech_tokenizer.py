@@ -10,6 +10,7 @@ import abc
 import logging
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -17,6 +18,10 @@ import torch
 from vocalis.config import MAX_PROMPT_SECONDS, PROMPT_SAMPLE_RATE_16K
 from vocalis.errors import AudioError, ModelLoadError
 from vocalis.frontend.audio import whisper_log_mel
+
+if TYPE_CHECKING:
+    from vocalis.models.speech_tokenizer.model import SupervisedSpeechTokenizer
+    from vocalis.models.speech_tokenizer.symbols import SymbolTable
 
 logger = logging.getLogger(__name__)
 
@@ -82,3 +87,32 @@ class OnnxSpeechTokenizer(SpeechTokenizer):
         lengths = np.array([feats.shape[2]], dtype=np.int32)  # (1,)
         ids = self.session.run(None, {self.input_names[0]: feats, self.input_names[1]: lengths})[0]
         return np.asarray(ids).reshape(-1).astype(np.int64).tolist()
+
+
+class TorchSpeechTokenizer(SpeechTokenizer):
+    """`SpeechTokenizer` contract (16 kHz float wav -> 25 Hz ids) served by a `SupervisedSpeechTokenizer`."""
+
+    def __init__(self, model: SupervisedSpeechTokenizer, symbols: SymbolTable | None = None) -> None:
+        self.model = model.eval()
+        self.symbols = symbols
+
+    @classmethod
+    def load(cls, path: str | Path, device: str | torch.device = "cpu") -> TorchSpeechTokenizer:
+        """From a model directory holding `speech_tokenizer.safetensors` + `.json`, or the weights file."""
+        from vocalis.models.speech_tokenizer.runtime import load_speech_tokenizer
+
+        model, symbols = load_speech_tokenizer(path, device)
+        logger.info("speech tokenizer: %s (codebook %d)", path, model.codebook_size)
+        return cls(model, symbols)
+
+    @property
+    def codebook_size(self) -> int:
+        return self.model.codebook_size
+
+    def _tokenize(self, wav16k: np.ndarray | torch.Tensor) -> list[int]:
+        return self.tokenize_batch([wav16k])[0]
+
+    def tokenize_batch(self, wavs16k: Sequence[np.ndarray | torch.Tensor]) -> list[list[int]]:
+        """Several 16 kHz clips (N_i,) -> their 25 Hz ids (ceil((N // 160) / 4) each), one padded forward pass."""
+        device = self.model.ctc_head.weight.device
+        return self.model.tokenize_mels([whisper_log_mel(w).to(device) for w in wavs16k])

@@ -17,21 +17,9 @@ import torch
 import torch.nn.functional as F
 
 from vocalis.config import StreamConfig
+from vocalis.frontend.prompt import FlowPrompt
 from vocalis.models.flow.flow import CausalMaskedDiffWithXvec
 from vocalis.models.hift.generator import HiFTGenerator
-
-
-@dataclass
-class FlowPrompt:
-    """What the flow is conditioned on: prompt tokens (1, P), prompt mel (1, 2P, 80), embedding (1, 192)."""
-
-    speech_ids: torch.Tensor
-    mel: torch.Tensor
-    embedding: torch.Tensor
-
-    @classmethod
-    def empty(cls, embedding: torch.Tensor, mel_dim: int = 80) -> FlowPrompt:
-        return cls(torch.zeros(1, 0, dtype=torch.int32), torch.zeros(1, 0, mel_dim), embedding.reshape(1, -1))
 
 
 @dataclass

@@ -27,7 +27,7 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Self
@@ -36,17 +36,17 @@ import numpy as np
 import torch
 
 from vocalis.config import StreamConfig
-from vocalis.runtime.backends import make_llm_engine
 from vocalis.engine.config import EngineConfig
 from vocalis.engine.llm_engine import LLMEngine
 from vocalis.engine.request import Request, RequestStatus, SamplingParams
-from vocalis.runtime.step_grouping import StepGrouping, StreamReadiness, plan_token2wav_step
-from vocalis.kernels.threads import release_openmp_pool
-from vocalis.token2wav.engine import StreamState, Token2WavChunk, Token2WavConfig, Token2WavEngine
 from vocalis.errors import InputError, VocalisError
+from vocalis.frontend.prompt import Frontend
 from vocalis.frontend.request import AudioChunk, Mode, SynthesisRequest
-from vocalis.reference.synthesizer import Synthesizer
+from vocalis.kernels.threads import release_openmp_pool
 from vocalis.model_dir import LoadedModel
+from vocalis.runtime.backends import make_llm_engine
+from vocalis.runtime.step_grouping import StepGrouping, StreamReadiness, plan_token2wav_step
+from vocalis.token2wav.engine import StreamState, Token2WavChunk, Token2WavConfig, Token2WavEngine
 
 if TYPE_CHECKING:
     from vocalis.engine.vllm.engine import VLLMEngine
@@ -94,6 +94,7 @@ class StreamHandle:
         self._aborted = False
         self._done = False
         self.submitted = time.monotonic()
+        self.started: float | None = None  # when its first LLM step ran (voice conversion: when it was added)
         self.first_chunk_latency: float | None = None
         self._pump: asyncio.Task[None] | None = None  # reads a bi-stream's text pieces
 
@@ -139,6 +140,11 @@ class StreamHandle:
             self.first_chunk_latency = time.monotonic() - self.submitted
         return item
 
+    @property
+    def done(self) -> bool:
+        """Whether the request has ended (its last chunk, an error, or its abort was delivered)."""
+        return self._done
+
     async def _next_item(self) -> object:
         item = await self._queue.get()
         if item is _END or isinstance(item, BaseException):
@@ -156,7 +162,7 @@ class AsyncEngine:
         self.token2wav = token2wav
         self.grouping = grouping if grouping is not None else StepGrouping()
         self._llm_step_s = 0.0  # recent seconds per LLM step (moving average), for the grouping's time bound
-        self.frontend = Synthesizer(model)  # text normalisation, voices, prompts: the reference path's rules
+        self.frontend = Frontend(model)  # text normalisation, voices, prompts (the reference path shares it)
         self.sample_rate = model.config.sample_rate
         self._cond = threading.Condition()
         self._inbox: list[tuple[str, Any]] = []
@@ -432,6 +438,8 @@ class AsyncEngine:
         self._jobs[job.job_id] = job
         if job.segments or job.text is not None:
             self._start_llm(job)
+        else:  # voice conversion: its tokens are given, token2wav starts on the next iteration
+            job.handle.started = time.monotonic()
 
     def _start_llm(self, job: _Job) -> None:
         """Start the next sentence's LLM request, if any (a bi-stream's one request at once)."""
@@ -447,12 +455,7 @@ class AsyncEngine:
         text_ids = job.segments[i]
         state = job.states[i]
 
-        def sink(req: Request, token: int | None, finished: bool) -> None:
-            if token is not None:
-                state.add_tokens((token,))
-            if finished:
-                state.end_input()
-
+        sink = self._sink(job, state)
         engine = self.llm
         params = self.llm_params(text_ids)
         req = engine.make_request(text_ids, *job.llm_prompt, params, request_id=f"{job.job_id}/{i}", sink=sink,
@@ -463,15 +466,24 @@ class AsyncEngine:
         except InputError as exc:
             self._abort(job.job_id, exc)
 
-    def _start_bistream(self, job: _Job) -> None:
-        state = job.states[0]
+    @staticmethod
+    def _sink(job: _Job, state: StreamState) -> Callable[[Request, int | None, bool], None]:
+        """Where the LLM engine puts one sentence's speech ids: its token2wav stream (and the job's start time)."""
 
         def sink(req: Request, token: int | None, finished: bool) -> None:
+            if job.handle.started is None:
+                job.handle.started = time.monotonic()
             if token is not None:
                 state.add_tokens((token,))
             if finished:
                 state.end_input()
 
+        return sink
+
+    def _start_bistream(self, job: _Job) -> None:
+        state = job.states[0]
+
+        sink = self._sink(job, state)
         try:  # the vllm backend's engine cannot take text in pieces: it says so here
             req = self.llm.make_bistream_request(*job.llm_prompt, self.llm_params([]), request_id=f"{job.job_id}/0",
                                                  sink=sink, generator=job.llm_gen)

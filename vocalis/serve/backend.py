@@ -1,33 +1,19 @@
-"""The seam between the HTTP layer and synthesis: submit a job, receive its audio chunks asynchronously.
+"""The seam between the HTTP layer and synthesis: what a job is (`SpeechJob`, `TextFeed`) and how it can fail.
 
-`ThreadedBackend` serves the reference path (`TTS`): ONE worker thread runs one job at a time, fed by a bounded
-queue. Two syntheses at once would only split the same CPU cores and make both late; the queue bound turns
-overload into a fast 503 instead of ever-growing latency. The batching engine replaces this class behind the
-same surface (`submit` -> `JobHandle`, `abort`, `make_voice`, `queue_depth`, `active`).
-
-Threads: handles are created and consumed on the event loop; the worker only calls `JobHandle._put`, which
-hops back onto the loop with `call_soon_threadsafe`. Cancellation is a `threading.Event` the worker checks
-between chunks (and the text feed checks while waiting), so an abort frees the worker at the next chunk.
+A backend takes `submit(SpeechJob) -> handle` (async iteration of `AudioChunk`s, `abort()`), `make_voice`,
+`queue_depth`, `active`. The server runs `engine_backend.EngineBackend` (the batching engine); the reference
+path's one-job-at-a-time `ThreadedBackend` (`vocalis.reference.threaded_backend`) is the baseline it is measured
+against.
 """
 
 from __future__ import annotations
 
 import asyncio
-import io
-import itertools
-import logging
-import queue
-import threading
-import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
-from typing import Any
 
-from vocalis.errors import InputError, VocalisError
-from vocalis.frontend.request import AudioChunk
+from vocalis.errors import VocalisError
 from vocalis.frontend.voice import Voice
-
-log = logging.getLogger(__name__)
 
 
 class Overloaded(VocalisError):
@@ -46,37 +32,45 @@ _END = object()  # marks the end of a job's output
 
 
 class TextFeed:
-    """Text pieces arriving over time (WebSocket bi-streaming). The loop `put`s; the worker iterates.
+    """Text pieces arriving over time (WebSocket bi-streaming). The event loop `put`s; a consumer reads them.
 
-    Iteration blocks in the worker thread; it ends at `end()`, raises `Aborted` after `cancel()` and
-    `JobTimeout` when no piece arrives for `idle_timeout_s`.
+    Made and fed on the event loop. Read with `pieces()` (async: the engine backend; waiting costs nothing) or
+    by iterating from a worker thread (the threaded backend). Reading ends at `end()`, raises `Aborted` after
+    `cancel()` and `JobTimeout` when no piece arrives for `idle_timeout_s`.
     """
 
     def __init__(self, idle_timeout_s: float = 30.0) -> None:
         self.idle_timeout_s = idle_timeout_s
-        self._q: queue.Queue[object] = queue.Queue()
+        self._loop = asyncio.get_running_loop()
+        self._q: asyncio.Queue[object] = asyncio.Queue()
         self.chars = 0
 
     def put(self, piece: str) -> None:
         self.chars += len(piece)
-        self._q.put(piece)
+        self._q.put_nowait(piece)
 
     def end(self) -> None:
-        self._q.put(_END)
+        self._q.put_nowait(_END)
 
     def cancel(self) -> None:
-        self._q.put(Aborted("aborted"))
+        self._q.put_nowait(Aborted("aborted"))
 
-    def __iter__(self) -> Iterator[str]:
-        while True:
-            try:
-                item = self._q.get(timeout=self.idle_timeout_s)
-            except queue.Empty:
-                raise JobTimeout(f"no text arrived for {self.idle_timeout_s:g} s") from None
-            if item is _END:
-                return
-            if isinstance(item, Exception):
-                raise item
+    async def _next(self) -> object:
+        try:
+            item = await asyncio.wait_for(self._q.get(), self.idle_timeout_s)
+        except TimeoutError:
+            raise JobTimeout(f"no text arrived for {self.idle_timeout_s:g} s") from None
+        if isinstance(item, Exception):
+            raise item
+        return item
+
+    async def pieces(self) -> AsyncIterator[str]:
+        while (item := await self._next()) is not _END:
+            assert isinstance(item, str)
+            yield item
+
+    def __iter__(self) -> Iterator[str]:  # a worker thread, never the loop's
+        while (item := asyncio.run_coroutine_threadsafe(self._next(), self._loop).result()) is not _END:
             assert isinstance(item, str)
             yield item
 
@@ -105,221 +99,3 @@ class SpeechJob:
     @property
     def text_chars(self) -> int:
         return self.text.chars if isinstance(self.text, TextFeed) else len(self.text)
-
-
-class JobHandle:
-    """The caller's side of one submitted job: `async for item in handle`, `abort()`.
-
-    Timing (monotonic seconds): `submitted`, `started` (worker picked it up), `finished`.
-    """
-
-    def __init__(self, job_id: int, loop: asyncio.AbstractEventLoop, feed: TextFeed | None = None) -> None:
-        self.id = job_id
-        self._loop = loop
-        self._out: asyncio.Queue[object] = asyncio.Queue()
-        self._cancel = threading.Event()
-        self._feed = feed
-        self.submitted = time.monotonic()
-        self.started: float | None = None
-        self.finished: float | None = None
-        self.done = False
-
-    @property
-    def cancelled(self) -> bool:
-        return self._cancel.is_set()
-
-    def abort(self) -> None:
-        """Stop the job at its next chunk (or before it starts). Idempotent; a finished job is left alone."""
-        if self.done or self._cancel.is_set():
-            return
-        self._cancel.set()
-        if self._feed is not None:
-            self._feed.cancel()
-
-    def _put(self, item: object) -> None:  # worker thread
-        try:
-            self._loop.call_soon_threadsafe(self._out.put_nowait, item)
-        except RuntimeError:  # the loop is gone (server shutting down): nobody is listening any more
-            pass
-
-    def __aiter__(self) -> JobHandle:
-        return self
-
-    async def __anext__(self) -> Any:
-        if self.done:
-            raise StopAsyncIteration
-        item = await self._out.get()
-        if item is _END:
-            self.done = True
-            raise StopAsyncIteration
-        if isinstance(item, BaseException):
-            self.done = True
-            raise item
-        return item
-
-
-@dataclass
-class _Work:
-    handle: JobHandle
-    run: Callable[[], Iterable[object]]
-    timeout_s: float
-
-
-class ThreadedBackend:
-    """Runs `TTS` jobs one at a time in a worker thread (the reference path)."""
-
-    def __init__(self, tts: Any, *, max_queue: int = 64, queue_timeout_s: float = 120.0,
-                 job_timeout_s: float = 300.0) -> None:
-        self.tts = tts
-        self.sample_rate: int = tts.sample_rate
-        self.max_queue = max_queue
-        self.queue_timeout_s = queue_timeout_s
-        self.job_timeout_s = job_timeout_s
-        self._queue: queue.Queue[_Work | None] = queue.Queue(maxsize=max_queue)
-        self._ids = itertools.count(1)
-        self._running: JobHandle | None = None
-        self._thread: threading.Thread | None = None
-        self.completed = 0
-        self.aborted = 0
-        self.failed = 0
-
-    # ---- what the app reads ----------------------------------------------------------------------
-    @property
-    def builtin_voices(self) -> dict[str, Voice]:
-        return dict(self.tts.model.voices)
-
-    @property
-    def can_clone(self) -> bool:
-        return self.tts.model.speech_tokenizer is not None and self.tts.model.speaker_encoder is not None
-
-    @property
-    def describe(self) -> str:
-        return self.tts.model.describe()
-
-    @property
-    def queue_depth(self) -> int:
-        """Jobs waiting to start."""
-        return self._queue.qsize()
-
-    @property
-    def active(self) -> int:
-        """Jobs running now (0 or 1 here)."""
-        return 0 if self._running is None else 1
-
-    # ---- lifecycle -------------------------------------------------------------------------------
-    def start(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._worker, name="vocalis-tts-worker", daemon=True)
-            self._thread.start()
-
-    def close(self, timeout_s: float = 10.0) -> None:
-        """Abort queued and running jobs and stop the worker."""
-        while True:
-            try:
-                work = self._queue.get_nowait()
-            except queue.Empty:
-                break
-            if work is not None:
-                work.handle.abort()
-                work.handle._put(Overloaded("the server is shutting down"))
-        if self._running is not None:
-            self._running.abort()
-        if self._thread is not None:
-            self._queue.put(None)
-            self._thread.join(timeout_s)
-            self._thread = None
-
-    # ---- submitting ------------------------------------------------------------------------------
-    def submit(self, job: SpeechJob) -> JobHandle:
-        """Queue a synthesis; raises `Overloaded` at once when the queue is full."""
-        feed = job.text if isinstance(job.text, TextFeed) else None
-        return self._enqueue(lambda: self._synthesize(job), feed)
-
-    async def make_voice(self, name: str, wav: bytes, text: str, language: str = "auto") -> Voice:
-        """Reference clip (+ transcript) -> `Voice`, computed in the worker like any job."""
-        handle = self._enqueue(lambda: [self.tts.synth.make_voice(io.BytesIO(wav), text, name, language)], None)
-        try:
-            async for voice in handle:
-                return voice
-        finally:
-            handle.abort()
-        raise VocalisError("voice creation produced nothing")
-
-    def _enqueue(self, run: Callable[[], Iterable[object]], feed: TextFeed | None) -> JobHandle:
-        if self._thread is None:
-            raise Overloaded("the synthesis worker is not running")
-        handle = JobHandle(next(self._ids), asyncio.get_running_loop(), feed)
-        try:
-            self._queue.put_nowait(_Work(handle, run, self.job_timeout_s))
-        except queue.Full:
-            raise Overloaded(f"the server is busy ({self.max_queue} requests queued); retry shortly") from None
-        return handle
-
-    def _synthesize(self, job: SpeechJob) -> Iterator[AudioChunk]:
-        tts = self.tts
-        prompt = io.BytesIO(job.prompt_wav) if job.prompt_wav is not None else None
-        if job.source_wav is not None:
-            return tts.convert_voice(io.BytesIO(job.source_wav), voice=job.voice, prompt_wav=prompt,
-                                     speed=job.speed, seed=job.seed, stream=job.stream)
-        if isinstance(job.text, str) and not job.text.strip():
-            raise InputError("input text is empty")
-        kwargs = {"voice": job.voice, "prompt_wav": prompt, "prompt_text": job.prompt_text or None,
-                  "instruct": job.instruct or None, "speed": job.speed, "seed": job.seed, "language": job.language}
-        if job.stream or isinstance(job.text, TextFeed):
-            return tts.stream(job.text, **kwargs)
-        samples = tts.synthesize(job.text, **kwargs)  # the offline path: one chunk, the whole utterance
-        return iter([AudioChunk(samples, self.sample_rate, 0, True)])
-
-    # ---- the worker ------------------------------------------------------------------------------
-    def _worker(self) -> None:
-        while True:
-            work = self._queue.get()
-            if work is None:
-                return
-            handle = work.handle
-            if handle.cancelled:
-                self.aborted += 1  # counters first: the caller may look as soon as it hears back
-                handle._put(Aborted("aborted before it started"))
-                continue
-            waited = time.monotonic() - handle.submitted
-            if waited > self.queue_timeout_s:
-                self.failed += 1
-                handle._put(Overloaded(f"the request waited {waited:.0f} s in the queue; retry shortly"))
-                continue
-            self._running = handle
-            try:
-                self._run(work)
-            finally:
-                self._running = None
-
-    def _run(self, work: _Work) -> None:
-        handle = work.handle
-        handle.started = time.monotonic()
-        deadline = handle.started + work.timeout_s
-        items: Iterator[object] | None = None
-        try:
-            items = iter(work.run())
-            for item in items:
-                if handle.cancelled:
-                    raise Aborted("aborted")
-                if time.monotonic() > deadline:
-                    raise JobTimeout(f"synthesis took longer than {work.timeout_s:g} s")
-                handle._put(item)
-            handle.finished = time.monotonic()
-            self.completed += 1
-            handle._put(_END)
-        except Aborted as exc:
-            self.aborted += 1
-            log.info("job %d aborted after %.2f s", handle.id, time.monotonic() - handle.started)
-            handle._put(exc)
-        except VocalisError as exc:
-            self.failed += 1
-            handle._put(exc)
-        except Exception as exc:  # a bug, not bad input: log it with its traceback, answer 500
-            self.failed += 1
-            log.exception("job %d failed", handle.id)
-            handle._put(exc)
-        finally:
-            close = getattr(items, "close", None)
-            if close is not None:
-                close()

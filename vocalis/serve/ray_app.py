@@ -1,6 +1,7 @@
 """Ray Serve deployment of the same app: `vocalis serve --ray --replicas N`.
 
-Each replica is a Ray actor that loads the model, owns one `ThreadedBackend` and serves `create_app(...)` through
+Each replica is a Ray actor that loads the model, owns one `EngineBackend` (the batching engine) and serves
+`create_app(...)` through
 Ray's FastAPI ingress (built on the replica, so the model never travels through the object store). Ray's HTTP
 proxy spreads requests over the replicas; streaming, WebSockets and disconnect-aborts pass through it. Saved
 voices live in one folder all replicas read (`VoiceStore` re-scans it), so a voice saved via one replica is
@@ -33,13 +34,13 @@ def _deployment_class() -> Any:
                      device: str) -> None:
             import torch
 
-            from vocalis.serve.backend import ThreadedBackend
+            from vocalis.serve.engine_backend import EngineBackend
             from vocalis.tts import TTS
 
             if threads > 0:
                 torch.set_num_threads(threads)
             self.config = config
-            self.backend = ThreadedBackend(TTS.load(model, device=device), **backend_opts)
+            self.backend = EngineBackend(TTS.load(model, device=device), **backend_opts)
 
         def __serve_build_asgi_app__(self) -> Any:
             from vocalis.serve.app import create_app

@@ -58,7 +58,7 @@ from vocalis.precision.layers import CastLinear
 from vocalis.token2wav.encoder import EncoderCache, EncoderRow, EncoderStreamer
 from vocalis.token2wav.estimator import ComputeWeights, EstimatorCache, TimeTerms, solve_chunk
 from vocalis.token2wav.hift import HiftBody, vocode_batch
-from vocalis.reference.token2wav import FlowPrompt
+from vocalis.frontend.prompt import FlowPrompt
 from vocalis.models.flow.flow import CausalMaskedDiffWithXvec
 from vocalis.models.hift.generator import HiFTGenerator
 

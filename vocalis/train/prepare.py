@@ -95,7 +95,7 @@ def _init_worker(model_dir: str, features: FeatureConfig, speech_tokenizer: str 
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     tokenizer = None
     if speech_tokenizer is not None and features.speech_tokens:
-        from vocalis.models.speech_tokenizer import TorchSpeechTokenizer
+        from vocalis.frontend.speech_tokenizer import TorchSpeechTokenizer
 
         tokenizer = TorchSpeechTokenizer.load(speech_tokenizer)
     _featurizer = Featurizer(model_dir, features, tokenizer)

@@ -6,7 +6,6 @@ from vocalis.models.speech_tokenizer.model import SupervisedSpeechTokenizer, gre
 from vocalis.models.speech_tokenizer.runtime import (
     CONFIG_FILE,
     WEIGHTS_FILE,
-    TorchSpeechTokenizer,
     load_speech_tokenizer,
     save_speech_tokenizer,
 )
@@ -21,7 +20,6 @@ __all__ = [
     "SpeechTokenizerConfig",
     "SupervisedSpeechTokenizer",
     "SymbolTable",
-    "TorchSpeechTokenizer",
     "char_units",
     "greedy_ctc_decode",
     "latin_units",

@@ -15,12 +15,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vocalis.frontend.audio import whisper_log_mel
 from vocalis.models.speech_tokenizer.config import SpeechTokenizerConfig
 from vocalis.models.speech_tokenizer.encoder import ConvSubsampler, TransformerStack, length_mask
 from vocalis.models.speech_tokenizer.fsq import FSQ
@@ -121,10 +119,10 @@ class SupervisedSpeechTokenizer(nn.Module):
         return loss, metrics
 
     @torch.no_grad()
-    def tokenize_batch(self, wavs16k: Sequence[np.ndarray | torch.Tensor]) -> list[list[int]]:
-        """Several 16 kHz clips (N_i,) -> their 25 Hz ids, one padded forward pass (eval mode)."""
+    def tokenize_mels(self, mels: Sequence[torch.Tensor]) -> list[list[int]]:
+        """Several clips' 128-bin log-mels (`frontend.audio.whisper_log_mel` of 16 kHz audio, each (128, T_i) on this
+        model's device) -> their 25 Hz ids, one padded forward pass (eval mode)."""
         device = self.ctc_head.weight.device
-        mels = [whisper_log_mel(w).to(device) for w in wavs16k]
         mel, mel_lens = pad_mels(mels)
         was_training = self.training
         self.eval()
@@ -133,10 +131,6 @@ class SupervisedSpeechTokenizer(nn.Module):
         finally:
             self.train(was_training)
         return [row[: int(n)].tolist() for row, n in zip(codes.cpu(), lens.cpu())]
-
-    def tokenize(self, wav16k: np.ndarray | torch.Tensor) -> list[int]:
-        """16 kHz clip (N,) -> ceil((N // 160) / 4) ids at 25 Hz (25 per second), each in [0, codebook_size)."""
-        return self.tokenize_batch([wav16k])[0]
 
 
 def greedy_ctc_decode(ctc_logits: torch.Tensor, lens: torch.Tensor) -> list[list[int]]:

@@ -1,4 +1,4 @@
-"""Files of the supervised speech tokenizer and its `SpeechTokenizer` front-end implementation.
+"""Files of the supervised speech tokenizer (the front end serving it is `frontend.speech_tokenizer`).
 
 A model directory carries two files in place of `speech_tokenizer_v2.onnx`:
 - `speech_tokenizer.safetensors`: the weights;
@@ -13,12 +13,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from vocalis.checkpoint import load_strict, read_safetensors, write_safetensors
 from vocalis.errors import ModelLoadError
-from vocalis.frontend.speech_tokenizer import SpeechTokenizer
 from vocalis.models.speech_tokenizer.config import SpeechTokenizerConfig
 from vocalis.models.speech_tokenizer.model import SupervisedSpeechTokenizer
 from vocalis.models.speech_tokenizer.symbols import SymbolTable
@@ -85,25 +83,3 @@ def load_speech_tokenizer(
     load_strict(model, read_safetensors(weights), weights.name)
     model.to(device).eval().requires_grad_(False)
     return model, symbols
-
-
-class TorchSpeechTokenizer(SpeechTokenizer):
-    """`SpeechTokenizer` contract (16 kHz float wav -> 25 Hz ids) served by a `SupervisedSpeechTokenizer`."""
-
-    def __init__(self, model: SupervisedSpeechTokenizer, symbols: SymbolTable | None = None) -> None:
-        self.model = model.eval()
-        self.symbols = symbols
-
-    @classmethod
-    def load(cls, path: str | os.PathLike, device: str | torch.device = "cpu") -> TorchSpeechTokenizer:
-        """From a model directory holding `speech_tokenizer.safetensors` + `.json`, or the weights file."""
-        model, symbols = load_speech_tokenizer(path, device)
-        logger.info("speech tokenizer: %s (codebook %d)", _files(path)[0], model.codebook_size)
-        return cls(model, symbols)
-
-    @property
-    def codebook_size(self) -> int:
-        return self.model.codebook_size
-
-    def _tokenize(self, wav16k: np.ndarray | torch.Tensor) -> list[int]:
-        return self.model.tokenize(wav16k)

@@ -11,15 +11,16 @@ Inputs (each request is one utterance; batch dimension of 1 per request):
   SPEED (FP32, opt.)    0.25-4.0
   SEED (INT64, opt.)    reproducible sampling
 Outputs per response: AUDIO (FP32, samples in [-1, 1] at SAMPLE_RATE), SAMPLE_RATE (INT32). The last response
-carries the COMPLETE_FINAL flag. Dynamic batching hands several requests to one `execute` call; the reference
-path synthesises them one after another (the batching engine will run them together), checking each
-request's cancellation between chunks.
+carries the COMPLETE_FINAL flag. Requests run on the batching engine (`TTS`): `execute` hands each to a
+thread that streams its chunks and returns at once (decoupled mode), so requests in flight together share the
+engine's LLM and token2wav steps. A cancelled request is aborted at its next chunk, freeing what it holds.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import triton_python_backend_utils as pb_utils  # provided by Triton's Python backend
@@ -53,12 +54,15 @@ class TritonPythonModel:
             torch.set_num_threads(threads)
         self.tts = TTS.load(params.get("model_dir") or None)
         self.sample_rate = np.array([self.tts.sample_rate], dtype=np.int32)
+        # one thread per request in flight: each only waits on its chunks, the engine loop does the work
+        self.pool = ThreadPoolExecutor(max_workers=int(params.get("max_in_flight", "64") or 64),
+                                       thread_name_prefix="vocalis-triton")
         log.info("vocalis Triton model ready: %s", self.tts.model.describe())
 
     def execute(self, requests: list) -> None:
         for request in requests:
-            self._one(request)
-        # decoupled: every response went through the request's sender
+            self.pool.submit(self._one, request)
+        # decoupled: every response goes through the request's sender
 
     def _one(self, request) -> None:
         from vocalis.errors import VocalisError
@@ -77,6 +81,7 @@ class TritonPythonModel:
             )
             for chunk in chunks:
                 if hasattr(request, "is_cancelled") and request.is_cancelled():
+                    chunks.close()  # aborts the engine request: its KV blocks and stream state are freed
                     sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(
                         "cancelled", pb_utils.TritonError.CANCELLED)), flags=final)
                     return
@@ -91,4 +96,6 @@ class TritonPythonModel:
             sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(f"internal error: {exc}")), flags=final)
 
     def finalize(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        self.tts.close()
         self.tts = None
