@@ -137,3 +137,62 @@ def test_stores_sharing_a_folder_follow_each_other(tmp_path: Path) -> None:
     with pytest.raises(VoiceNotFound):
         a.resolve("shared")
     assert a.entries() == []
+
+
+def _small_voice(name: str, seed: int = 0):
+    import torch
+
+    from vocalis.frontend.voice import Voice
+
+    g = torch.Generator().manual_seed(seed)
+    return Voice(name, "hi there", (1, 2), tuple(range(10)), torch.randn(20, 80, generator=g),
+                 torch.randn(192, generator=g))
+
+
+def test_saved_voices_are_capped(tts, tmp_path: Path, clip: bytes) -> None:
+    with serve(tts, voices_dir=tmp_path / "voices", max_saved_voices=2) as srv, \
+            httpx.Client(base_url=srv.url, timeout=120) as c:
+        def create(name: str) -> httpx.Response:
+            return c.post("/v1/audio/voices", data={"name": name}, files={"audio": ("v.wav", clip)})
+
+        assert create("one").status_code == 201 and create("two").status_code == 201
+        r = create("three")
+        assert r.status_code == 409 and "at most 2 saved voices" in r.json()["error"]["message"]
+        assert c.delete("/v1/audio/voices/one").status_code == 200
+        assert create("three").status_code == 201
+    assert files_in(tmp_path / "voices") == ["three.safetensors", "two.safetensors"]
+
+
+def test_voice_folder_indexed_once_and_loaded_lazily(tts, tmp_path: Path) -> None:
+    """5,000 voices used to be loaded and rescanned on every request; now the folder is read once (headers only),
+    a voice's tensors when it is used, and the folder again only when another process changed it."""
+    voices = tmp_path / "voices"
+    voices.mkdir()
+    for i in range(300):
+        _small_voice(f"v{i:03d}", i).save(voices / f"v{i:03d}.safetensors")
+    with serve(tts, voices_dir=voices) as srv, httpx.Client(base_url=srv.url, timeout=120) as c:
+        store = srv.app.state.ctx.voices
+        reads: list[str] = []
+        original = store._reindex
+
+        def counting() -> None:
+            reads.append("reindex")
+            original()
+
+        store._reindex = counting
+        assert store._loaded == {}  # nothing loaded at start
+        listed = c.get("/v1/audio/voices").json()["data"]
+        assert len(listed) == 301 and listed[1]["prompt_text"] == "hi there" and listed[1]["prompt_seconds"] == 0.4
+        for i in (5, 7, 5):
+            r = c.post("/v1/audio/speech", json={"input": "Hi.", "voice": f"v{i:03d}", "response_format": "pcm"})
+            assert r.status_code == 200
+            assert c.get(f"/v1/audio/voices/v{i:03d}").status_code == 200
+        assert sorted(store._loaded) == ["v005", "v007"] and reads == []
+        # another process adds and removes voices: seen at the next request, with one re-index
+        _small_voice("outside", 9).save(voices / "outside.safetensors")
+        (voices / "v000.safetensors").unlink()
+        names = [v["name"] for v in c.get("/v1/audio/voices").json()["data"]]
+        assert "outside" in names and "v000" not in names and reads == ["reindex"]
+        assert c.post("/v1/audio/speech", json={"input": "Hi.", "voice": "outside",
+                                                "response_format": "pcm"}).status_code == 200
+        assert reads == ["reindex"]

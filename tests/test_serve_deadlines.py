@@ -1,0 +1,214 @@
+"""Issue 25, items 2, 3 and 14 on a real loopback server: deadlines fire when they expire (queue timeout 503,
+request timeout 504) instead of at the next chunk, WebSocket sessions have idle and total caps, and SIGTERM
+drains within a bounded grace period, then answers 503 to what has not started."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from serve_support import free_port, make_quick_tiny_model_dir, quick_tts, reference_backend, serve, serve_backend, \
+    wait_healthy
+
+websockets = pytest.importorskip("websockets", reason="websockets is part of the dev extra")
+import websockets.sync.client as websockets_sync
+
+LONG_TEXT = " ".join(["This is a fairly long sentence that keeps the synthesis busy for a while."] * 36)
+# ~10 s of synthesis on the tiny model, its first chunk in well under a second on an idle machine
+MEDIUM_TEXT = " ".join(["This is a fairly long sentence that keeps the synthesis busy for a while."] * 8)
+
+
+@pytest.fixture(scope="module")
+def tts(tmp_path_factory):
+    return quick_tts(tmp_path_factory)
+
+
+def ws_url(srv) -> str:
+    return srv.url.replace("http://", "ws://") + "/v1/audio/speech/ws"
+
+
+def _wait(cond, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def _hold_worker(srv):
+    """A WebSocket session waiting for more text: on the reference backend it holds the one worker."""
+    ws = websockets_sync.connect(ws_url(srv))
+    ws.send(json.dumps({"type": "start"}))
+    assert json.loads(ws.recv(timeout=30))["type"] == "ready"
+    ws.send(json.dumps({"type": "text", "text": "Waiting for the rest "}))
+    _wait(lambda: srv.backend.active == 1)
+    return ws
+
+
+def _close_code(ws) -> int | None:
+    with contextlib.suppress(websockets.exceptions.ConnectionClosed):
+        while True:
+            ws.recv(timeout=30)
+    return ws.close_code
+
+
+def test_queue_timeout_fires_when_it_expires(tts) -> None:
+    # the backend's own check (at dequeue) would come only when the worker is free again
+    with serve_backend(reference_backend(tts), queue_timeout_s=1.0, ws_idle_timeout_s=60) as srv:
+        ws = _hold_worker(srv)
+        try:
+            t0 = time.monotonic()
+            r = httpx.post(srv.url + "/v1/audio/speech", json={"input": "Hi."}, timeout=30)
+            took = time.monotonic() - t0
+        finally:
+            ws.close()
+        assert r.status_code == 503 and "waited 1 s in the queue" in r.json()["error"]["message"], r.text
+        assert r.headers["retry-after"] == "2"
+        assert 0.9 <= took < 3.0, took
+
+
+@pytest.mark.parametrize("which", ["reference", "default"])
+def test_request_timeout_fires_when_it_expires(tts, which: str) -> None:
+    limit = 4.0
+    backend = reference_backend(tts) if which == "reference" else None
+    server = serve_backend(backend, request_timeout_s=limit) if backend else serve(tts, request_timeout_s=limit)
+    with server as srv:
+        # a stream under way is cut when its deadline passes: the client sees an incomplete body
+        t0 = time.monotonic()
+        with pytest.raises(httpx.RemoteProtocolError), httpx.stream(
+                "POST", srv.url + "/v1/audio/speech", json={"input": MEDIUM_TEXT, "response_format": "pcm"},
+                timeout=60) as stream:
+            assert stream.status_code == 200
+            for _ in stream.iter_raw():
+                pass
+        assert time.monotonic() - t0 < limit + 2.5
+        _wait(lambda: srv.backend.active == 0 and srv.backend.queue_depth == 0, 120)
+        t0 = time.monotonic()  # the whole utterance in one chunk: no chunk boundary until the end
+        r = httpx.post(srv.url + "/v1/audio/speech", json={"input": MEDIUM_TEXT, "stream": False}, timeout=60)
+        took = time.monotonic() - t0
+        assert r.status_code == 504 and f"longer than {limit:g} s" in r.json()["error"]["message"], r.text
+        assert took < limit + 2.0, took
+
+
+def test_idle_websocket_is_closed_and_frees_the_worker(tts) -> None:
+    with serve_backend(reference_backend(tts), ws_idle_timeout_s=1.0) as srv:
+        ws = websockets_sync.connect(ws_url(srv))
+        ws.send(json.dumps({"type": "start"}))  # ...and nothing more, as in the issue
+        assert json.loads(ws.recv(timeout=30))["type"] == "ready"
+        t0 = time.monotonic()
+        r = httpx.post(srv.url + "/v1/audio/speech", json={"input": "Hi.", "response_format": "pcm"}, timeout=60)
+        assert r.status_code == 200 and time.monotonic() - t0 < 20
+        assert _close_code(ws) == 4408
+
+
+def test_websocket_session_cap(tts) -> None:
+    with serve_backend(reference_backend(tts), ws_idle_timeout_s=30, ws_max_session_s=1.5) as srv:
+        ws = websockets_sync.connect(ws_url(srv))
+        ws.send(json.dumps({"type": "start"}))
+        assert json.loads(ws.recv(timeout=30))["type"] == "ready"
+        t0 = time.monotonic()
+        reply = None
+        with contextlib.suppress(websockets.exceptions.ConnectionClosed):
+            while time.monotonic() - t0 < 10:  # a space now and then keeps it from being idle
+                ws.send(json.dumps({"type": "text", "text": " "}))
+                with contextlib.suppress(TimeoutError):
+                    msg = ws.recv(timeout=0.3)
+                    if isinstance(msg, str):
+                        reply = json.loads(msg)
+        assert ws.close_code == 4504 and time.monotonic() - t0 < 4
+        assert reply is not None and reply["status"] == 504 and "1.5 s limit" in reply["message"]
+        _wait(lambda: srv.backend.active == 0, 30)
+
+
+def test_drain_answers_503_to_what_has_not_started(tts) -> None:
+    with serve_backend(reference_backend(tts), shutdown_grace_s=1.0) as srv:
+        results: list[tuple[int, str, float]] = []
+        streaming = threading.Event()
+
+        def running() -> None:  # holds the one worker: a long stream under way
+            try:
+                with httpx.stream("POST", srv.url + "/v1/audio/speech",
+                                  json={"input": LONG_TEXT, "response_format": "pcm"}, timeout=60) as r:
+                    streaming.set()
+                    for _ in r.iter_raw():
+                        pass
+                status = r.status_code
+            except httpx.RemoteProtocolError:
+                status = -1  # cut, as a stream past the grace is
+            results.append((status, "", time.monotonic()))
+
+        def queued() -> None:
+            r = httpx.post(srv.url + "/v1/audio/speech", json={"input": "Hi."}, timeout=60)
+            results.append((r.status_code, r.text, time.monotonic()))
+
+        first = threading.Thread(target=running)
+        first.start()
+        assert streaming.wait(60)
+        threads = [threading.Thread(target=queued) for _ in range(3)]
+        for t in threads:
+            t.start()
+        _wait(lambda: srv.backend.queue_depth == 3)
+        t0 = time.monotonic()
+        srv.server.should_exit = True  # what SIGTERM does
+        for t in (first, *threads):
+            t.join(30)
+        assert len(results) == 4
+        assert sorted(status for status, _, _ in results) == [-1, 503, 503, 503], results
+        for status, text, at in results:
+            assert status == -1 or "shutting down" in text, text
+            assert 0.8 <= at - t0 < 3.0, at - t0
+        srv.thread.join(15)
+        assert not srv.thread.is_alive()
+
+
+def test_sigterm_is_bounded(tmp_path: Path) -> None:
+    model = make_quick_tiny_model_dir(tmp_path / "model")
+    port = free_port()
+    cmd = [sys.executable, "-m", "vocalis", "serve", "--model", str(model), "--port", str(port), "--threads", "1",
+           "--voices-dir", str(tmp_path / "voices"), "--shutdown-grace", "1.5"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    ended: list[tuple[int, float]] = []
+    started = threading.Event()
+
+    def client() -> None:
+        status = 0
+        try:
+            with httpx.stream("POST", url + "/v1/audio/speech", json={"input": LONG_TEXT, "response_format": "pcm"},
+                              timeout=120) as r:
+                status = r.status_code
+                if status == 200:
+                    started.set()
+                with contextlib.suppress(httpx.HTTPError):
+                    for _ in r.iter_raw():
+                        pass
+        except httpx.HTTPError:
+            status = -1
+        ended.append((status, time.monotonic()))
+
+    try:
+        wait_healthy(proc, url, 90)
+        threads = [threading.Thread(target=client) for _ in range(6)]
+        for t in threads:
+            t.start()
+        assert started.wait(60)
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+        exited = time.monotonic() - t0
+        for t in threads:
+            t.join(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert exited < 1.5 + 6, (exited, out)  # the grace, uvicorn's margin, the lifespan's close
+    assert len(ended) == 6 and all(at - t0 < 1.5 + 4 for _, at in ended), ended
+    assert {s for s, _ in ended} <= {200, 503}, ended
+    assert "Traceback" not in out, out
