@@ -91,7 +91,7 @@ def test_request_timeout_fires_when_it_expires(tts, which: str) -> None:
         assert time.monotonic() - t0 < limit + 2.5
         _wait(lambda: srv.backend.active == 0 and srv.backend.queue_depth == 0, 120)
         t0 = time.monotonic()  # the whole utterance in one chunk: no chunk boundary until the end
-        r = httpx.post(srv.url + "/v1/audio/speech", json={"input": MEDIUM_TEXT, "stream": False}, timeout=60)
+        r = httpx.post(srv.url + "/v1/audio/speech", json={"input": LONG_TEXT, "stream": False}, timeout=60)
         took = time.monotonic() - t0
         assert r.status_code == 504 and f"longer than {limit:g} s" in r.json()["error"]["message"], r.text
         assert took < limit + 2.0, took
@@ -109,7 +109,7 @@ def test_idle_websocket_is_closed_and_frees_the_worker(tts) -> None:
 
 
 def test_websocket_session_cap(tts) -> None:
-    with serve_backend(reference_backend(tts), ws_idle_timeout_s=30, ws_max_session_s=1.5) as srv:
+    with serve_backend(reference_backend(tts), ws_idle_timeout_s=30, ws_max_duration_s=1.5) as srv:
         ws = websockets_sync.connect(ws_url(srv))
         ws.send(json.dumps({"type": "start"}))
         assert json.loads(ws.recv(timeout=30))["type"] == "ready"
@@ -212,3 +212,23 @@ def test_sigterm_is_bounded(tmp_path: Path) -> None:
     assert len(ended) == 6 and all(at - t0 < 1.5 + 4 for _, at in ended), ended
     assert {s for s, _ in ended} <= {200, 503}, ended
     assert "Traceback" not in out, out
+
+
+def test_websocket_waiting_for_its_first_text_is_not_queued(tts) -> None:
+    """A session's job cannot start before its first text arrives: that wait is the client's, not the queue's."""
+    with serve(tts, queue_timeout_s=1.0, ws_idle_timeout_s=30) as srv:
+        with websockets_sync.connect(ws_url(srv)) as ws:
+            ws.send(json.dumps({"type": "start"}))
+            assert json.loads(ws.recv(timeout=30))["type"] == "ready"
+            time.sleep(2.0)  # twice the queue timeout, thinking
+            ws.send(json.dumps({"type": "text", "text": "Here it comes."}))
+            ws.send(json.dumps({"type": "end"}))
+            audio = 0
+            while True:
+                msg = ws.recv(timeout=60)
+                if isinstance(msg, bytes):
+                    audio += len(msg)
+                    continue
+                assert json.loads(msg)["type"] == "done", msg
+                break
+        assert audio > 0

@@ -28,7 +28,7 @@ class ServeConfig:
     queue_timeout_s: a job not started this long after it was queued is aborted: 503.
     request_timeout_s: a job running longer than this is aborted: 504.
     ws_idle_timeout_s: a WebSocket session that sends no message for this long (before "end") is closed (4408).
-    ws_max_session_s: the longest a WebSocket session may last, start to done (4504 when it is over).
+    ws_max_duration_s: the longest a WebSocket session may last, start to done (4504 when it is over).
     header_timeout_s / body_timeout_s: a request's head, and its body, must arrive within this (else 408).
     shutdown_grace_s: after SIGTERM, running streams get this long to finish; what has not started gets 503.
     max_saved_voices: saved voices the folder may hold; creating one more is a 409.
@@ -49,7 +49,7 @@ class ServeConfig:
     queue_timeout_s: float = 120.0
     request_timeout_s: float = 300.0
     ws_idle_timeout_s: float = 30.0
-    ws_max_session_s: float = 600.0
+    ws_max_duration_s: float = 600.0
     header_timeout_s: float = 10.0
     body_timeout_s: float = 60.0
     shutdown_grace_s: float = 10.0
@@ -68,7 +68,7 @@ class ServeConfig:
             raise ValueError("limits must be positive and max_body_bytes >= max_upload_bytes")
         if self.max_prompt_tokens < 1 or self.max_saved_voices < 0:
             raise ValueError("max_prompt_tokens must be positive and max_saved_voices >= 0")
-        times = (self.queue_timeout_s, self.request_timeout_s, self.ws_idle_timeout_s, self.ws_max_session_s,
+        times = (self.queue_timeout_s, self.request_timeout_s, self.ws_idle_timeout_s, self.ws_max_duration_s,
                  self.header_timeout_s, self.body_timeout_s, self.shutdown_grace_s)
         if any(t < 0 for t in times):
             raise ValueError("timeouts and the shutdown grace must be >= 0")

@@ -68,14 +68,17 @@ class JobWatch:
     """The deadlines of one job handle. Use `next()` / `async for` to read its items and `close()` when done."""
 
     def __init__(self, handle: Any, *, queue_timeout_s: float, run_timeout_s: float,
-                 shutdown: Shutdown | None = None) -> None:
+                 shutdown: Shutdown | None = None, wait_for_input: bool = False) -> None:
         self.handle = handle
         self.queue_timeout_s = queue_timeout_s
         self.run_timeout_s = run_timeout_s
         self.fired: VocalisError | None = None
         self._loop = asyncio.get_running_loop()
         self._wake: asyncio.Future[None] = self._loop.create_future()
-        self._submitted = getattr(handle, "submitted", None) or time.monotonic()
+        # A job fed text over time (WebSocket) cannot start before its first piece, and a backend may not count
+        # it as started until then: its queue clock starts at `input_arrived`.
+        self._submitted: float | None = None if wait_for_input else (getattr(handle, "submitted", None)
+                                                                     or time.monotonic())
         self._first_item: float | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._shutdown = shutdown
@@ -96,6 +99,8 @@ class JobWatch:
         now = time.monotonic()
         if started is not None:
             self._arm(started + self.run_timeout_s - now, self._run_expired)
+        elif self._submitted is None:  # waiting for the client's first text: not queued yet
+            self._arm(POLL_S, self._watch_queue)
         elif now - self._submitted >= self.queue_timeout_s:
             self.fire(Overloaded(f"the request waited {self.queue_timeout_s:g} s in the queue without starting; "
                                  "retry shortly"))
@@ -109,6 +114,11 @@ class JobWatch:
 
     def _run_expired(self) -> None:
         self.fire(JobTimeout(f"synthesis took longer than {self.run_timeout_s:g} s"))
+
+    def input_arrived(self) -> None:
+        """The first text of a `wait_for_input` job came: from now on it is waiting for the backend."""
+        if self._submitted is None:
+            self._submitted = time.monotonic()
 
     def fire(self, exc: VocalisError) -> None:
         """End the job now with `exc` (a deadline passed): abort it and wake its reader."""

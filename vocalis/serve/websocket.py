@@ -13,7 +13,7 @@ normal close (1000) at the end; on a problem `{"type": "error", "status": 400, "
 4000 + status (e.g. 4400, 4401, 4503). A client that disconnects aborts its synthesis.
 
 Time limits: a session that sends no message for `ws_idle_timeout_s` (until its "end") is closed with 4408, and
-one that lasts longer than `ws_max_session_s` in all with 4504; a session not started within the queue timeout
+one that lasts longer than `ws_max_duration_s` in all with 4504; a session not started within the queue timeout
 gets 4503. A binary frame from the client is a 4400 (messages are JSON text). The text pieces together have the
 server's one length cap (4413 over it), and the LLM prompt they make is bounded as for HTTP (4400).
 """
@@ -99,7 +99,7 @@ def websocket_router() -> APIRouter:
             return
         watch: JobWatch | None = None
         try:
-            async with asyncio.timeout(cfg.ws_max_session_s):
+            async with asyncio.timeout(cfg.ws_max_duration_s):
                 ctx.shutdown.check_open()
                 start = WsStart.model_validate(await _receive_json(ws, cfg.ws_idle_timeout_s))
                 check_text_fields(cfg, instructions=start.instructions)
@@ -112,7 +112,7 @@ def websocket_router() -> APIRouter:
                 # A session's length is the client's writing time, so the session cap, not the request
                 # timeout, bounds it; the queue timeout still applies.
                 watch = JobWatch(ctx.backend.submit(job), queue_timeout_s=cfg.queue_timeout_s,
-                                 run_timeout_s=math.inf, shutdown=ctx.shutdown)
+                                 run_timeout_s=math.inf, shutdown=ctx.shutdown, wait_for_input=True)
                 await ws.send_json({"type": "ready", "sample_rate": ctx.backend.sample_rate, "format": fmt})
                 await _session(ws, ctx, watch, feed, fmt, voice, start.instructions or "")
         except ValidationError as exc:
@@ -126,7 +126,7 @@ def websocket_router() -> APIRouter:
         except SessionIdle as exc:
             await _fail(ws, ctx, 408, str(exc), "SessionIdle")
         except TimeoutError:  # the session cap (asyncio.timeout above)
-            await _fail(ws, ctx, 504, f"the session lasted longer than its {cfg.ws_max_session_s:g} s limit",
+            await _fail(ws, ctx, 504, f"the session lasted longer than its {cfg.ws_max_duration_s:g} s limit",
                         "SessionTimeout")
         except VocalisError as exc:
             status, _ = error_status(exc)
@@ -164,6 +164,7 @@ async def _session(ws: WebSocket, ctx: ServerContext, watch: JobWatch, feed: Tex
                 ctx.budget.check(voice=voice, instruct=instruct, extra_text_tokens=text_tokens)
                 if not t_first_text:
                     t_first_text.append(time.perf_counter())
+                    watch.input_arrived()
                 feed.put(piece)
             elif kind == "end":
                 WsEnd.model_validate(msg)
