@@ -59,6 +59,8 @@ class TTS:
     The engine starts on the first synthesis; `close()` (or a `with` block) stops it.
     """
 
+    engine_type: type[AsyncEngine] = AsyncEngine  # what `engine` builds (the serving bench forces lengths with it)
+
     def __init__(self, model: LoadedModel, engine: EngineConfig | None = None,
                  token2wav: Token2WavConfig | None = None) -> None:
         self.model = model
@@ -94,7 +96,7 @@ class TTS:
     def _faces(self) -> tuple[AsyncEngine, BlockingEngine]:
         with self._lock:
             if self._engine is None or self._blocking is None:
-                self._engine = AsyncEngine.from_model(self.model, self.engine_config, self.token2wav_config)
+                self._engine = self.engine_type.from_model(self.model, self.engine_config, self.token2wav_config)
                 self._blocking = BlockingEngine(self._engine)
             return self._engine, self._blocking
 

@@ -1,0 +1,253 @@
+"""The server on the engine against the reference's one-at-a-time threaded server: many streaming clients.
+
+    python scripts/serve_bench.py [--preset cosyvoice2-0.5b|tiny] [--tokens 50] [--clients 32] [--requests 4]
+                                  [--rounds 4] [--drop 0.25] [--backends threaded,engine] [--precision auto]
+
+For each backend a real `vocalis serve` app (uvicorn on 127.0.0.1) runs in its own process with random weights at
+the preset's shapes, every utterance forced to `--tokens` speech tokens (as `vocalis bench` does), one saved voice
+with a 3 s prompt. `--clients` concurrent clients each send `--requests` streaming requests (OpenAI route, pcm) per
+round, one after another; a `--drop` share of the requests is dropped by its client after the first chunk. Per
+round: aggregate audio seconds per second (audio received by clients that kept listening / the round's wall
+time), p50 / p95 first chunk, errors, the server's RSS. After the last round, once idle: the engine's KV-cache
+usage (from /metrics). Prints one table and a JSON line per backend; `--json OUT` writes them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import os
+import random
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+SAMPLE_RATE = 24000
+
+
+# ---- the server side (a child process) ----------------------------------------------------------------------
+def serve_side(args: argparse.Namespace) -> None:
+    import torch
+    import uvicorn
+
+    from vocalis.bench.measure import BenchConfig, bench_voice, build, forced_sampler
+    from vocalis.engine.request import SamplingParams
+    from vocalis.runtime.async_engine import AsyncEngine
+    from vocalis.serve.app import create_app
+    from vocalis.serve.config import ServeConfig
+    from vocalis.tts import TTS
+
+    cfg = BenchConfig(preset=args.preset, threads=args.threads, tokens=args.tokens)
+    torch.set_num_threads(args.threads)
+    precision = None if args._serve == "threaded" else args.precision
+    model, described = build(cfg, precision)
+    model.voices["bench"] = bench_voice(model, cfg)
+    opts = {"max_queue": 4 * args.clients, "queue_timeout_s": 3600.0, "job_timeout_s": 3600.0}
+    if args._serve == "threaded":
+        from vocalis.reference.threaded_backend import ReferenceTTS, ThreadedBackend
+
+        lm, stops, generate = model.llm, model.config.llm.stop_token_ids, model.llm.generate
+
+        def fixed_generate(*a: Any, sampling: Any = None, generator: Any = None, **kw: Any) -> Any:
+            from vocalis.config import SamplingConfig
+
+            fn = forced_sampler(sampling or SamplingConfig(), generator, stops)
+            return generate(*a, min_len=cfg.tokens, max_len=cfg.tokens, sample_fn=fn)
+
+        lm.generate = fixed_generate  # type: ignore[method-assign]
+        backend: Any = ThreadedBackend(ReferenceTTS(model), **opts)
+    else:
+        from vocalis.serve.engine_backend import EngineBackend
+
+        class FixedLengthEngine(AsyncEngine):
+            def llm_params(self, text_ids: list[int]) -> SamplingParams:
+                base = super().llm_params(text_ids)
+                return dataclasses.replace(base, min_len=cfg.tokens, max_len=cfg.tokens, stop_all_masked=True)
+
+        class BenchTTS(TTS):
+            engine_type = FixedLengthEngine
+
+        backend = EngineBackend(BenchTTS(model), **opts)
+    print(f"server: {args._serve}: {described}", file=sys.stderr, flush=True)
+    app = create_app(backend, ServeConfig(max_input_chars=4096))
+    uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning")
+
+
+# ---- the client side ----------------------------------------------------------------------------------------
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+async def _one(client: Any, url: str, text: str, drop: bool) -> dict[str, Any]:
+    body = {"model": "vocalis", "input": text, "voice": "bench", "response_format": "pcm", "stream": True}
+    start = time.perf_counter()
+    first, nbytes = None, 0
+    try:
+        async with client.stream("POST", f"{url}/v1/audio/speech", json=body) as resp:
+            if resp.status_code != 200:
+                await resp.aread()
+                return {"error": f"{resp.status_code} {resp.text[:200]}"}
+            async for part in resp.aiter_bytes():
+                if part and first is None:
+                    first = time.perf_counter() - start
+                    if drop:
+                        break  # leave after the first chunk: the server must abort and free what it held
+                nbytes += len(part)
+    except Exception as exc:  # noqa: BLE001 - every failure is counted, none ends the run
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    return {"first_chunk_s": first, "audio_s": 0.0 if drop else nbytes / 2 / SAMPLE_RATE, "dropped": drop}
+
+
+async def _round(url: str, args: argparse.Namespace, r: int, rng: random.Random) -> dict[str, Any]:
+    import httpx
+
+    from vocalis.bench.measure import BenchConfig, bench_text
+
+    cfg = BenchConfig(tokens=args.tokens)
+    limits = httpx.Limits(max_connections=args.clients + 4)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(3600.0), limits=limits) as client:
+
+        async def user(c: int) -> list[dict[str, Any]]:
+            out = []
+            for k in range(args.requests):
+                text = bench_text(cfg, 1 + (r * args.clients + c) * args.requests + k)
+                out.append(await _one(client, url, text, rng.random() < args.drop))
+            return out
+
+        start = time.perf_counter()
+        results = [x for per in await asyncio.gather(*[user(c) for c in range(args.clients)]) for x in per]
+        wall = time.perf_counter() - start
+    ok = [x for x in results if "error" not in x]
+    firsts = sorted(x["first_chunk_s"] for x in ok if x["first_chunk_s"] is not None)
+    errors = [x["error"] for x in results if "error" in x]
+    return {"round": r, "wall_s": wall, "requests": len(results), "errors": len(errors), "error_samples": errors[:3],
+            "dropped": sum(1 for x in ok if x["dropped"]), "audio_s": sum(x["audio_s"] for x in ok),
+            "audio_s_per_s": sum(x["audio_s"] for x in ok) / wall,
+            "first_chunk_p50_s": statistics.median(firsts) if firsts else None,
+            "first_chunk_p95_s": firsts[min(len(firsts) - 1, int(0.95 * len(firsts)))] if firsts else None}
+
+
+async def _kv_usage(url: str) -> float | None:
+    import httpx
+
+    async with httpx.AsyncClient() as client:
+        text = (await client.get(f"{url}/metrics")).text
+    for line in text.splitlines():
+        if line.startswith("vocalis_kv_cache_usage "):
+            return float(line.split()[1])
+    return None
+
+
+def run_backend(name: str, args: argparse.Namespace) -> dict[str, Any]:
+    import httpx
+
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    cmd = [sys.executable, __file__, "--_serve", name, "--port", str(port), "--preset", args.preset,
+           "--tokens", str(args.tokens), "--threads", str(args.threads), "--precision", args.precision,
+           "--clients", str(args.clients)]
+    proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        deadline = time.monotonic() + 900
+        while True:
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"the {name} server did not come up")
+            time.sleep(0.5)
+        rng = random.Random(args.seed)
+        # warm-up: one request per client, not counted (first-use allocations, the voice's prefixes)
+        asyncio.run(_round(url, dataclasses.replace(_Args(**vars(args)), requests=1, drop=0.0), -1, rng))  # type: ignore[arg-type]
+        rounds = []
+        for r in range(args.rounds):
+            row = asyncio.run(_round(url, args, r, rng))
+            row["rss_mib"] = _rss_mib(proc.pid)
+            rounds.append(row)
+            print(f"{name} round {r}: {json.dumps(row)}", file=sys.stderr, flush=True)
+        time.sleep(1.0)
+        kv = asyncio.run(_kv_usage(url))
+    finally:
+        proc.terminate()
+        proc.wait(60)
+    rss = [r["rss_mib"] for r in rounds]
+    return {"backend": name, "rounds": rounds, "kv_usage_idle": kv,
+            "audio_s_per_s": statistics.median(r["audio_s_per_s"] for r in rounds),
+            "first_chunk_p50_s": statistics.median(r["first_chunk_p50_s"] for r in rounds if r["first_chunk_p50_s"]),
+            "first_chunk_p95_s": statistics.median(r["first_chunk_p95_s"] for r in rounds if r["first_chunk_p95_s"]),
+            "errors": sum(r["errors"] for r in rounds),
+            "rss_spread": (max(rss) - min(rss)) / min(rss) if rss else None}
+
+
+@dataclasses.dataclass
+class _Args:
+    preset: str
+    tokens: int
+    clients: int
+    requests: int
+    rounds: int
+    drop: float
+    backends: str
+    precision: str
+    threads: int
+    seed: int
+    json: str | None
+    port: int
+    _serve: str | None
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--preset", default="cosyvoice2-0.5b")
+    p.add_argument("--tokens", type=int, default=50, help="speech tokens per utterance (50 = 2 s)")
+    p.add_argument("--clients", type=int, default=32)
+    p.add_argument("--requests", type=int, default=4, help="requests per client per round, one after another")
+    p.add_argument("--rounds", type=int, default=4)
+    p.add_argument("--drop", type=float, default=0.25, help="share of requests dropped after the first chunk")
+    p.add_argument("--backends", default="threaded,engine")
+    p.add_argument("--precision", default="auto", help="the engine server's precision (threaded: fp32 reference)")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", help="write the results here")
+    p.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--_serve", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args._serve:
+        serve_side(args)
+        return 0
+    results = [run_backend(name, args) for name in args.backends.split(",")]
+    print(f"\n{args.clients} clients x {args.requests} requests x {args.rounds} rounds, {args.tokens} tokens each, "
+          f"{args.drop:.0%} dropped after the first chunk, preset {args.preset}")
+    print("| backend | audio-s/s | first chunk p50 / p95 s | errors | RSS spread | KV usage idle |")
+    print("|---|---|---|---|---|---|")
+    for r in results:
+        kv = "n/a" if r["kv_usage_idle"] is None else f"{r['kv_usage_idle']:.3f}"
+        print(f"| {r['backend']} | {r['audio_s_per_s']:.2f} | {r['first_chunk_p50_s']:.2f} / "
+              f"{r['first_chunk_p95_s']:.2f} | {r['errors']} | {r['rss_spread']:+.1%} | {kv} |")
+    if len(results) == 2 and results[0]["audio_s_per_s"] > 0:
+        print(f"\n{results[1]['backend']} / {results[0]['backend']} aggregate audio-s/s: "
+              f"{results[1]['audio_s_per_s'] / results[0]['audio_s_per_s']:.2f}x")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
