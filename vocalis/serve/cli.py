@@ -33,7 +33,7 @@ def add_serve_commands(sub: argparse._SubParsersAction) -> None:
     sv.add_argument("--request-timeout", type=float, default=300.0, help="seconds a synthesis may run (504)")
     sv.add_argument("--ws-idle-timeout", type=float, default=30.0,
                     help="close a WebSocket session that sends nothing for this many seconds (4408)")
-    sv.add_argument("--ws-max-session", type=float, default=600.0,
+    sv.add_argument("--ws-max-duration", type=float, default=600.0,
                     help="the longest a WebSocket session may last, in seconds (4504)")
     sv.add_argument("--header-timeout", type=float, default=10.0, help="seconds a request head may take (408)")
     sv.add_argument("--body-timeout", type=float, default=60.0, help="seconds a request body may take (408)")
@@ -86,7 +86,7 @@ def serve_config(args: argparse.Namespace):  # -> ServeConfig
             max_input_chars=args.max_input_chars, max_prompt_tokens=args.max_prompt_tokens, max_upload_bytes=upload,
             max_body_bytes=max(16 * 1024 * 1024, upload * 3 // 2), api_key=args.api_key or None,
             queue_timeout_s=args.queue_timeout, request_timeout_s=args.request_timeout,
-            ws_idle_timeout_s=args.ws_idle_timeout, ws_max_session_s=args.ws_max_session,
+            ws_idle_timeout_s=args.ws_idle_timeout, ws_max_duration_s=args.ws_max_duration,
             header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout,
             shutdown_grace_s=args.shutdown_grace, max_saved_voices=args.max_voices, bind_host=args.host,
             allowed_hosts=_names(args.allowed_hosts), allowed_origins=_names(args.allowed_origins),
