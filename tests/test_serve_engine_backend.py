@@ -120,3 +120,35 @@ def test_a_job_waiting_for_text_holds_no_compute(tts: TTS) -> None:
             backend.close()
 
     asyncio.run(main())
+
+
+def _metric(text: str, name: str) -> float:
+    return next(float(line.split()[1]) for line in text.splitlines() if line.startswith(name + " "))
+
+
+def test_metrics_show_the_engine_and_a_dropped_stream_frees_its_kv(tts: TTS, tmp_path) -> None:
+    """Over HTTP: /metrics reports KV usage, running/waiting requests, batch sizes and generated tokens; a client
+    that leaves after its first chunk aborts its request, and KV usage is back to 0 once idle."""
+    import httpx
+    from serve_support import serve
+
+    body = {"model": "vocalis", "input": "A sentence long enough for several chunks, said slowly.", "seed": 1,
+            "response_format": "pcm", "stream": True}
+    with serve(tts, voices_dir=tmp_path / "voices") as srv, httpx.Client(base_url=srv.url, timeout=120) as client:
+        with client.stream("POST", "/v1/audio/speech", json=body) as resp:
+            assert resp.status_code == 200
+            next(resp.iter_bytes())  # the first chunk, then leave
+        deadline = time.monotonic() + 20
+        while True:
+            text = client.get("/metrics").text
+            if _metric(text, "vocalis_kv_cache_usage") == 0.0 and _metric(text, "vocalis_llm_running_requests") == 0:
+                break
+            assert time.monotonic() < deadline, "the dropped stream kept its KV blocks"
+            time.sleep(0.1)
+        assert (srv.backend.aborted, srv.backend.completed) == (1, 0)  # freed by the abort, not by finishing
+        assert _metric(text, "vocalis_generated_tokens") > 0
+        assert _metric(text, "vocalis_llm_waiting_requests") == 0
+        for name in ("vocalis_llm_batch_size", "vocalis_token2wav_batch_size", "vocalis_generated_tokens_per_second"):
+            _metric(text, name)  # present
+        full = client.post("/v1/audio/speech", json={**body, "stream": False, "response_format": "wav"})
+        assert full.status_code == 200 and len(full.content) > 44

@@ -23,6 +23,7 @@ iteration boundary: at once when idle, after the step in flight otherwise.
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
 import logging
 import threading
@@ -173,6 +174,10 @@ class AsyncEngine:
         self._closing = False
         self.num_llm_steps = 0
         self.num_token2wav_steps = 0
+        self.num_generated_tokens = 0
+        self.last_llm_batch = 0  # requests in the last LLM step
+        self.last_token2wav_batch = 0  # streams in the last token2wav step
+        self._token_times: collections.deque[tuple[float, int]] = collections.deque(maxlen=256)
 
     @classmethod
     def from_model(cls, model: LoadedModel, config: EngineConfig | None = None,
@@ -262,11 +267,29 @@ class AsyncEngine:
             self._cond.notify()
 
     def stats(self) -> dict[str, float]:
-        """Live counters (read from any thread; values may be one step old)."""
+        """Live counters (read from any thread; values may be one step old): jobs, LLM requests running and
+        waiting, KV-cache usage, steps, the last steps' batch sizes, generated tokens (total and per second over
+        the last few seconds)."""
         bm = self.llm.block_manager
-        return {"jobs": len(self._jobs), "llm_requests": self.llm.num_unfinished,
-                "kv_usage": 1.0 - bm.num_free_blocks / bm.num_blocks, "llm_steps": self.num_llm_steps,
-                "token2wav_steps": self.num_token2wav_steps}
+        scheduler = getattr(self.llm, "scheduler", None)
+        running = len(scheduler.running) if scheduler is not None else self.llm.num_unfinished
+        waiting = len(scheduler.waiting) if scheduler is not None else 0
+        return {"jobs": len(self._jobs), "llm_requests": self.llm.num_unfinished, "llm_running": running,
+                "llm_waiting": waiting, "kv_usage": 1.0 - bm.num_free_blocks / bm.num_blocks,
+                "llm_steps": self.num_llm_steps, "token2wav_steps": self.num_token2wav_steps,
+                "llm_batch": self.last_llm_batch, "token2wav_batch": self.last_token2wav_batch,
+                "generated_tokens": self.num_generated_tokens, "tokens_per_s": self._tokens_per_s()}
+
+    def _tokens_per_s(self, window_s: float = 5.0) -> float:
+        samples = list(self._token_times)
+        now = time.monotonic()
+        recent = [(at, n) for at, n in samples if now - at <= window_s]
+        if not recent:
+            return 0.0
+        older = [(at, n) for at, n in samples if now - at > window_s]
+        base_at, base_n = older[-1] if older else (recent[0][0], recent[0][1])
+        span = now - base_at
+        return (recent[-1][1] - base_n) / span if span > 0 else 0.0
 
     # ---- preparing a job (executor thread; touches no engine state) ------------------------------------
     def _prepare(self, request: SynthesisRequest, stream: bool, handle: StreamHandle) -> _Job:
@@ -369,8 +392,11 @@ class AsyncEngine:
     def _iteration(self) -> None:
         if self.llm.has_work():
             start = time.perf_counter()
-            self.llm.step()
+            events = self.llm.step()
             elapsed = time.perf_counter() - start
+            self.last_llm_batch = len(events)
+            self.num_generated_tokens += sum(1 for _, token in events if token is not None)
+            self._token_times.append((time.monotonic(), self.num_generated_tokens))
             self._llm_step_s = elapsed if self.num_llm_steps == 0 else 0.8 * self._llm_step_s + 0.2 * elapsed
             self.num_llm_steps += 1
             for job in list(self._jobs.values()):
@@ -383,6 +409,7 @@ class AsyncEngine:
         ready.sort(key=lambda js: (js[1].chunks_done > 0, js[0].submitted))  # [latency] first chunks first
         chunks = self.token2wav.step([s for _, s in ready])
         self.num_token2wav_steps += 1
+        self.last_token2wav_batch = len(ready)
         by_state = {s.request_id: job for job, s in ready}
         for chunk in chunks:
             job = by_state[chunk.request_id]

@@ -10,13 +10,24 @@ _LATENCY_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.
 _RTF_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
 
 
+_ENGINE_GAUGES = (
+    ("llm_running", "vocalis_llm_running_requests", "LLM requests being decoded (or prefilled) now"),
+    ("llm_waiting", "vocalis_llm_waiting_requests", "LLM requests waiting for a batch slot or KV blocks"),
+    ("llm_batch", "vocalis_llm_batch_size", "Requests sampled in the last LLM step"),
+    ("token2wav_batch", "vocalis_token2wav_batch_size", "Streams vocoded together in the last token2wav step"),
+    ("generated_tokens", "vocalis_generated_tokens", "Speech tokens generated since start"),
+    ("tokens_per_s", "vocalis_generated_tokens_per_second", "Speech tokens generated per second, last 5 s"),
+)
+
+
 class ServeMetrics:
     """Counters, gauges and histograms the app updates; queue depth and running jobs read the backend live."""
 
     content_type = CONTENT_TYPE_LATEST
 
     def __init__(self, queue_depth: Callable[[], float], running: Callable[[], float],
-                 kv_usage: Callable[[], float] | None = None) -> None:
+                 kv_usage: Callable[[], float] | None = None,
+                 engine_stats: Callable[[], dict[str, float]] | None = None) -> None:
         self.registry = r = CollectorRegistry()
         self.requests = Counter("vocalis_requests", "Requests by route and status code", ["route", "status"],
                                 registry=r)
@@ -32,6 +43,10 @@ class ServeMetrics:
         if kv_usage is not None:  # only a backend with a KV-cache pool (the batching engine) has one
             self.kv_usage = Gauge("vocalis_kv_cache_usage", "Fraction of KV-cache blocks in use", registry=r)
             self.kv_usage.set_function(kv_usage)
+        if engine_stats is not None:  # the batching engine's live counters (`AsyncEngine.stats`)
+            for key, name, doc in _ENGINE_GAUGES:
+                gauge = Gauge(name, doc, registry=r)
+                gauge.set_function(lambda key=key: float(engine_stats().get(key, 0.0)))
         self.first_chunk = Histogram("vocalis_first_chunk_seconds", "Request arrival to first audio chunk",
                                      ["route"], buckets=_LATENCY_BUCKETS, registry=r)
         self.rtf = Histogram("vocalis_rtf", "Real-time factor: synthesis seconds per audio second", ["route"],
