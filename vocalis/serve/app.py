@@ -230,7 +230,7 @@ def create_app(backend: Any, config: ServeConfig | None = None) -> FastAPI:
     app = FastAPI(title="Vocalis", version="0.1.0", lifespan=lifespan,
                   description="CosyVoice 2-compatible speech generation with an OpenAI-compatible API.")
     metrics = ServeMetrics(lambda: backend.queue_depth, lambda: backend.active,
-                           getattr(backend, "kv_usage", None))
+                           getattr(backend, "kv_usage", None), getattr(backend, "stats", None))
     api_key = ApiKey(config.api_key)
     voices = VoiceStore(backend.builtin_voices, config.voices_dir, config.voice_aliases, config.max_saved_voices)
     budget = PromptBudget(token_counter(backend), config.max_prompt_tokens)
