@@ -4,12 +4,16 @@ Weights are quantized once, symmetric int8 per output channel; activations are q
 zero point over the whole input, asymmetric uint8), products summed exactly in int32 and scaled back to fp32.
 
 Why not `torch.ao.quantization.quantize_dynamic`'s modules: they always ask fbgemm for 7-bit activations
-(`reduce_range`), which only CPUs without VNNI need (their u8 x s8 pair products are summed into saturating
-int16; VPDPBUSD sums into int32; tests/test_backends.py checks for saturation on the input that would cause it).
-With 8-bit activations the error halves at the same speed (a 768 -> 256 layer on 200 rows: max error 1.3e-2 vs
-2.8e-2 of the output's range, 139 vs 138 us). Per-channel weights and 8-bit activations together: mel error of the
-int8 estimator against fp32 5.6e-3 of the mel's range on a trained built-in model (9.5e-3 with `quantize_dynamic`),
-7.2e-3 at the 0.5B shapes with random weights (9.2e-3).
+(`reduce_range`). That is one exact way to run on CPUs without VNNI, whose u8 x s8 pair products are summed into
+saturating int16 (255 x 127 x 2 > 32767); VPDPBUSD sums into int32 and needs neither. The other exact way keeps
+8-bit activations and quantizes the weights to 7 bits (|w| <= 63: 255 x 63 x 2 fits int16), which is what this
+module does there (`weight_bits`): the activations' one per-tensor scale is the coarser of the two, so their bit
+matters more than the per-channel weights'. Measured on the AVX2 EPYC (a 768 -> 256 layer, 200 rows with uneven
+channels, 4 seeds): max error 0.8-1.9e-2 of the output's range with 7-bit weights against 1.3-3.4e-2 with 7-bit
+activations (and 4-12e-2 with both at 8 bits: saturated). With VNNI, 8 bits for both: the error halves against
+`quantize_dynamic` at the same speed (1.3e-2 vs 2.8e-2, 139 vs 138 us); mel error of the int8 estimator against
+fp32 5.6e-3 of the mel's range on a trained built-in model (9.5e-3 with `quantize_dynamic`), 7.2e-3 at the 0.5B
+shapes with random weights (9.2e-3). tests/test_backends.py checks for saturation on the input that would cause it.
 
 Legend: K / N input / output width.
 """
@@ -25,9 +29,10 @@ from vocalis.kernels import cpu
 from vocalis.precision.module_swap import swap_modules
 
 
-def eight_bit_activations() -> bool:
-    """Whether fbgemm may quantize activations to all 8 bits here: only with VNNI's int32 sums (module doc)."""
-    return cpu.features().at_least("avx512_vnni")
+def weight_bits() -> int:
+    """Bits of the int8 weights here: 8 with VNNI's int32 sums, else 7 so that fbgemm's int16 pair sums of 8-bit
+    activations cannot saturate (module doc)."""
+    return 8 if cpu.features().at_least("avx512_vnni") else 7
 
 
 def use_x86_quantized_engine() -> None:
@@ -44,25 +49,27 @@ class Int8Linear(nn.Module):
         super().__init__()
         use_x86_quantized_engine()
         w = weight.detach().float().contiguous()
-        scale = (w.abs().amax(dim=1) / 127.0).clamp_min(1e-12).double()
+        self.weight_bits = weight_bits()
+        qmax = 2 ** (self.weight_bits - 1) - 1
+        scale = (w.abs().amax(dim=1) / qmax).clamp_min(1e-12).double()
         with warnings.catch_warnings():  # quantized tensors are deprecated upstream but present in torch 2.13
             warnings.simplefilter("ignore")
             qweight = torch.quantize_per_channel(w, scale, torch.zeros_like(scale, dtype=torch.long), 0, torch.qint8)
         self.out_features, self.in_features = w.shape
         self._packed = torch.ops.quantized.linear_prepack(qweight, None if bias is None else bias.detach().float())
-        self._reduce_range = not eight_bit_activations()
 
     @classmethod
     def from_linear(cls, linear: nn.Linear) -> Int8Linear:
         return cls(linear.weight, linear.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = torch.ops.quantized.linear_dynamic(x.reshape(-1, self.in_features), self._packed, self._reduce_range)
+        # reduce_range False: 8-bit activations, exact with either weight width (module doc)
+        y = torch.ops.quantized.linear_dynamic(x.reshape(-1, self.in_features), self._packed, False)
         return y.view(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
-        bits = 7 if self._reduce_range else 8
-        return f"in_features={self.in_features}, out_features={self.out_features}, {bits}-bit activations"
+        return (f"in_features={self.in_features}, out_features={self.out_features}, {self.weight_bits}-bit weights, "
+                "8-bit activations")
 
 
 def quantize_estimator_int8(estimator: nn.Module) -> int:
