@@ -1,13 +1,15 @@
-"""The int8 VNNI kernel (vocalis/precision/int8_linear.py) against a float64 reference of the same quantized math,
-its fusion, its use by the LLM engine, and the fallback when it cannot be built.
+"""The int8 kernels (vocalis/precision/int8_linear.py) against a float64 reference of the same quantized math, their
+fusion, their use by the LLM engine, and the fallback when they cannot be built.
 
 Bounds: kernel vs reference max abs <= 1e-5 * max |y| (the only differences are fp32 rounding in the scale-out:
 measured ~1e-7); fused == separate and batched == one row at a time bit for bit (per-row activation scales and
 exact int32 sums make every row's result independent of the others); the engine's greedy tokens equal the
 reference path's with the same int8 layers. The fused decode step (int8_decode: the whole layer stack in one native
 call for 1..4 single-query rows) gives the per-op int8 path's log-probs within 1e-4 absolute (measured <= 1e-6:
-only fp32 summation order and a polynomial exp differ) and the same greedy tokens. Kernel tests skip where the kernel is unavailable (CPU without
-AVX-512 VNNI, no compiler); the fallback test runs everywhere.
+only fp32 summation order and a polynomial exp differ) and the same greedy tokens. Kernel tests run the kernel of
+the machine's level (VNNI on AVX-512 VNNI CPUs, int8_gemv_avx2.cpp on AVX2 ones; the AVX2 one also forced on
+bigger CPUs) and skip where none is available (AVX-512 without VNNI, no AVX2, no compiler); the fallback test
+runs everywhere.
 """
 
 from __future__ import annotations
@@ -20,17 +22,26 @@ from torch import nn
 
 from tests.fused_decode_support import check_duplicated_items_change_nothing, check_fused_equals_per_op, tiny_lm
 from vocalis.config import PRESETS
-from vocalis.precision import int8_linear as int8_gemv
-from vocalis.kernels.cpu import has_amx
 from vocalis.engine.config import EngineConfig
-from vocalis.precision.int8_linear import Int8Linear, fuse, int8_linear, int8_linear_reference, int8_linears, quantize_weight
 from vocalis.engine.llm_engine import LLMEngine
 from vocalis.engine.request import SamplingParams
+from vocalis.kernels import cpu
+from vocalis.kernels.cpu import has_amx
 from vocalis.models.speech_lm import Qwen2LM
-from vocalis.sampling import make_greedy_sampler
+from vocalis.precision import int8_linear as int8_gemv
+from vocalis.precision.int8_linear import (
+    Int8Linear,
+    fuse,
+    int8_linear,
+    int8_linear_reference,
+    int8_linears,
+    quantize_weight,
+)
+from vocalis.reference.decode import generate
+from vocalis.reference.sampling import make_greedy_sampler
 
 kernel = pytest.mark.skipif(not int8_gemv.available(),
-                            reason=f"int8 VNNI kernel unavailable: {int8_gemv.unavailable_reason()}")
+                            reason=f"int8 kernel unavailable: {int8_gemv.unavailable_reason()}")
 
 
 def _close(y: torch.Tensor, ref: torch.Tensor) -> None:
@@ -109,17 +120,18 @@ def test_int8_engine_equals_reference_path() -> None:
     reqs = [eng.make_request(t, params=SamplingParams(greedy=True, min_len=4, max_len=10)) for t in texts]
     got = eng.generate(reqs)
     for text, req in zip(texts, reqs):
-        want = list(lm.generate(text, [], [], min_len=4, max_len=10, sample_fn=make_greedy_sampler()))
+        want = list(generate(lm, text, [], [], min_len=4, max_len=10, sample_fn=make_greedy_sampler()))
         assert got[req.request_id] == want
 
 
 def test_fallback_when_the_kernel_is_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
     """No kernel: the int8 backend quantizes the LLM with torch's dynamic quantization and says so."""
-    from vocalis.runtime.backends import apply_backend
+    from vocalis.kernels import build
     from vocalis.model_dir import random_model
+    from vocalis.runtime.backends import apply_backend
 
-    monkeypatch.setattr(int8_gemv, "_ext", None)
-    monkeypatch.setattr(int8_gemv, "_reason", "test: pretend no AVX-512 VNNI")
+    monkeypatch.setattr(build, "_ext", None)
+    monkeypatch.setattr(build, "_reason", "test: pretend the kernels cannot be built")
     model = random_model()
     runtime = apply_backend(model, "torch", "int8")
     assert any("fbgemm" in note for note in runtime.notes), runtime.notes
@@ -160,8 +172,8 @@ def test_amx_copy_runs_the_same_weights_for_many_rows() -> None:
     """On AMX CPUs a packed int8 weight carries a bf16 copy of its own int8 values (times their scales); rows from
     `AMX_MIN_ROWS` on run through it: within bf16 rounding of the int8 kernel's math [measured ~4e-3 of max |y|],
     fewer rows keep the kernel exactly."""
-    from vocalis.precision.int8_linear import AMX_MIN_ROWS, with_amx_copy
     from vocalis.engine.packed_weights import gemm
+    from vocalis.precision.int8_linear import AMX_MIN_ROWS, with_amx_copy
 
     g = torch.Generator().manual_seed(3)
     w = with_amx_copy(quantize_weight(torch.randn(200, 96, generator=g) * 0.1, torch.randn(200, generator=g)))
@@ -171,3 +183,29 @@ def test_amx_copy_runs_the_same_weights_for_many_rows() -> None:
     print("amx vs int8 reference", err)
     assert 0 < err <= 1.5e-2
     _close(gemm(few, w), int8_linear_reference(few, w))
+
+
+@pytest.mark.skipif(not cpu.features().avx2, reason="no AVX2 on this CPU")
+def test_avx2_kernel_as_on_an_avx2_cpu(force_cpu_level) -> None:
+    """The AVX2 source set (int8_gemv_avx2.cpp, decode_math_avx2.cpp), as an AVX2-only CPU runs it, also where the
+    CPU has more (forced by VOCALIS_CPU_ISA): its own weight order, the same math as the reference, the fused
+    decode step equal to the per-op path; a weight packed for the other kernel is refused."""
+    force_cpu_level("avx2")
+    ext = int8_gemv.extension()
+    if ext is None:
+        pytest.skip(f"native kernels unavailable: {int8_gemv.unavailable_reason()}")
+    assert ext.isa == "avx2" and int8_gemv.available() and int8_gemv.layout() == "avx2"
+    g = torch.Generator().manual_seed(5)
+    for n, k in ((200, 4864 // 8), (70, 10)):
+        dense = torch.randn(n, k, generator=g)
+        w = quantize_weight(dense, torch.randn(n, generator=g))
+        assert w.layout == "avx2"  # the same int8 values as the VNNI order, only placed differently
+        assert torch.equal(int8_gemv._unpack(w), int8_gemv._unpack(quantize_weight(dense, order="avx512")))
+        assert not torch.equal(w.w, quantize_weight(dense, order="avx512").w)
+        for m in (1, 3, 4, 9):
+            x = torch.randn(m, k, generator=g) * 3
+            _close(int8_linear(x, w), int8_linear_reference(x, w))
+    other = quantize_weight(torch.randn(64, 32, generator=g), order="avx512")
+    with pytest.raises(AssertionError, match="packed for the avx512 kernel"):
+        int8_linear(torch.randn(1, 32), other)
+    check_fused_equals_per_op(_int8_lm(128, 4, 2, 256), 4, head=True)

@@ -16,9 +16,13 @@ cache is fp32 and head_dim a multiple of 16; `VOCALIS_INT8_FUSED=0` turns it off
 prefill, larger batches and every other precision).
 
 fp32 weights get the same step (the native `F32DecodeStack`: the same phases, work claiming, attention, norm
-and rotary code; the GEMVs are AVX-512 FMA dot products over 64-channel panels). It lives in the int8 kernel's
-extension, so it needs its compiler and AVX-512 (not VNNI: `int8_gemv.fp32_unavailable_reason`), and the first
-fp32 engine on a machine builds it. A panel is 64 rows of a weight in its usual (out, in) layout, one contiguous
+and rotary code; the GEMVs are FMA dot products over 64-channel panels). It lives in the int8 kernel's
+extension, so it needs its compiler and AVX2 or AVX-512 (not VNNI: `int8_gemv.fp32_unavailable_reason`), and the
+first fp32 engine on a machine builds it.
+
+Each step exists per instruction-set level (`kernels.build`): int8_decode.cpp, the phases and work claiming, is
+compiled with the AVX-512 vector pieces (decode_math.cpp, int8_gemv.cpp) or the AVX2 ones (decode_math_avx2.cpp,
+int8_gemv_avx2.cpp: 8-wide vectors, int16 products with exact int32 sums, row tiles of up to 4). A panel is 64 rows of a weight in its usual (out, in) layout, one contiguous
 run, read from `packed_weights`' storage, which the per-op path (prefill, > 4 rows) shares: no copy. Rounding
 differs from the per-op path only in summation order (and the polynomial exp in softmax and SiLU).
 `VOCALIS_FP32_FUSED=0` turns the fp32 step off.

@@ -1,4 +1,4 @@
-"""Int8 linear layers for the LLM on CPU: our own AVX-512 VNNI kernel (kernels/csrc/int8_gemv.cpp), built on first use.
+"""Int8 linear layers for the LLM on CPU: our own int8 GEMV kernel (kernels/csrc/int8_gemv*.cpp), built on first use.
 
 Why: decoding reads every weight once per step for a few rows, so its speed is the rate weights stream from
 memory. Measured on the 2-core EPYC (AVX-512 VNNI): fbgemm's dynamic int8 linear (`quantize_dynamic`) read
@@ -9,15 +9,20 @@ shared machine, one process alternating both engines, medians of 5): engine deco
 fbgemm's tok/s at batch 1 / 4 / 16; the kernel alone read weights at ~21 GB/s while torch's copy moved
 ~20-21 GB/s (read + write) in the same process, i.e. it streams at the memory bandwidth left to it.
 
+On AVX2 CPUs (no VNNI, no AVX-512) the kernel is int8_gemv_avx2.cpp: the same math, both operands widened to
+int16 and multiplied by VPMADDWD (exact int32 sums; VPMADDUBSW's int16 pair sums would saturate), the weights in
+a panel order of their own (`Int8Weight.layout`, chosen by `kernels.build.isa()`). Its results equal the VNNI
+kernel's (the same int32 sums) to fp32 rounding of the scale-out.
+
 Math (what `int8_linear_reference` computes in float64): weights symmetric int8 per output channel
-(sw = amax/127); each input row symmetric int8 (sx = amax/127, round half to even), sent to the kernel offset to
-u8; int32 accumulation; y = acc * sx * sw + bias. Finer than fbgemm's per-tensor weight scale.
+(sw = amax/127); each input row symmetric int8 (sx = amax/127, round half to even), sent to the VNNI kernel offset
+to u8; int32 accumulation; y = acc * sx * sw + bias. Finer than fbgemm's per-tensor weight scale.
 
 The extension is compiled by `torch.utils.cpp_extension.load_inline` (gcc + ninja) into torch's extension
-cache dir, once per machine; it also holds the fused decode steps (kernels/csrc/int8_decode.cpp). When the int8 kernel cannot
-be used (CPU without AVX-512 VNNI, `VOCALIS_INT8_KERNEL=0`, no compiler, a build error), `available()` is False,
-one log line says why, and the int8 backend keeps torch's dynamic quantization. The fp32 fused step needs only the
-extension (AVX-512 F/BW/VL/DQ, a compiler): `fp32_unavailable_reason()`.
+cache dir, once per machine (`kernels.build`); it also holds the fused decode steps (kernels/csrc/int8_decode.cpp).
+When the int8 kernel cannot be used (a CPU with neither AVX2 nor AVX-512 VNNI, AVX-512 without VNNI,
+`VOCALIS_INT8_KERNEL=0`, no compiler, a build error), `available()` is False, one log line says why, and the int8
+backend keeps torch's dynamic quantization. The fp32 fused step needs only the extension: `fp32_unavailable_reason()`.
 
 Legend: M rows, K in features, N out features, P = ceil(N / 64) panels, K4 = ceil(K / 4).
 """
@@ -57,13 +62,13 @@ def unavailable_reason() -> str | None:
         reason: str | None = "VOCALIS_INT8_KERNEL=0"
     elif build.extension() is None:
         return build.unavailable_reason()  # logged by the build
-    elif not cpu.features().at_least("avx512_vnni"):
-        reason = f"the int8 kernel needs AVX-512 VNNI (CPU level {cpu.features().describe()})"
+    elif build.isa() == "avx512" and not cpu.features().at_least("avx512_vnni"):
+        reason = f"the AVX-512 int8 kernel needs VNNI (CPU level {cpu.features().describe()})"
     else:
         reason = None
     if reason is not None and not _logged:
         _logged = True
-        log.info("int8 VNNI kernel unavailable: %s; int8 linears use torch dynamic quantization", reason)
+        log.info("int8 kernel unavailable: %s; int8 linears use torch dynamic quantization", reason)
     return reason
 
 
@@ -88,9 +93,9 @@ def reset() -> None:
 
 @dataclass(frozen=True, slots=True)
 class Int8Weight:
-    """A Linear's weight packed for the kernel (see kernels/csrc/int8_gemv.cpp for the layout)."""
+    """A Linear's weight packed for the kernel (see kernels/csrc/int8_gemv*.cpp for the layouts)."""
 
-    w: torch.Tensor  # (P, K4, 64, 4) int8
+    w: torch.Tensor  # (P, K4, 64, 4) int8, each group of 4 k x 64 channels in `layout`'s order
     scale: torch.Tensor  # (P*64,) fp32 per output channel (0-padded)
     corr: torch.Tensor  # (P*64,) int32: 128 * sum_k w, the u8 offset's contribution
     bias: torch.Tensor | None  # (P*64,) fp32 (0-padded)
@@ -99,10 +104,17 @@ class Int8Weight:
     # the same int8 values times their scales as a bf16 (N, K) weight prepacked for oneDNN's AMX GEMM, for
     # many-row products (prefill) on AMX CPUs (`with_amx_copy`); None elsewhere
     amx: torch.Tensor | None = None
+    layout: str = "avx512"  # the kernel it is packed for: "avx512" (VNNI, int8_gemv.cpp) or "avx2"
 
 
-def quantize_weight(weight: torch.Tensor, bias: torch.Tensor | None = None) -> Int8Weight:
-    """(N, K) float weight [+ (N,) bias] -> packed per-channel symmetric int8."""
+def layout() -> str:
+    """The panel order of the kernel this CPU level runs (`kernels.build.isa()`; "avx512" where none runs)."""
+    return "avx2" if build.isa() == "avx2" else "avx512"
+
+
+def quantize_weight(weight: torch.Tensor, bias: torch.Tensor | None = None, order: str | None = None) -> Int8Weight:
+    """(N, K) float weight [+ (N,) bias] -> packed per-channel symmetric int8, in `order` (default: `layout()`)."""
+    order = layout() if order is None else order
     n, k = weight.shape
     w = weight.detach().float()
     amax = w.abs().amax(dim=1)
@@ -111,8 +123,10 @@ def quantize_weight(weight: torch.Tensor, bias: torch.Tensor | None = None) -> I
     p, k4 = -(-n // PANEL), -(-k // 4)
     padded = torch.zeros(p * PANEL, k4 * 4, dtype=torch.int8)
     padded[:n, :k] = q
-    # [p, lane4, j, g, t] -> [p, g, lane4, j, t]: each panel contiguous, each 64 bytes = 16 channels x 4 k
-    packed = padded.view(p, 4, 16, k4, 4).permute(0, 3, 1, 2, 4).reshape(p, k4, PANEL, 4).contiguous()
+    if order == "avx2":  # [p, cb, c, g, h, t] -> [p, g, cb, h, c, t]: 32 bytes = 8 channels x (2 k, 2 k)
+        packed = padded.view(p, 8, 8, k4, 2, 2).permute(0, 3, 1, 4, 2, 5).reshape(p, k4, PANEL, 4).contiguous()
+    else:  # [p, lane4, j, g, t] -> [p, g, lane4, j, t]: each panel contiguous, each 64 bytes = 16 channels x 4 k
+        packed = padded.view(p, 4, 16, k4, 4).permute(0, 3, 1, 2, 4).reshape(p, k4, PANEL, 4).contiguous()
     corr = 128 * padded.sum(dim=1, dtype=torch.int32)
 
     def pad(v: torch.Tensor) -> torch.Tensor:
@@ -120,13 +134,15 @@ def quantize_weight(weight: torch.Tensor, bias: torch.Tensor | None = None) -> I
         out[:n] = v.detach().float()
         return out
 
-    return Int8Weight(packed, pad(scale), corr.to(torch.int32), None if bias is None else pad(bias), n, k)
+    return Int8Weight(packed, pad(scale), corr.to(torch.int32), None if bias is None else pad(bias), n, k,
+                      layout=order)
 
 
 def int8_linear(x: torch.Tensor, w: Int8Weight) -> torch.Tensor:
     """x (M, K) fp32 -> (M, N) fp32 through the kernel (`extension()` must be available)."""
     ext = extension()
     assert ext is not None, "int8 kernel unavailable"
+    assert ext.isa == w.layout, f"weight packed for the {w.layout} kernel, this one is {ext.isa}"
     return ext.int8_linear(x, w.w, w.scale, w.corr, _NO_BIAS if w.bias is None else w.bias, w.n, GRAIN_BYTES)
 
 
@@ -144,6 +160,8 @@ def int8_linear_reference(x: torch.Tensor, w: Int8Weight) -> torch.Tensor:
 def _unpack(w: Int8Weight) -> torch.Tensor:
     """The int8 values in (N, K) row-major order (the inverse of the panel packing)."""
     p, k4 = w.w.shape[:2]
+    if w.layout == "avx2":
+        return w.w.view(p, k4, 8, 2, 8, 2).permute(0, 2, 4, 1, 3, 5).reshape(p * PANEL, k4 * 4)[:w.n, :w.k]
     return w.w.view(p, k4, 4, 16, 4).permute(0, 2, 3, 1, 4).reshape(p * PANEL, k4 * 4)[:w.n, :w.k]
 
 
@@ -167,8 +185,9 @@ def amx_linear(x: torch.Tensor, w: Int8Weight) -> torch.Tensor:
 
 def fuse(weights: list[Int8Weight]) -> tuple[Int8Weight, list[Int8Weight]] | None:
     """Concatenate packed weights along N (one kernel call for q, k, v or gate, up); also returns each part
-    as a view into the fused storage. None when a part other than the last is not whole panels or K differs."""
-    if any(w.n % PANEL for w in weights[:-1]) or len({w.k for w in weights}) != 1:
+    as a view into the fused storage. None when a part other than the last is not whole panels, or K or the layout
+    differs."""
+    if any(w.n % PANEL for w in weights[:-1]) or len({w.k for w in weights}) != 1 or len({w.layout for w in weights}) != 1:
         return None
     biased = any(w.bias is not None for w in weights)
     fused = Int8Weight(
@@ -176,7 +195,7 @@ def fuse(weights: list[Int8Weight]) -> tuple[Int8Weight, list[Int8Weight]] | Non
         torch.cat([w.corr for w in weights]),
         torch.cat([w.bias if w.bias is not None else torch.zeros_like(w.scale) for w in weights]) if biased
         else None,
-        sum(w.n for w in weights), weights[0].k)
+        sum(w.n for w in weights), weights[0].k, layout=weights[0].layout)
     views, start = [], 0
     for w in weights:
         p = w.w.shape[0]
@@ -200,7 +219,8 @@ class Int8Linear(nn.Module):
         return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, int8 per-channel (VNNI)"
+        return (f"in_features={self.in_features}, out_features={self.out_features}, int8 per-channel "
+                f"({self.packed.layout} kernel)")
 
 
 def int8_linears(module: nn.Module) -> int:

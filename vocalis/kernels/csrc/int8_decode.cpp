@@ -32,24 +32,7 @@ namespace {
 
 constexpr int kMaxFusedRows = kMaxTile;  // one row tile: every row's accumulators stay in registers
 
-using vecmath::exp_ps;
-
-// y = x * rsqrt(mean(x^2) + eps) * w over one row of d (multiple of 16 or not)
-void rms_norm_row(const float* x, const float* w, int64_t d, float eps, float* y) {
-  __m512 acc = _mm512_setzero_ps();
-  int64_t i = 0;
-  for (; i + 16 <= d; i += 16) {
-    const __m512 v = _mm512_loadu_ps(x + i);
-    acc = _mm512_fmadd_ps(v, v, acc);
-  }
-  float ss = _mm512_reduce_add_ps(acc);
-  for (; i < d; ++i) ss += x[i] * x[i];
-  const float inv = 1.f / std::sqrt(ss / static_cast<float>(d) + eps);
-  for (i = 0; i + 16 <= d; i += 16)
-    _mm512_storeu_ps(y + i, _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(x + i), _mm512_set1_ps(inv)),
-                                          _mm512_loadu_ps(w + i)));
-  for (; i < d; ++i) y[i] = x[i] * inv * w[i];
-}
+using decodemath::rms_norm_row;
 
 // One packed int8 weight (see int8_gemv.cpp): raw pointers into tensors the stack keeps alive.
 struct PackedRef {
@@ -66,20 +49,12 @@ struct PackedRef {
   // v (M, 64) = (acc - corr) * sx * sw (+ bias) for panel p
   void dequant(int64_t p, const int32_t* acc, int m_rows, const float* sx, float* v) const {
     const int64_t c = p * kPanel;
-    for (int m = 0; m < m_rows; ++m)
-      for (int j = 0; j < 4; ++j) {
-        const __m512i a = _mm512_sub_epi32(_mm512_loadu_si512(acc + m * kPanel + j * 16),
-                                           _mm512_loadu_si512(corr + c + j * 16));
-        __m512 y = _mm512_mul_ps(_mm512_cvtepi32_ps(a),
-                                 _mm512_mul_ps(_mm512_set1_ps(sx[m]), _mm512_loadu_ps(scale + c + j * 16)));
-        if (bias) y = _mm512_add_ps(y, _mm512_loadu_ps(bias + c + j * 16));
-        _mm512_storeu_ps(v + m * kPanel + j * 16, y);
-      }
+    decodemath::dequant_panel(acc, corr + c, scale + c, bias ? bias + c : nullptr, m_rows, sx, v);
   }
 };
 
 // acc (M, 64) int32 = sums of panel p over all k for rows xq (M, Kp)
-inline void panel_sums(const PackedRef& w, int64_t p, const uint8_t* xq, int m_rows, int32_t* acc) {
+inline void panel_sums(const PackedRef& w, int64_t p, const XQ* xq, int m_rows, int32_t* acc) {
   std::fill(acc, acc + m_rows * kPanel, 0);
   kBlocks[m_rows](w.panel(p), xq, w.groups * 4, 0, w.groups, acc);
 }
@@ -98,66 +73,12 @@ struct DenseRef {
 using F32Ref = DenseRef<float>;
 using BF16Ref = DenseRef<uint16_t>;
 
-#ifndef VOCALIS_F32_PREFETCH
-#define VOCALIS_F32_PREFETCH 8192  // bytes ahead (the int8 kernel's distance)
-#endif
-
-// 16 weights as fp32 (bf16: the 16 bits are the top half of an fp32)
-inline __m512 load16(const float* w) { return _mm512_loadu_ps(w); }
-inline __m512 load16(const uint16_t* w) {
-  return _mm512_castsi512_ps(_mm512_slli_epi32(
-      _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w))), 16));
-}
-inline __m512 load16(__mmask16 t, const float* w) { return _mm512_maskz_loadu_ps(t, w); }
-inline __m512 load16(__mmask16 t, const uint16_t* w) {
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(t, w)), 16));
-}
-
-// out[m * kPanel] = x[m] . w for one channel row w (K,) and MT rows of x (MT, ldx). The panel is read channel
-// after channel, so the weights stream as one sequential run (one prefetch stream per thread, as the int8
-// kernel's); each weight vector is loaded once and used by every row; 4 accumulators per row break the FMA
-// latency chain; the K % 16 tail is masked.
-template <typename W, int MT>
-inline void dense_row(const W* w, int64_t k, const float* x, int64_t ldx, float* out) {
-  constexpr int64_t ahead = VOCALIS_F32_PREFETCH / sizeof(W);
-  __m512 a[MT][4];
-#pragma GCC unroll 8
-  for (int m = 0; m < MT; ++m)
-#pragma GCC unroll 4
-    for (int u = 0; u < 4; ++u) a[m][u] = _mm512_setzero_ps();
-  int64_t e = 0;
-  for (; e + 64 <= k; e += 64) {
-#pragma GCC unroll 4
-    for (int u = 0; u < 4; ++u) {
-      if (ahead) _mm_prefetch(reinterpret_cast<const char*>(w + e + u * 16 + ahead), _MM_HINT_T0);
-      const __m512 b = load16(w + e + u * 16);
-#pragma GCC unroll 8
-      for (int m = 0; m < MT; ++m) a[m][u] = _mm512_fmadd_ps(_mm512_loadu_ps(x + m * ldx + e + u * 16), b, a[m][u]);
-    }
-  }
-  for (; e + 16 <= k; e += 16) {
-    const __m512 b = load16(w + e);
-#pragma GCC unroll 8
-    for (int m = 0; m < MT; ++m) a[m][0] = _mm512_fmadd_ps(_mm512_loadu_ps(x + m * ldx + e), b, a[m][0]);
-  }
-  if (e < k) {
-    const __mmask16 t = static_cast<__mmask16>((1u << (k - e)) - 1);
-    const __m512 b = load16(t, w + e);
-#pragma GCC unroll 8
-    for (int m = 0; m < MT; ++m) a[m][1] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(t, x + m * ldx + e), b, a[m][1]);
-  }
-#pragma GCC unroll 8
-  for (int m = 0; m < MT; ++m)
-    out[m * kPanel] = _mm512_reduce_add_ps(
-        _mm512_add_ps(_mm512_add_ps(a[m][0], a[m][1]), _mm512_add_ps(a[m][2], a[m][3])));
-}
-
 // v (M, 64) = x (M, ldx) . panel p of w (+ bias); channels past N give 0
 template <typename W, int MT>
 void dense_panel(const DenseRef<W>& w, int64_t p, const float* x, int64_t ldx, float* v) {
   const int64_t c0 = p * kPanel, nc = std::min<int64_t>(kPanel, w.n - c0);
   const W* wp = w.w + c0 * w.k;
-  for (int64_t c = 0; c < nc; ++c) dense_row<W, MT>(wp + c * w.k, w.k, x, ldx, v + c);
+  for (int64_t c = 0; c < nc; ++c) decodemath::dense_row<W, MT>(wp + c * w.k, w.k, x, ldx, v + c);
   for (int m = 0; m < MT; ++m) {
     for (int64_t c = nc; c < kPanel; ++c) v[m * kPanel + c] = 0.f;
     if (w.bias)
@@ -165,12 +86,14 @@ void dense_panel(const DenseRef<W>& w, int64_t p, const float* x, int64_t ldx, f
   }
 }
 
-template <typename W>
-using DensePanelFn = void (*)(const DenseRef<W>&, int64_t, const float*, int64_t, float*);
-template <typename W>
-constexpr DensePanelFn<W> kDensePanels[kMaxTile + 1] = {nullptr, dense_panel<W, 1>, dense_panel<W, 2>,
-                                                        dense_panel<W, 3>, dense_panel<W, 4>, dense_panel<W, 5>,
-                                                        dense_panel<W, 6>};
+// dense_panel for m_rows (1..kMaxTile) rows: the row count as a template argument, found by recursion
+template <typename W, int MT = 1>
+void dense_panel_rows(int m_rows, const DenseRef<W>& w, int64_t p, const float* x, int64_t ldx, float* v) {
+  if constexpr (MT < kMaxTile) {
+    if (m_rows > MT) return dense_panel_rows<W, MT + 1>(m_rows, w, p, x, ldx, v);
+  }
+  dense_panel<W, MT>(w, p, x, ldx, v);
+}
 
 // A thread's operand for the GEMVs of one phase, one class per weight kind. set() prepares the phase's input
 // rows once per thread (int8: quantized into the thread's own buffer; fp32: read in place), gemv() runs panels
@@ -180,7 +103,7 @@ struct Int8Operand {
   static constexpr bool kTwoPanelItems = true;  // one row: items of two panels (two memory streams in flight)
   static constexpr int64_t kGraceNs = 200000;
 
-  std::vector<uint8_t> xq;
+  std::vector<XQ> xq;  // the quantized rows in the kernel's form (int8_gemv*.cpp)
   std::vector<float> sx;
   std::vector<int32_t> acc;
 
@@ -240,13 +163,7 @@ struct DenseOperand {
     x = rows;
     ld = k;
     if constexpr (sizeof(W) == 2) {
-      for (int m = 0; m < m_rows; ++m)
-        for (int64_t e = 0; e < k; e += 16) {
-          const __mmask16 t = vecmath::first(k - e);
-          const __m256i b = vecmath::to_bf16(_mm512_maskz_loadu_ps(t, rows + m * k + e));
-          _mm512_mask_storeu_ps(rounded.data() + m * k + e, t,
-                                _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16)));
-        }
+      decodemath::round_rows_bf16(rows, m_rows, k, rounded.data());
       x = rounded.data();
     }
   }
@@ -254,14 +171,14 @@ struct DenseOperand {
   template <typename Fn>
   void gemv(const Ref& w, int64_t p0, int64_t p1, int m_rows, float* v, Fn&& fn) {
     for (int64_t p = p0; p < p1; ++p) {
-      kDensePanels<W>[m_rows](w, p, x, ld, v);
+      dense_panel_rows<W>(m_rows, w, p, x, ld, v);
       fn(p, v);
     }
   }
 
   void pair(const Ref& w, int64_t pa, int64_t pb, int m_rows, float* va, float* vb) {
-    kDensePanels<W>[m_rows](w, pa, x, ld, va);
-    kDensePanels<W>[m_rows](w, pb, x, ld, vb);
+    dense_panel_rows<W>(m_rows, w, pa, x, ld, va);
+    dense_panel_rows<W>(m_rows, w, pb, x, ld, vb);
   }
 };
 using F32Operand = DenseOperand<float>;
@@ -626,42 +543,18 @@ class DecodeStack {
           const int64_t* slot = gs + m * lmax;
           for (int64_t s = 0; s < c; ++s) {  // scores (G, C)
             const float* kt = kcl + (slot[s] * hkv_ + j) * dh_;
-            for (int64_t g = 0; g < g_heads; ++g) {
-              __m512 a = _mm512_setzero_ps();
-              for (int64_t e = 0; e < dh_; e += 16)
-                a = _mm512_fmadd_ps(_mm512_loadu_ps(&qh[g * dh_ + e]), _mm512_loadu_ps(kt + e), a);
-              scores[g * c + s] = _mm512_reduce_add_ps(a);
-            }
+            for (int64_t g = 0; g < g_heads; ++g) scores[g * c + s] = decodemath::dot(&qh[g * dh_], kt, dh_);
           }
           for (int64_t g = 0; g < g_heads; ++g) {  // softmax numerators in place, 1 / their sum
             float* sg = &scores[g * c];
             float mx = -INFINITY;
             for (int64_t s = 0; s < c; ++s) mx = std::max(mx, sg[s]);
-            const __m512 vmx = _mm512_set1_ps(mx);
-            __m512 vsum = _mm512_setzero_ps();
-            int64_t s = 0;
-            for (; s + 16 <= c; s += 16) {
-              const __m512 e = exp_ps(_mm512_sub_ps(_mm512_loadu_ps(sg + s), vmx));
-              _mm512_storeu_ps(sg + s, e);
-              vsum = _mm512_add_ps(vsum, e);
-            }
-            if (s < c) {
-              const __mmask16 k = static_cast<__mmask16>((1u << (c - s)) - 1);
-              const __m512 e = exp_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, sg + s), vmx));
-              _mm512_mask_storeu_ps(sg + s, k, e);
-              vsum = _mm512_add_ps(vsum, _mm512_maskz_mov_ps(k, e));
-            }
-            inv_sum[g] = 1.f / _mm512_reduce_add_ps(vsum);
+            inv_sum[g] = 1.f / decodemath::exp_shifted(sg, c, mx);
           }
           std::fill(oacc.begin(), oacc.end(), 0.f);
           for (int64_t s = 0; s < c; ++s) {  // o (G, Dh) = p @ V
             const float* vt = vcl + (slot[s] * hkv_ + j) * dh_;
-            for (int64_t g = 0; g < g_heads; ++g) {
-              const __m512 pg = _mm512_set1_ps(scores[g * c + s]);
-              for (int64_t e = 0; e < dh_; e += 16)
-                _mm512_storeu_ps(&oacc[g * dh_ + e], _mm512_fmadd_ps(pg, _mm512_loadu_ps(vt + e),
-                                                                      _mm512_loadu_ps(&oacc[g * dh_ + e])));
-            }
+            for (int64_t g = 0; g < g_heads; ++g) decodemath::axpy(scores[g * c + s], vt, &oacc[g * dh_], dh_);
           }
           for (int64_t g = 0; g < g_heads; ++g)
             for (int64_t e = 0; e < dh_; ++e)
@@ -680,13 +573,7 @@ class DecodeStack {
                     float* vu = v.data() + kMaxFusedRows * kPanel;
                     op.pair(l.gate_up, p, p + pairs, mr, vg, vu);
                     for (int64_t m = 0; m < m_rows; ++m)
-                      for (int j = 0; j < kPanel; j += 16) {
-                        const __m512 gv = _mm512_loadu_ps(vg + m * kPanel + j);
-                        const __m512 silu = _mm512_div_ps(
-                            gv, _mm512_add_ps(_mm512_set1_ps(1.f), exp_ps(_mm512_sub_ps(_mm512_setzero_ps(), gv))));
-                        _mm512_storeu_ps(&act_l[m * i_ + p * kPanel + j],
-                                         _mm512_mul_ps(silu, _mm512_loadu_ps(vu + m * kPanel + j)));
-                      }
+                      decodemath::silu_mul(vg + m * kPanel, vu + m * kPanel, &act_l[m * i_ + p * kPanel], kPanel);
                   });
         // ---- down_proj + residual
         run_phase(ph[4], items(l.down), grace_ns_,
@@ -735,12 +622,19 @@ void bind_stack(pybind11::module_& m, const char* name) {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // both release the GIL while they run (as torch's own ops do): a decode step holds no Python state, and the
   // token2wav thread can run Python meanwhile
-  m.def("int8_linear", &int8_linear, "y = x @ dequant(w).T + bias through the VNNI kernel (int8_gemv.cpp)",
+  m.def("int8_linear", &int8_linear, "y = x @ dequant(w).T + bias through the int8 kernel (int8_gemv*.cpp)",
         pybind11::call_guard<pybind11::gil_scoped_release>());
   bind_stack<DecodeStack<Int8Operand>>(m, "DecodeStack");  // int8 weights
   bind_stack<DecodeStack<F32Operand>>(m, "F32DecodeStack");  // fp32 weights
   bind_stack<DecodeStack<BF16Operand>>(m, "BF16DecodeStack");  // bf16 weights
+#ifdef __AVX512F__  // the estimator's bf16 kernels are AVX-512 only (the avx2 build has none)
   bf16gemm::bind(m);  // the estimator's bf16 GEMM (bf16_gemm.cpp)
   bf16attn::bind(m);  // and its bf16 attention (bf16_attention.cpp)
   bf16block::bind(m);  // and a whole transformer block of it (bf16_block.cpp)
+#endif
+#ifdef __AVX512F__  // which source set this module was built from (build.py)
+  m.attr("isa") = "avx512";
+#else
+  m.attr("isa") = "avx2";
+#endif
 }

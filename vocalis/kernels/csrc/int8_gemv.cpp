@@ -29,6 +29,7 @@ constexpr int kPanel = 64;       // output channels per panel (4 vectors of 16)
 #define VOCALIS_PREFETCH 32
 #endif
 constexpr int kChunkGroups = VOCALIS_CHUNK_GROUPS;  // k4 groups per cache block: 128 * 4 k * 64 ch = 32 KiB
+using XQ = uint8_t;  // a quantized activation as the kernel reads it: int8 + 128 (int8_gemv_avx2.cpp: int16)
 
 // Quantize rows of x (M, K) fp32 into u8 (M, Kp) with +128 offset (padding = 128, i.e. zero); scales (M,).
 void quantize_rows(const float* x, int64_t m_rows, int64_t k, int64_t kp, uint8_t* xq, float* sx) {
