@@ -1,0 +1,42 @@
+"""Phone-label shards for the built-in model's flow and LLM (`vocalis.train.phone_labels`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from vocalis.frontend.phones import NUM_LABELS, text_ids
+from vocalis.train.data import DataConfig, ShardDataset, resolve_shards
+from vocalis.train.phone_labels import attach_labels
+from vocalis.train.prepare import write_shard
+
+
+def _row(utt: str, frames: int) -> dict[str, object]:
+    return {"utt": utt, "wav": f"{utt}.wav", "text": "A quiet room.", "speaker": "fest-slt", "language": "en",
+            "duration": frames / 50, "text_token": [5, 6, 7], "speech_token": [], "embedding": [0.0] * 192,
+            "num_frames": frames, "mel": np.zeros(frames * 80, np.float32).tolist(),
+            "f0": [0.0] * frames, "audio": b"\0\0" * 480 * frames}
+
+
+def test_labels_replace_the_ids_and_reach_the_flow_batches(tmp_path: Path) -> None:
+    prep = tmp_path / "prep"
+    (prep / "shards").mkdir(parents=True)
+    write_shard([_row("a", 61), _row("b", 40), _row("c", 50)], prep / "shards" / "shard-000000.parquet")
+    (prep / "data.list").write_text(str(prep / "shards" / "shard-000000.parquet") + "\n")
+    rng = np.random.default_rng(0)
+    labels = {"a": rng.integers(0, NUM_LABELS, 30).tolist(), "b": rng.integers(0, NUM_LABELS, 25).tolist()}
+    (tmp_path / "labels.jsonl").write_text("".join(
+        json.dumps({"utt": u, "frames": len(v), "text_ids": text_ids("A quiet room."), "labels": v}) + "\n"
+        for u, v in labels.items()))
+    summary = attach_labels(prep, tmp_path / "labels.jsonl", tmp_path / "out")
+    # b: 25 labels need 50 mel frames, it has 40; c: no labels
+    assert summary == {"utterances": 1, "dropped": 2, "shards": 1}
+    ds = ShardDataset(resolve_shards([str(tmp_path / "out")]), DataConfig(min_frames=1, shuffle_buffer=0,
+                                                                         sort_buffer=0), "flow")
+    batch = next(iter(ds))
+    assert batch.utts == ("a",) and batch.speech_token[0].tolist() == labels["a"]
+    assert batch.mel.shape == (1, 60, 80)  # 2 mel frames per 25 Hz label
+    llm = next(iter(ShardDataset(resolve_shards([str(tmp_path / "out")]), DataConfig(min_frames=1), "llm")))
+    assert llm.text_token[0].tolist() == text_ids("A quiet room.")
