@@ -13,6 +13,8 @@ Stages (each a `vocalis` command, printed before it runs):
           festival's cmu_us_slt_arctic_hts, with 25 Hz phone-state labels from its alignment)
   base    a random `builtin`-preset model directory: the frontend `vocalis prepare` reads
   prep    vocalis prepare ... --no-speech-tokens --no-speaker-embeddings   (mel, F0, 24 kHz audio)
+  labels  python -m vocalis.train.phone_labels: prep with text ids = phones, speech ids = the 25 Hz labels
+          (RUN/prep_labels: the flow's and LLM's data from L2 on)
   hift    L1: vocalis train hift on prep: mel (4 windows) + multi-resolution STFT + F0 losses, no critic
   gate    (--gate L1) the newest HiFT checkpoint -> fp16 weights in RUN/gates/L1 (measure it with
           scripts/measure_builtin.py --voices slt --rows L1 --hift RUN/gates/L1/hift.safetensors; copy the folder
@@ -138,6 +140,11 @@ def main() -> int:
                 "--workers", str(args.workers), "--utts-per-shard", "250", "--no-speech-tokens",
                 "--no-speaker-embeddings", pid_file=args.pid_file)
         mark(run, "prep")
+    if stage(run, "labels", args.only):
+        from vocalis.train.phone_labels import attach_labels
+
+        log(f"labels: {attach_labels(run / 'prep', run / 'corpus' / 'labels.jsonl', run / 'prep_labels')}")
+        mark(run, "labels")
     if args.only is None or "hift" in args.only:
         vocalis("train", "hift", "--data", str(run / "prep"),
                 *train_args(run / "hift", args.hift_steps, args.device, HIFT_L1), pid_file=args.pid_file)
