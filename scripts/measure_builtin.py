@@ -69,6 +69,14 @@ def load_hift(path: Path | None):  # -> HiFTGenerator
     return hift.eval()
 
 
+def _weights_step(path: Path) -> int | None:
+    from safetensors import safe_open
+
+    with safe_open(str(path), "pt") as f:
+        step = (f.metadata() or {}).get("step")
+    return int(step) if step and step.isdigit() else None
+
+
 def measure_ladder(args: argparse.Namespace) -> int:
     import torch
 
@@ -106,7 +114,7 @@ def measure_ladder(args: argparse.Namespace) -> int:
             rows.append({"text": text, "teacher_asr": hyps_teacher[i], "L1_asr": hyp})
         figures["L1"] = {"wer": counts.rate, "ratio": counts.rate / teacher.rate if teacher.rate else None,
                          "gate": GATES["L1"], "vocoder_rtf": (time.perf_counter() - start) / max(audio_s, 1e-9),
-                         "weights": str(args.hift)}
+                         "weights": args.hift.name, "step": _weights_step(args.hift)}
     print(f"| rung ({len(texts)} held-out WordNet sentences, festival SLT) | WER | x teacher | gate | passes |")
     print("|---|---|---|---|---|")
     print(f"| teacher (festival cmu_us_slt_arctic_hts) | {teacher.rate:.1%} | 1.00 | | |")

@@ -16,9 +16,10 @@ Stages (each a `vocalis` command, printed before it runs):
   labels  python -m vocalis.train.phone_labels: prep with text ids = phones, speech ids = the 25 Hz labels
           (RUN/prep_labels: the flow's and LLM's data from L2 on)
   hift    L1: vocalis train hift on prep: mel (4 windows) + multi-resolution STFT + F0 losses, no critic
-  gate    (--gate L1) the newest HiFT checkpoint -> fp16 weights in RUN/gates/L1 (measure it with
-          scripts/measure_builtin.py --voices slt --rows L1 --hift RUN/gates/L1/hift.safetensors; copy the folder
-          to vocalis/assets/builtin/ladder/L1 when the figure improves)
+  gate    (--gate L1) the newest HiFT checkpoint -> fp16 weights in RUN/gates/L1; measure them with
+          scripts/measure_builtin.py --voices slt --rows L1 --hift RUN/gates/L1/hift.safetensors --json
+          RUN/gates/L1/figures.json; when the figure improves, --gate L1 --install copies the folder to
+          vocalis/assets/builtin/ladder/L1 (commit it). On a new machine the hift stage starts from those weights.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+LADDER = REPO / "vocalis" / "assets" / "builtin" / "ladder"  # committed fp16 weights + figures of each rung
 
 
 def log(msg: str) -> None:
@@ -112,6 +114,36 @@ def save_gate(run_dir: Path, out: Path, part: str = "hift") -> Path:
     return path
 
 
+def start_from_ladder(run: Path, rung: str, part: str) -> list[str]:
+    """On a machine without checkpoints, start `part` from the committed weights of `rung` (fp16 -> fp32, a new
+    optimizer and schedule): the training state that outlives the machine. [] when there is nothing to start from."""
+    import torch
+    from safetensors.torch import load_file
+
+    from vocalis.train import checkpointing as ckpt
+
+    src = LADDER / rung / f"{part}.safetensors"
+    if ckpt.list_checkpoints(run / part) or not src.is_file():
+        return []
+    init = run / f"{part}-{rung}-init.pt"
+    torch.save({"models": {part: {k: v.float() for k, v in load_file(str(src)).items()}}}, init)
+    log(f"{part}: no checkpoint in {run / part}; starting from the committed {rung} weights ({src.name})")
+    return [f"model.checkpoint={init}"]
+
+
+def install_gate(run: Path, rung: str) -> None:
+    """Copy RUN/gates/<rung> (weights + figures.json) into the repository's ladder folder, to be committed."""
+    import shutil
+
+    src, dest = run / "gates" / rung, LADDER / rung
+    if not (src / "figures.json").is_file():
+        raise SystemExit(f"{src / 'figures.json'} is missing: measure the gate first (scripts/measure_builtin.py)")
+    dest.mkdir(parents=True, exist_ok=True)
+    for f in src.iterdir():
+        shutil.copy2(f, dest / f.name)
+    log(f"installed {src} -> {dest}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("run", type=Path, help="run folder (outside the repository)")
@@ -121,13 +153,18 @@ def main() -> int:
     ap.add_argument("--device", default="cpu", help="cpu or cuda (every trainer)")
     ap.add_argument("--only", nargs="*", help="run only these stages")
     ap.add_argument("--gate", choices=("L1",), help="write the rung's fp16 weights to RUN/gates/<rung> and stop")
+    ap.add_argument("--install", action="store_true",
+                    help="with --gate: copy RUN/gates/<rung> (weights + figures.json) into vocalis/assets/builtin/ladder")
     ap.add_argument("--pid-file", type=Path, help="the running trainer's pid is written here (for SIGSTOP/SIGCONT)")
     args = ap.parse_args()
     run: Path = args.run.resolve()
     run.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     if args.gate == "L1":
-        save_gate(run / "hift", run / "gates" / "L1")
+        if args.install:
+            install_gate(run, "L1")
+        else:
+            save_gate(run / "hift", run / "gates" / "L1")
         return 0
 
     if stage(run, "corpus", args.only):
@@ -147,7 +184,8 @@ def main() -> int:
         mark(run, "labels")
     if args.only is None or "hift" in args.only:
         vocalis("train", "hift", "--data", str(run / "prep"),
-                *train_args(run / "hift", args.hift_steps, args.device, HIFT_L1), pid_file=args.pid_file)
+                *train_args(run / "hift", args.hift_steps, args.device, HIFT_L1 + start_from_ladder(run, "L1", "hift")),
+                pid_file=args.pid_file)
     return 0
 
 

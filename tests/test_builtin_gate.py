@@ -41,3 +41,21 @@ def test_gate_weights_are_fp16_newest_and_load_into_the_builtin_hift(tmp_path: P
     mel = torch.randn(1, 80, 12)
     out, _ = loaded.inference(mel, generator=torch.Generator().manual_seed(0))
     assert out.shape == (1, 12 * 480) and torch.isfinite(out).all()
+
+
+def test_a_new_machine_starts_from_the_committed_rung(tmp_path: Path, monkeypatch) -> None:
+    from vocalis.train.checkpointing import load_checkpoint
+
+    recipe = _script("train_builtin")
+    hift = HiFTGenerator(PRESETS["builtin"].hift)
+    save_atomic({"models": {"hift": hift.state_dict()}, "step": 300}, checkpoint_path(tmp_path / "old" / "hift", 300))
+    monkeypatch.setattr(recipe, "LADDER", tmp_path / "ladder")
+    run = tmp_path / "run"
+    run.mkdir()
+    assert recipe.start_from_ladder(run, "L1", "hift") == []  # nothing committed yet
+    recipe.save_gate(tmp_path / "old" / "hift", tmp_path / "ladder" / "L1")
+    (sets,) = recipe.start_from_ladder(run, "L1", "hift")
+    state = load_checkpoint(sets.removeprefix("model.checkpoint="))["models"]["hift"]
+    assert all(v.dtype == torch.float32 for v in state.values()) and set(state) == set(hift.state_dict())
+    save_atomic({"models": {"hift": state}, "step": 100}, checkpoint_path(run / "hift", 100))
+    assert recipe.start_from_ladder(run, "L1", "hift") == []  # a run with checkpoints resumes instead
