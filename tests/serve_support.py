@@ -71,10 +71,10 @@ def quick_tts(tmp_path_factory: pytest.TempPathFactory):
 def serve(tts: object, backend_opts: dict | None = None, **config: object) -> ServerThread:
     """A `ServerThread` around a fresh app and backend over `tts` (use it as a context manager)."""
     from vocalis.serve.app import create_app
-    from vocalis.serve.backend import ThreadedBackend
+    from vocalis.serve.engine_backend import EngineBackend
     from vocalis.serve.config import ServeConfig
 
-    backend = ThreadedBackend(tts, **(backend_opts or {}))
+    backend = EngineBackend(tts, **(backend_opts or {}))
     app = create_app(backend, ServeConfig(**config))  # type: ignore[arg-type]
     return ServerThread(app, backend)
 

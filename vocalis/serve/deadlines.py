@@ -27,6 +27,13 @@ log = logging.getLogger(__name__)
 POLL_S = 0.1  # how often a queued job is looked at: whether it started (the run timer then takes over)
 
 
+def retrieve(task: asyncio.Future[Any]) -> None:
+    """Done callback for a task given up on: take its outcome, so asyncio does not log it as never retrieved
+    (a handle's `__anext__` may end with `Aborted` after the cancel that the abort caused)."""
+    if not task.cancelled():
+        task.exception()
+
+
 class Shutdown:
     """The server's drain state. `begin(grace_s)` refuses new work at once and, after the grace, ends every job
     still watched."""
@@ -153,6 +160,7 @@ class JobWatch:
             await asyncio.wait({task, self._wake}, return_when=asyncio.FIRST_COMPLETED)
         except BaseException:  # the reader was cancelled (client gone, server stopping)
             task.cancel()
+            task.add_done_callback(retrieve)
             raise
         if task.done():  # an item (or the end, or the job's own error) won the race: hand it over
             try:
@@ -164,6 +172,7 @@ class JobWatch:
                 self._first_item = time.monotonic()
             return item
         task.cancel()
+        task.add_done_callback(retrieve)
         assert self.fired is not None
         raise self.fired
 

@@ -28,7 +28,7 @@ from vocalis.errors import VocalisError
 from vocalis.frontend.request import AudioChunk
 from vocalis.serve.audio_encoding import MEDIA_TYPES, AudioEncoder, encode_whole
 from vocalis.serve.backend import Aborted, SpeechJob
-from vocalis.serve.deadlines import JobWatch
+from vocalis.serve.deadlines import JobWatch, retrieve
 from vocalis.serve.metrics import ServeMetrics
 
 if TYPE_CHECKING:
@@ -57,6 +57,7 @@ async def first_item(watch: JobWatch, request: Request | None, poll_s: float = 0
                 raise ClientGone("the client disconnected before the first chunk")
     except BaseException:
         task.cancel()
+        task.add_done_callback(retrieve)
         watch.handle.abort()
         watch.close()
         raise

@@ -35,7 +35,7 @@ from vocalis.serve.audio_encoding import AudioEncoder, check_format
 from vocalis.frontend.voice import Voice
 from vocalis.serve.backend import Aborted, SpeechJob, TextFeed
 from vocalis.serve.context import ServerContext, ctx_of
-from vocalis.serve.deadlines import JobWatch
+from vocalis.serve.deadlines import JobWatch, retrieve
 from vocalis.serve.limits import check_text_fields
 from vocalis.serve.schemas import PayloadTooLarge, WsCancel, WsEnd, WsStart, WsText, validation_message
 
@@ -164,6 +164,7 @@ async def _session(ws: WebSocket, ctx: ServerContext, watch: JobWatch, feed: Tex
                 ctx.budget.check(voice=voice, instruct=instruct, extra_text_tokens=text_tokens)
                 if not t_first_text:
                     t_first_text.append(time.perf_counter())
+                if piece.strip():  # blank pieces give the backend nothing to start on
                     watch.input_arrived()
                 feed.put(piece)
             elif kind == "end":
@@ -218,6 +219,7 @@ async def _session(ws: WebSocket, ctx: ServerContext, watch: JobWatch, feed: Tex
     finally:
         for task in (read_task, write_task):
             task.cancel()
+            task.add_done_callback(retrieve)  # the loser's error (e.g. the client left) is no one's to log
         handle.abort()
     ctx.metrics.requests.labels(ROUTE, "200").inc()
     await ws.send_json({"type": "done", **stats})
