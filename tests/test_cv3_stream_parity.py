@@ -13,7 +13,8 @@ import torch
 from cv3_support import ATOL, cv3_reference, max_diff
 
 from vocalis.config import CV3_SILENT_TOKEN_IDS, StreamConfig
-from vocalis.cv3_stream import FlowCall, StreamSchedule, keep_token, schedule_calls, stream_token2wav
+from vocalis.reference.cv3 import stream_token2wav
+from vocalis.token2wav.cv3_schedule import FlowCall, StreamSchedule, keep_token, schedule_calls
 
 
 @pytest.fixture(scope="module")

@@ -1,10 +1,18 @@
 """One integer id space for everything the speech LM reads, so the engine speaks plain ints.
 
-`Qwen2LM` reads three embedding tables; the engine numbers their rows consecutively:
+The LLM reads up to three embedding tables; the engine numbers their rows consecutively.
+
+CosyVoice 2 (`Qwen2LM`):
 
     [0, S)            speech ids (speech_embedding rows: S = speech_token_size + 3, incl. eos/stop/fill)
     S, S + 1          sos, task id (llm_embedding rows)
     [S + 2, S + 2 + V) text ids (Qwen's embed_tokens rows, V = text vocabulary)
+
+CosyVoice 3 (`CosyVoice3LM`) has no `llm_embedding`: sos and task id are rows of `speech_embedding`
+(speech_token_size + 0 and + 2), so there is no special range:
+
+    [0, S)            speech ids (S = speech_token_size + 200; sos, eos, task id, fill among the extra rows)
+    [S, S + V)        text ids
 
 A text id and a speech id with the same table row never share an engine id, so block hashes over engine
 ids keep text and speech apart by construction (the "namespace" of a token is its range).
@@ -15,29 +23,23 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from vocalis.config import SpeechLMConfig
+from vocalis.config import CV3SpeechLMConfig, SpeechLMConfig
 
 
 @dataclass(frozen=True, slots=True)
 class IdSpace:
-    num_speech: int  # S
+    num_speech: int  # S: speech_embedding rows
     num_text: int  # V
+    sos: int
+    task: int
+    text_offset: int  # first text id; num_speech + the special (llm_embedding) rows
 
     @classmethod
-    def for_config(cls, config: SpeechLMConfig) -> IdSpace:
-        return cls(config.num_speech_rows, config.qwen.vocab_size)
-
-    @property
-    def sos(self) -> int:
-        return self.num_speech
-
-    @property
-    def task(self) -> int:
-        return self.num_speech + 1
-
-    @property
-    def text_offset(self) -> int:
-        return self.num_speech + 2
+    def for_config(cls, config: SpeechLMConfig | CV3SpeechLMConfig) -> IdSpace:
+        s, v = config.num_speech_rows, config.qwen.vocab_size
+        if isinstance(config, CV3SpeechLMConfig):
+            return cls(s, v, sos=config.sos_token, task=config.task_id_token, text_offset=s)
+        return cls(s, v, sos=s, task=s + 1, text_offset=s + 2)
 
     @property
     def size(self) -> int:
@@ -52,7 +54,7 @@ class IdSpace:
 
     def prompt(self, text_ids: Sequence[int], prompt_text_ids: Sequence[int] = (),
                prompt_speech_ids: Sequence[int] = ()) -> list[int]:
-        """Unistream prefill layout, as `Qwen2LM.prefill_embeddings`:
+        """Unistream prefill layout, as `prefill_embeddings` of both families:
         [sos] + prompt_text + text + [task] + prompt_speech.
 
         Only [sos] + prompt_text is the same for every text spoken with one voice, so that is the prefix the
@@ -61,7 +63,7 @@ class IdSpace:
         return [self.sos, *self.text(prompt_text_ids), *self.text(text_ids), self.task, *self.speech(prompt_speech_ids)]
 
     def split(self, ids: Sequence[int]) -> tuple[list[int], list[int], list[int]]:
-        """Indices into `ids` of its speech, special (llm_embedding) and text ids."""
+        """Indices into `ids` of its speech, special (llm_embedding; none for CosyVoice 3) and text ids."""
         speech, special, text = [], [], []
         s, off = self.num_speech, self.text_offset
         for i, t in enumerate(ids):

@@ -16,22 +16,23 @@ from vocalis.engine.bistream import BistreamInput
 from vocalis.engine.block_manager import BlockManager
 from vocalis.engine.config import EngineConfig
 from vocalis.engine.base import EngineFront
-from vocalis.engine.id_space import IdSpace
+from vocalis.engine.lm_family import SpeechLM, family_of
 from vocalis.engine.model_runner import ModelRunner, kv_bytes_per_block
 from vocalis.engine.packed_weights import pack_llm
 from vocalis.engine.request import Request, RequestStatus, SamplingParams, TokenSink, fit_to_model_len
 from vocalis.engine.sampler import Sampler
 from vocalis.engine.scheduler import Scheduler
-from vocalis.models.speech_lm import Qwen2LM
+from vocalis.errors import InputError
 
 log = logging.getLogger(__name__)
 
 
 class LLMEngine(EngineFront):
-    def __init__(self, llm: Qwen2LM, config: EngineConfig | None = None) -> None:
+    def __init__(self, llm: SpeechLM, config: EngineConfig | None = None) -> None:
         self.config = cfg = config or EngineConfig()
         self.llm = llm
-        self.ids = IdSpace.for_config(llm.config)
+        self.family = family_of(llm)  # InputError here, at load, for a module the engine cannot drive
+        self.ids = self.family.ids
         # CPU only: on an H200 the fused GEMMs gave nothing measurable under CUDA graphs (b1 decode 306 vs 292 tok/s)
         packed = pack_llm(llm) if cfg.pack_weights and llm.speech_embedding.weight.device.type == "cpu" else None
         num_blocks = cfg.num_kv_blocks or self._blocks_for_budget()
@@ -40,8 +41,8 @@ class LLMEngine(EngineFront):
         self.runner = ModelRunner(llm, num_blocks, cfg.block_size, self.max_model_len, packed, cfg.cuda_graphs)
         self.block_manager = BlockManager(num_blocks, cfg.block_size, cfg.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, cfg.max_num_seqs, cfg.max_num_batched_tokens,
-                                   llm.config.stop_token_ids)
-        self.sampler = Sampler(llm.config.eos_token, llm.config.stop_token_ids)
+                                   self.family.stop_ids)
+        self.sampler = Sampler(self.family.min_len_mask_id, self.family.stop_ids)
         self._requests: dict[str, Request] = {}
         self._idle: dict[str, Request] = {}  # bi-streams that have not had input to compute yet
 
@@ -63,6 +64,9 @@ class LLMEngine(EngineFront):
                               generator: torch.Generator | None = None) -> Request:
         """A request whose text arrives later in pieces (`add_text`, `end_text`); see `bistream.py`.
         max_len bounds the speech ids after the text ended (default: max_token_text_ratio x text ids)."""
+        if not self.family.bistream:
+            raise InputError(f"text in pieces (bi-streaming) is not available for {self.family.name} models yet; "
+                             "send the whole text")
         params = params or self.sampling_params(0)
         state = BistreamInput(self.llm.config, prompt_text_ids, prompt_speech_ids, max_len)
         return Request([], params, request_id, sink, generator, bistream=state)

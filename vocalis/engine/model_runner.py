@@ -7,7 +7,7 @@ gathering its live context by block table (B, Lmax) with padded slots masked; mu
 attend, one request at a time, to their cached prefix plus themselves with a causal mask. Grouped-query
 attention reshapes queries into their key/value groups instead of repeating keys.
 
-The weights are `Qwen2LM`'s own modules, called as modules (so a precision backend may swap a Linear for a
+The weights are the speech LM's own modules (`Qwen2LM` or `CosyVoice3LM`; what differs is in `lm_family`), called as modules (so a precision backend may swap a Linear for a
 quantised one); Qwen's 151,936-way lm_head is never computed, only `llm_decoder` on rows that sample.
 Everything is plain device-agnostic torch, so it runs on CUDA as is (no flash/paged CUDA kernel); on CUDA,
 decode steps replay captured graphs (`decode_graphs`), which write their padding rows to one scratch slot past
@@ -31,33 +31,25 @@ import torch.nn.functional as F
 from vocalis.engine.decode_graphs import DecodeGraphs
 from vocalis.kernels.huge_pages import to_huge_pages
 from vocalis.engine.id_space import IdSpace
+from vocalis.engine.lm_family import SpeechLM, family_of
 from vocalis.engine.decode_stack import decode_stack
 from vocalis.precision.int8_linear import Int8Linear
 from vocalis.engine.packed_weights import PackedLayer, gemm
 from vocalis.engine.request import Request
 from vocalis.models.qwen2 import Qwen2RMSNorm, rotary_cos_sin
-from vocalis.models.speech_lm import Qwen2LM
 
 log = logging.getLogger(__name__)
 
 
-def embed_engine_ids(llm: Qwen2LM, space: IdSpace, ids: torch.Tensor, all_speech: bool = False) -> torch.Tensor:
-    """Engine ids (N,) -> (N, D) in the speech table's dtype, each from the table it belongs to (`IdSpace`):
-    row for row what `Qwen2LM.prefill_embeddings` builds. all_speech: every id is a speech id (one lookup)."""
-    if all_speech:
-        return llm.speech_embedding(ids)
-    dtype = llm.speech_embedding.weight.dtype
-    out = torch.empty(ids.shape[0], llm.speech_embedding.embedding_dim, dtype=dtype, device=ids.device)
-    s, off = space.num_speech, space.text_offset
-    speech, text = ids < s, ids >= off
-    special = ~(speech | text)
-    out[speech] = llm.speech_embedding(ids[speech])
-    out[special] = llm.llm_embedding(ids[special] - s).to(dtype)
-    out[text] = llm.qwen.embed_tokens(ids[text] - off).to(dtype)
-    return out
+def embed_engine_ids(llm: SpeechLM, space: IdSpace, ids: torch.Tensor, all_speech: bool = False) -> torch.Tensor:
+    """Engine ids (N,) -> (N, D) in the speech table's dtype, each from the table it belongs to (`IdSpace`): row
+    for row what the LM's `prefill_embeddings` builds. all_speech: every id is a speech id (one lookup)."""
+    family = family_of(llm)
+    assert family.ids == space, "an id space of another model"
+    return family.embed(llm, ids, all_speech)
 
 
-def kv_bytes_per_block(llm: Qwen2LM, block_size: int) -> int:
+def kv_bytes_per_block(llm: SpeechLM, block_size: int) -> int:
     q = llm.config.qwen
     itemsize = llm.speech_embedding.weight.element_size()
     return 2 * q.num_hidden_layers * block_size * q.num_key_value_heads * q.head_dim * itemsize
@@ -88,7 +80,7 @@ class StepInputs:
 
 
 class ModelRunner:
-    def __init__(self, llm: Qwen2LM, num_blocks: int, block_size: int, max_positions: int,
+    def __init__(self, llm: SpeechLM, num_blocks: int, block_size: int, max_positions: int,
                  packed: Sequence[PackedLayer | None] | None = None, cuda_graphs: bool = True) -> None:
         """packed: fused weights per layer (`packed_weights.pack_llm`); None or a None entry: call the modules.
         cuda_graphs: replay decode steps as CUDA graphs when the model is on a CUDA device."""
@@ -98,7 +90,8 @@ class ModelRunner:
         self.num_blocks = num_blocks
         self.max_positions = max_positions
         self.scratch_slot = num_blocks * block_size  # the first slot of one extra block no request owns
-        self.ids = IdSpace.for_config(llm.config)
+        self.family = family_of(llm)  # id space and embedding of this LM family
+        self.ids = self.family.ids
         self.device = llm.speech_embedding.weight.device
         self.dtype = llm.speech_embedding.weight.dtype
         self.num_heads, self.num_kv_heads, self.head_dim = q.num_attention_heads, q.num_key_value_heads, q.head_dim
@@ -200,7 +193,7 @@ class ModelRunner:
     # ---- forward -------------------------------------------------------------------------------------
     def embed(self, ids: torch.Tensor, all_speech: bool) -> torch.Tensor:
         """Engine ids (N,) -> (N, D) from the table each id belongs to."""
-        return embed_engine_ids(self.llm, self.ids, ids, all_speech)
+        return self.family.embed(self.llm, ids, all_speech)
 
     @torch.inference_mode()
     def execute(self, scheduled: Sequence[tuple[Request, int]]) -> torch.Tensor:

@@ -1,0 +1,261 @@
+"""Batched streaming token2wav for CosyVoice 3 (DiT flow + causal HiFT): speech tokens -> 24 kHz audio chunks.
+
+The same face as `token2wav.engine.Token2WavEngine` (`new_stream`, `next_work`, `tokens_short`, `step`, `abort`),
+so `runtime.async_engine.AsyncEngine` drives either. The caller owns one `CV3StreamState` per request, appends the
+LLM's ids (`add_tokens`: the silent-token filter applies; `add_source_tokens`: voice conversion's ids, unfiltered),
+calls `end_input`, and calls `step(states)`.
+
+Schedule (`cv3_schedule.StreamSchedule`, per request): the official CosyVoice 3 one. A call k re-runs the flow over
+prompt + the first n_k tokens (block-causal DiT attention, the last 3 tokens only look-ahead; the final call:
+full attention over all tokens, finalize) and keeps its mel from frame 2 * offset_k on; the causal HiFT re-runs over
+all mel kept so far and the chunk is its output past the samples already yielded.
+
+Batching. One step runs every ready request's flow call as one padded solve: each row's mu (the pre-lookahead
+encoding, per row: a non-final call's look-ahead context is per row), its prompt-mel condition and its own
+attention mask (block-causal or full, valid keys only) go into one estimator batch of 2R rows (CFG) per Euler step.
+Rows of a padded batch are independent in the DiT (masked keys, causal position convs, zeroed padded outputs), so
+each row equals the request alone (to fp32 rounding of the batched GEMMs). The HiFT is not run padded: its source
+STFT, iSTFT and look-right convs see the end of the signal, so a padded row would differ near its end. Rows of
+equal length and finalize flag (lock-step requests of one voice) share a call; others run one call each.
+
+Cost: as the official pipeline, quadratic in the utterance (every call recomputes the flow over the prefix and
+the vocoder over all mel so far). Incremental DiT / HiFT caching is not done yet.
+
+Legend: R requests in a step, P prompt tokens, n tokens of a call, T = 2 (P + n) mel frames (fewer 3 look-ahead
+tokens when not final), Tmax the longest row, C = 80 mel channels.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from vocalis.config import StreamConfig
+from vocalis.frontend.prompt import FlowPrompt
+from vocalis.models.cv3.dit import dit_attention_mask
+from vocalis.models.cv3.flow import CausalMaskedDiffWithDiT
+from vocalis.models.cv3.hift import CausalHiFTGenerator
+from vocalis.models.flow.cfm import cosine_time_grid
+from vocalis.token2wav.cv3_schedule import FlowCall, StreamSchedule, keep_token
+from vocalis.token2wav.engine import Token2WavChunk, Token2WavConfig
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(eq=False)
+class CV3StreamState:
+    """One request's CosyVoice 3 token2wav progress: its tokens, schedule and the vocoder's mel so far."""
+
+    request_id: str
+    prompt: FlowPrompt
+    schedule: StreamSchedule
+    streaming: bool = True
+    speed: float = 1.0
+    tokens: list[int] = field(default_factory=list)
+    input_done: bool = False
+    chunks_done: int = 0
+    finished: bool = False
+    silent_run: int = 0  # consecutive silent LLM ids so far (the filter's state)
+    mel: torch.Tensor | None = None  # (C, T_kept) the vocoder input so far
+    num_yielded: int = 0  # samples already emitted
+    estimator_frames: int = 0  # frames x Euler steps put through the estimator (cost counter)
+
+    def add_tokens(self, ids: Iterable[int]) -> None:
+        """LLM ids: the official silent-token filter drops a silent id from the 6th in a row on."""
+        self._check_open()
+        for t in ids:
+            keep, self.silent_run = keep_token(int(t), self.silent_run)
+            if keep:
+                self.tokens.append(int(t))
+
+    def add_source_tokens(self, ids: Iterable[int]) -> None:
+        """Given ids (voice conversion): unfiltered, as officially."""
+        self._check_open()
+        self.tokens.extend(int(i) for i in ids)
+
+    def _check_open(self) -> None:
+        if self.input_done:
+            raise RuntimeError(f"request {self.request_id}: tokens added after end_input()")
+
+    def end_input(self) -> None:
+        self.input_done = True
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return int(self.prompt.speech_ids.shape[1])
+
+    def release(self) -> None:
+        self.mel = None
+
+
+class CV3Token2WavEngine:
+    """Shared DiT flow + causal HiFT modules driven for many requests; per-request data lives on the states."""
+
+    def __init__(self, flow: CausalMaskedDiffWithDiT, hift: CausalHiFTGenerator,
+                 config: Token2WavConfig | None = None, stream: StreamConfig | None = None) -> None:
+        """config: only `max_batch` applies (the CV2 engine's cache knobs have no CV3 counterpart yet)."""
+        self.flow = flow
+        self.hift = hift
+        self.config = config or Token2WavConfig()
+        self.stream = stream or StreamConfig()
+        self.ratio = flow.config.token_mel_ratio
+        self.n_timesteps = flow.config.cfm.n_timesteps
+        self.chunk_frames = flow.estimator.config.static_chunk_size
+
+    # ---- requests -----------------------------------------------------------------------------------
+    def new_stream(self, request_id: str, prompt: FlowPrompt, *, streaming: bool = True, speed: float = 1.0,
+                   generator: torch.Generator | None = None) -> CV3StreamState:
+        """generator: unused (the causal HiFT's source is deterministic). speed != 1 stretches the mel, which the
+        official code allows only in one piece: such a request is vocoded in one final call."""
+        del generator
+        if speed != 1.0 and streaming:
+            log.info("request %s: speed %.2f is applied to the whole utterance (no streaming)", request_id, speed)
+            streaming = False
+        return CV3StreamState(request_id, prompt, StreamSchedule.start(int(prompt.speech_ids.shape[1]), self.stream),
+                              streaming, speed)
+
+    def abort(self, state: CV3StreamState) -> None:
+        state.finished = True
+        state.release()
+
+    def _next_call(self, s: CV3StreamState) -> tuple[FlowCall | None, StreamSchedule]:
+        if s.finished:
+            return None, s.schedule
+        if not s.streaming:
+            if not s.input_done:
+                return None, s.schedule
+            return FlowCall(len(s.tokens), 0, streaming=False, finalize=True), s.schedule
+        return s.schedule.advance(len(s.tokens), s.input_done, self.stream)
+
+    def tokens_short(self, state: CV3StreamState) -> int:
+        """Tokens a streaming request still needs for its next non-final chunk; <= 0 when it is ready."""
+        return state.schedule.tokens_needed(self.stream) - len(state.tokens)
+
+    def next_work(self, state: CV3StreamState) -> str | None:
+        """"chunk" (a non-final chunk is ready), "final", or None (waiting for tokens)."""
+        call, _ = self._next_call(state)
+        if call is None:
+            return None
+        return "final" if call.finalize else "chunk"
+
+    # ---- the step -------------------------------------------------------------------------------------
+    def step(self, states: Sequence[CV3StreamState]) -> list[Token2WavChunk]:
+        """One batched flow solve and the vocoder calls for every given state with work (at most `max_batch`,
+        in the given order); returns their chunks in that order."""
+        work: list[tuple[CV3StreamState, FlowCall, StreamSchedule]] = []
+        for s in states:
+            call, after = self._next_call(s)
+            if call is not None and len(work) < self.config.max_batch:
+                work.append((s, call, after))
+        chunks: dict[int, Token2WavChunk] = {}
+        todo = []
+        for s, call, after in work:
+            if call.finalize and call.num_tokens == 0:  # nothing was generated: end with no audio
+                chunks[id(s)] = self._emit(s, np.zeros(0, dtype=np.float32), call, after)
+            else:
+                todo.append((s, call, after))
+        if todo:
+            with torch.inference_mode():
+                mels = self._flow([(s, c) for s, c, _ in todo])
+                audio = self._vocode([(s, c) for s, c, _ in todo], mels)
+            for (s, call, after), wav in zip(todo, audio):
+                chunks[id(s)] = self._emit(s, wav, call, after)
+        return [chunks[id(s)] for s, _, _ in work]
+
+    def _emit(self, s: CV3StreamState, wav: np.ndarray, call: FlowCall, after: StreamSchedule) -> Token2WavChunk:
+        index = s.chunks_done
+        s.schedule = after
+        s.chunks_done += 1
+        if call.finalize:
+            s.finished = True
+            s.release()
+        return Token2WavChunk(s.request_id, wav, call.finalize, index)
+
+    # ---- flow -------------------------------------------------------------------------------------------
+    def _flow(self, items: list[tuple[CV3StreamState, FlowCall]]) -> list[torch.Tensor]:
+        """One padded solve over every row -> each row's mel (C, T_i - 2P), prompt frames removed."""
+        flow = self.flow
+        dev = flow.input_embedding.weight.device
+        mus, num_frames = [], []
+        for s, call in items:
+            ids = torch.cat([s.prompt.speech_ids.reshape(-1).long(), torch.tensor(s.tokens[: call.num_tokens])])
+            mu = flow.encode(ids[None].to(dev), torch.tensor([ids.numel()], device=dev), finalize=call.finalize)
+            mus.append(mu[0])  # (T_i, C)
+            num_frames.append(mu.shape[1])
+        r, t_max, c = len(items), max(num_frames), flow.config.output_size
+        mu = mus[0].new_zeros(r, t_max, c)
+        cond = mus[0].new_zeros(r, t_max, c)
+        mask = mus[0].new_zeros(r, 1, t_max)
+        attn = []
+        for i, (s, call) in enumerate(items):
+            t = num_frames[i]
+            mu[i, :t] = mus[i]
+            prompt_mel = s.prompt.mel.reshape(-1, c)[:t]  # (2P, C)
+            cond[i, : prompt_mel.shape[0]] = prompt_mel.to(device=dev, dtype=mu.dtype)
+            mask[i, :, :t] = 1
+            attn.append(dit_attention_mask(mask[i : i + 1], call.streaming, self.chunk_frames))  # (1, 1, Tmax, Tmax)
+        emb = torch.cat([s.prompt.embedding.reshape(1, -1) for s, _ in items]).to(dev)
+        spks = flow.speaker_projection(emb).to(mu.dtype)  # (R, C)
+        mel = self._solve(mu.transpose(1, 2), mask, spks, cond.transpose(1, 2), torch.cat(attn))  # (R, C, Tmax)
+        out = []
+        for i, (s, _) in enumerate(items):
+            s.estimator_frames += num_frames[i] * self.n_timesteps
+            num_prompt_frames = s.prompt.mel.reshape(-1, c).shape[0]  # 2P, cut as `flow.inference` does
+            out.append(mel[i, :, num_prompt_frames : num_frames[i]])
+        return out
+
+    def _solve(self, mu: torch.Tensor, mask: torch.Tensor, spks: torch.Tensor, cond: torch.Tensor,
+               attn: torch.Tensor) -> torch.Tensor:
+        """`CausalConditionalCFM.solve_euler` (same arithmetic: fixed start noise by absolute frame, t accumulating
+        dt, CFG over 2R rows) with one attention mask per row: mu, cond (R, C, Tmax), mask (R, 1, Tmax), spks (R, C),
+        attn (R, 1, Tmax, Tmax) -> mel (R, C, Tmax) float32."""
+        decoder = self.flow.decoder
+        r, _, t_max = mu.shape
+        x = decoder.start_noise(r, t_max).to(device=mu.device, dtype=mu.dtype)
+        t_span = cosine_time_grid(self.n_timesteps, mu.dtype, mu.device)
+        w = decoder.config.inference_cfg_rate
+        mask_in = torch.cat([mask, mask])  # (2R, 1, Tmax): rows [0, R) conditional, [R, 2R) unconditional
+        mu_in = torch.cat([mu, torch.zeros_like(mu)])
+        spks_in = torch.cat([spks, torch.zeros_like(spks)])
+        cond_in = torch.cat([cond, torch.zeros_like(cond)])
+        attn_in = torch.cat([attn, attn])  # (2R, 1, Tmax, Tmax)
+        t, dt = t_span[0], t_span[1] - t_span[0]
+        for step in range(1, len(t_span)):
+            v = decoder.estimator(torch.cat([x, x]), mask_in, mu_in, t.expand(2 * r), spks_in, cond_in, False,
+                                  attn_mask=attn_in)  # (2R, C, Tmax)
+            x = x + dt * ((1.0 + w) * v[:r] - w * v[r:])
+            t = t + dt
+            if step < len(t_span) - 1:
+                dt = t_span[step + 1] - t
+        return x.float()
+
+    # ---- vocoder ----------------------------------------------------------------------------------------
+    def _vocode(self, items: list[tuple[CV3StreamState, FlowCall]], mels: list[torch.Tensor]) -> list[np.ndarray]:
+        """Append each row's new mel to its kept mel, re-run the causal HiFT over it, return the new samples."""
+        inputs = []
+        for (s, call), mel in zip(items, mels):
+            new = mel[:, call.token_offset * self.ratio :].float()
+            s.mel = new if s.mel is None else torch.cat([s.mel, new], dim=1)
+            m = s.mel
+            if s.speed != 1.0:  # one final call (see new_stream): stretch the whole utterance's mel
+                m = F.interpolate(m[None], size=max(1, int(m.shape[1] / s.speed)), mode="linear")[0]
+            inputs.append(m)
+        groups: dict[tuple[int, bool], list[int]] = {}
+        for i, ((_, call), m) in enumerate(zip(items, inputs)):
+            groups.setdefault((m.shape[1], call.finalize), []).append(i)
+        speech: dict[int, torch.Tensor] = {}
+        for (_, finalize), rows in groups.items():
+            wav, _ = self.hift.inference(torch.stack([inputs[i] for i in rows]), finalize=finalize)  # (G, N)
+            for k, i in enumerate(rows):
+                speech[i] = wav[k]
+        out = []
+        for i, (s, _) in enumerate(items):
+            chunk = speech[i][s.num_yielded :].float().cpu()
+            s.num_yielded += chunk.shape[0]
+            out.append(chunk.numpy())
+        return out
