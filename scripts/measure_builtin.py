@@ -13,7 +13,7 @@ voice (a fixed prompt sentence synthesised here). Printed table:
 - a token check: WER of the teachers' audio through the model's speech tokenizer, flow and HiFT (voice conversion
   to the same teacher's prompt: everything but the LLM).
 
-    python scripts/measure_builtin.py [--model DIR] [-n 50] [--out /work/runs/builtin/measure] [--json out.json]
+    python scripts/measure_builtin.py [--model DIR] [-n 50] [--out RUN/measure] [--json out.json]
 
 The ladder of the phone-based built-in model (docs/builtin-model.md) is measured on one voice, festival's
 cmu_us_slt_arctic_hts, speaking the 50 held-out WordNet sentences (`vocalis.corpus.sentences.heldout_wordnet`):
@@ -87,7 +87,7 @@ def measure_ladder(args: argparse.Namespace) -> int:
     from vocalis.eval.wer import EditCounts, word_counts
     from vocalis.frontend.audio import load_wav, prompt_mel
 
-    out = args.out or Path("measure-slt")
+    out = args.out or Path(tempfile.mkdtemp(prefix="vocalis-ladder-"))
     out.mkdir(parents=True, exist_ok=True)
     texts = heldout_wordnet()[: args.n]
     todo = [(t, out / f"teacher-{i:03d}.wav") for i, t in enumerate(texts) if not (out / f"teacher-{i:03d}.wav").is_file()]
