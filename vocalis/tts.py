@@ -19,7 +19,8 @@ from vocalis.config import MAX_PROMPT_SECONDS, PROMPT_SAMPLE_RATE_16K
 from vocalis.engine.config import EngineConfig
 from vocalis.errors import InputError
 from vocalis.frontend import audio as audio_fe
-from vocalis.frontend.prompt import AudioSource, Frontend
+from vocalis.frontend.prompt import AudioSource
+from vocalis.frontend.prompt_cv3 import frontend_for
 from vocalis.frontend.request import AudioChunk, Mode, SynthesisRequest
 from vocalis.frontend.voice import Voice, check_voice_name
 from vocalis.model_dir import LoadedModel, load_model
@@ -64,7 +65,7 @@ class TTS:
     def __init__(self, model: LoadedModel, engine: EngineConfig | None = None,
                  token2wav: Token2WavConfig | None = None) -> None:
         self.model = model
-        self.frontend = Frontend(model)
+        self.frontend = frontend_for(model)
         self.engine_config = engine
         self.token2wav_config = token2wav if token2wav is not None else Token2WavConfig(final_attention="full")
         self._voices: dict[str, Voice] = dict(model.voices)
@@ -84,6 +85,9 @@ class TTS:
         dev = torch.device(device)
         resolve(backend, precision, dev)  # fail fast, before loading
         model = load_model(path).to(dev)
+        if model.kind == "cosyvoice3" and resolve(backend, precision, dev)[0] in ("onnx", "tensorrt"):
+            raise InputError(f"the {backend} backend exports CosyVoice 2's flow and vocoder; a CosyVoice 3 model runs "
+                             "with --backend torch (or compile)")  # at load, not as a failed export later
         apply_backend(model, backend, precision, dev)
         return cls(model, engine, token2wav)
 

@@ -41,12 +41,13 @@ from vocalis.engine.config import EngineConfig
 from vocalis.engine.llm_engine import LLMEngine
 from vocalis.engine.request import Request, RequestStatus, SamplingParams
 from vocalis.errors import InputError, VocalisError
-from vocalis.frontend.prompt import Frontend
+from vocalis.frontend.prompt_cv3 import frontend_for
 from vocalis.frontend.request import AudioChunk, Mode, SynthesisRequest
 from vocalis.kernels.threads import release_openmp_pool
 from vocalis.model_dir import LoadedModel
 from vocalis.runtime.backends import make_llm_engine
 from vocalis.runtime.step_grouping import StepGrouping, StreamReadiness, plan_token2wav_step
+from vocalis.token2wav.cv3 import CV3Token2WavEngine, token2wav_for
 from vocalis.token2wav.engine import StreamState, Token2WavChunk, Token2WavConfig, Token2WavEngine
 
 if TYPE_CHECKING:
@@ -156,14 +157,15 @@ class StreamHandle:
 class AsyncEngine:
     """Batched synthesis for many concurrent requests. Use as a context manager, or `start()` / `close()`."""
 
-    def __init__(self, model: LoadedModel, llm: LLMEngine | VLLMEngine, token2wav: Token2WavEngine,
+    def __init__(self, model: LoadedModel, llm: LLMEngine | VLLMEngine,
+                 token2wav: Token2WavEngine | CV3Token2WavEngine,
                  grouping: StepGrouping | None = None) -> None:
         self.model = model
         self.llm = llm
         self.token2wav = token2wav
         self.grouping = grouping if grouping is not None else StepGrouping()
         self._llm_step_s = 0.0  # recent seconds per LLM step (moving average), for the grouping's time bound
-        self.frontend = Frontend(model)  # text normalisation, voices, prompts (the reference path shares it)
+        self.frontend = frontend_for(model)  # text normalisation, voices, prompts (the reference path shares it)
         self.sample_rate = model.config.sample_rate
         self._cond = threading.Condition()
         self._inbox: list[tuple[str, Any]] = []
@@ -183,10 +185,10 @@ class AsyncEngine:
     def from_model(cls, model: LoadedModel, config: EngineConfig | None = None,
                    token2wav_config: Token2WavConfig | None = None, stream: StreamConfig | None = None,
                    grouping: StepGrouping | None = None) -> AsyncEngine:
-        """Build the LLM engine (ours, or vLLM's for the vllm backend) and the batched token2wav engine over a
-        loaded model's modules."""
-        return cls(model, make_llm_engine(model, config),
-                   Token2WavEngine(model.flow, model.hift, token2wav_config, stream), grouping)
+        """Build the LLM engine (ours, or vLLM's for the vllm backend) and the batched token2wav engine of the
+        model's family (CosyVoice 2 or 3) over a loaded model's modules; InputError for modules neither runs."""
+        token2wav = token2wav_for(model.flow, model.hift, token2wav_config, stream)
+        return cls(model, make_llm_engine(model, config), token2wav, grouping)
 
     # ---- lifecycle ------------------------------------------------------------------------------------
     def start(self) -> Self:
@@ -315,7 +317,7 @@ class AsyncEngine:
         states = [self.token2wav.new_stream(f"{handle.request_id}/{i}", prompt, streaming=stream,
                                             speed=request.speed, generator=voc_gen) for i in range(count)]
         if request.mode is Mode.VC:
-            states[0].add_tokens(request.source_speech_ids)
+            states[0].add_source_tokens(request.source_speech_ids)
             states[0].end_input()
         return _Job(handle.request_id, handle, segments, llm_prompt, states, llm_gen,
                     text=request.text if request.bistream else None)

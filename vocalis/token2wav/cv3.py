@@ -36,13 +36,16 @@ import torch
 import torch.nn.functional as F
 
 from vocalis.config import StreamConfig
+from vocalis.errors import InputError
 from vocalis.frontend.prompt import FlowPrompt
 from vocalis.models.cv3.dit import dit_attention_mask
 from vocalis.models.cv3.flow import CausalMaskedDiffWithDiT
 from vocalis.models.cv3.hift import CausalHiFTGenerator
 from vocalis.models.flow.cfm import cosine_time_grid
+from vocalis.models.flow.flow import CausalMaskedDiffWithXvec
+from vocalis.models.hift.generator import HiFTGenerator
 from vocalis.token2wav.cv3_schedule import FlowCall, StreamSchedule, keep_token
-from vocalis.token2wav.engine import Token2WavChunk, Token2WavConfig
+from vocalis.token2wav.engine import Token2WavChunk, Token2WavConfig, Token2WavEngine
 
 log = logging.getLogger(__name__)
 
@@ -259,3 +262,15 @@ class CV3Token2WavEngine:
             s.num_yielded += chunk.shape[0]
             out.append(chunk.numpy())
         return out
+
+
+def token2wav_for(flow: object, hift: object, config: Token2WavConfig | None = None,
+                  stream: StreamConfig | None = None) -> Token2WavEngine | CV3Token2WavEngine:
+    """The batched token2wav engine of the model's family (by its flow module); InputError for a flow neither
+    engine runs, at load rather than at the first request."""
+    if isinstance(flow, CausalMaskedDiffWithDiT) and isinstance(hift, CausalHiFTGenerator):
+        return CV3Token2WavEngine(flow, hift, config, stream)
+    if isinstance(flow, CausalMaskedDiffWithXvec) and isinstance(hift, HiFTGenerator):
+        return Token2WavEngine(flow, hift, config, stream)
+    raise InputError(f"the token2wav engine runs CosyVoice 2 and CosyVoice 3 flows and vocoders, not "
+                     f"{type(flow).__name__} + {type(hift).__name__}")

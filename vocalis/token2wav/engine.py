@@ -139,6 +139,10 @@ class StreamState:
             raise RuntimeError(f"request {self.request_id}: tokens added after end_input()")
         self.tokens.extend(int(i) for i in ids)
 
+    def add_source_tokens(self, ids: Iterable[int]) -> None:
+        """Given ids (voice conversion): as `add_tokens` here (CosyVoice 3's state filters LLM ids, not these)."""
+        self.add_tokens(ids)
+
     def end_input(self) -> None:
         self.input_done = True
 

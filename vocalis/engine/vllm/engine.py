@@ -88,7 +88,9 @@ def _probe(python: str) -> str:
 
 
 def check_model(llm: Qwen2LM) -> None:
-    """InputError if vLLM's CPU build cannot run this model's attention."""
+    """InputError if vLLM's CPU build cannot run this model's attention (or this model at all)."""
+    if not isinstance(llm, Qwen2LM):  # the export writes CosyVoice 2's biased head and speech table layout
+        raise InputError(f"the vllm backend runs CosyVoice 2 speech LMs, not {type(llm).__name__}: use --backend torch")
     head_dim = llm.config.qwen.head_dim
     if head_dim not in CPU_HEAD_DIMS:
         raise InputError(f"vLLM's CPU attention takes head widths {CPU_HEAD_DIMS}; this model's is {head_dim}: "
