@@ -36,9 +36,7 @@ def serve_side(args: argparse.Namespace) -> None:
     import torch
     import uvicorn
 
-    from vocalis.bench.measure import BenchConfig, bench_voice, build, forced_sampler
-    from vocalis.engine.request import SamplingParams
-    from vocalis.runtime.async_engine import AsyncEngine
+    from vocalis.bench.measure import BenchConfig, bench_voice, build, fixed_length_engine, fixed_length_generate
     from vocalis.serve.app import create_app
     from vocalis.serve.config import ServeConfig
     from vocalis.tts import TTS
@@ -52,26 +50,14 @@ def serve_side(args: argparse.Namespace) -> None:
     if args._serve == "threaded":
         from vocalis.reference.threaded_backend import ReferenceTTS, ThreadedBackend
 
-        lm, stops, generate = model.llm, model.config.llm.stop_token_ids, model.llm.generate
-
-        def fixed_generate(*a: Any, sampling: Any = None, generator: Any = None, **kw: Any) -> Any:
-            from vocalis.config import SamplingConfig
-
-            fn = forced_sampler(sampling or SamplingConfig(), generator, stops)
-            return generate(*a, min_len=cfg.tokens, max_len=cfg.tokens, sample_fn=fn)
-
-        lm.generate = fixed_generate  # type: ignore[method-assign]
-        backend: Any = ThreadedBackend(ReferenceTTS(model), **opts)
+        tts = ReferenceTTS(model)
+        tts.synth.generate = fixed_length_generate(model, cfg.tokens)  # type: ignore[method-assign]
+        backend: Any = ThreadedBackend(tts, **opts)
     else:
         from vocalis.serve.engine_backend import EngineBackend
 
-        class FixedLengthEngine(AsyncEngine):
-            def llm_params(self, text_ids: list[int]) -> SamplingParams:
-                base = super().llm_params(text_ids)
-                return dataclasses.replace(base, min_len=cfg.tokens, max_len=cfg.tokens, stop_all_masked=True)
-
         class BenchTTS(TTS):
-            engine_type = FixedLengthEngine
+            engine_type = fixed_length_engine(cfg.tokens)
 
         backend = EngineBackend(BenchTTS(model), **opts)
     print(f"server: {args._serve}: {described}", file=sys.stderr, flush=True)

@@ -13,7 +13,7 @@ import torch
 from cv3_support import ATOL, cv3_reference, max_diff, state_dict_shapes
 
 from vocalis.models.cv3.speech_lm import CosyVoice3LM, prepare_official_state_dict
-from vocalis.sampling import greedy_sampling
+from vocalis.reference.sampling import greedy_sampling
 
 STEPS = 16
 RUNS = ("", "noprompt_", "instruct_")

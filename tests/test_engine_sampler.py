@@ -7,7 +7,7 @@ import torch
 from vocalis.config import SamplingConfig
 from vocalis.engine.request import Request, SamplingParams
 from vocalis.engine.sampler import Sampler
-from vocalis.sampling import greedy_sampling, make_sampler
+from vocalis.reference.sampling import greedy_sampling, make_sampler
 
 V = 40
 EOS, STOPS = 37, (37, 38, 39)

@@ -11,7 +11,8 @@ from vocalis.engine.llm_engine import LLMEngine
 from vocalis.engine.request import Request, RequestStatus, SamplingParams
 from vocalis.errors import InputError
 from vocalis.models.speech_lm import Qwen2LM
-from vocalis.sampling import make_greedy_sampler, make_sampler
+from vocalis.reference.decode import generate
+from vocalis.reference.sampling import make_greedy_sampler, make_sampler
 
 VOICE_TEXT = [300 + i for i in range(9)]  # a saved voice's prompt text: [sos] + 9 ids = 10 positions
 VOICE_SPEECH = [11, 12, 13, 14, 15, 16]
@@ -44,7 +45,7 @@ def test_greedy_batch_equals_generate_one_at_a_time(lm: Qwen2LM) -> None:
     got = eng.generate(reqs)
     for i, (text, req) in enumerate(zip(TEXTS, reqs)):
         pt, ps = _prompt(i)
-        want = list(lm.generate(text, pt, ps, min_len=5, max_len=12 + 3 * i, sample_fn=make_greedy_sampler()))
+        want = list(generate(lm, text, pt, ps, min_len=5, max_len=12 + 3 * i, sample_fn=make_greedy_sampler()))
         assert got[req.request_id] == want, f"request {i}"
     # the voice's [sos] + prompt text (10 positions) gives 2 shared blocks of 4 to later voice requests
     assert eng.block_manager.num_prefix_hits >= 4
@@ -66,7 +67,7 @@ def test_seeded_ras_does_not_depend_on_the_batch(lm: Qwen2LM) -> None:
     assert alone == crowded and len(alone) == 25
     gen = torch.Generator()
     gen.manual_seed(123)
-    ref = lm.generate([90, 91, 92, 93], VOICE_TEXT, VOICE_SPEECH, min_len=10, max_len=25,
+    ref = generate(lm, [90, 91, 92, 93], VOICE_TEXT, VOICE_SPEECH, min_len=10, max_len=25,
                       sample_fn=make_sampler(PRESETS["tiny"].sampling, gen))
     assert list(ref) == alone  # and it reproduces the reference sampler for the same seed
 
@@ -108,7 +109,7 @@ def test_preemption_does_not_change_outputs(lm: Qwen2LM) -> None:
     got = eng.generate(reqs)
     assert sum(r.num_preemptions for r in reqs) > 0
     for i, (text, req) in enumerate(zip(TEXTS, reqs)):
-        want = list(lm.generate(text, *_prompt(i), min_len=20, max_len=20, sample_fn=make_greedy_sampler()))
+        want = list(generate(lm, text, *_prompt(i), min_len=20, max_len=20, sample_fn=make_greedy_sampler()))
         assert got[req.request_id] == want
     assert eng.block_manager.num_free_blocks == 14
 

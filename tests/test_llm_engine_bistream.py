@@ -11,7 +11,8 @@ from vocalis.engine.config import EngineConfig
 from vocalis.engine.llm_engine import LLMEngine
 from vocalis.engine.request import Request, RequestStatus, SamplingParams
 from vocalis.models.speech_lm import Qwen2LM
-from vocalis.sampling import make_greedy_sampler, make_sampler
+from vocalis.reference.decode import generate_bistream
+from vocalis.reference.sampling import make_greedy_sampler, make_sampler
 
 PIECES = [[40, 41, 42], [43, 44, 45, 46, 47, 48, 49], [50], [51, 52, 53, 54, 55, 56], [57, 58], [59, 60, 61, 62, 63]]
 PROMPT_TEXT = [300 + i for i in range(9)]
@@ -49,7 +50,7 @@ def _sink(got: list[int]):  # -> TokenSink
 
 @pytest.mark.parametrize("steps_between", [0, 1, 7, 40])
 def test_greedy_bistream_equals_generate_bistream(lm: Qwen2LM, steps_between: int) -> None:
-    want = list(lm.generate_bistream(iter(PIECES), PROMPT_TEXT, PROMPT_SPEECH, max_len=60,
+    want = list(generate_bistream(lm, iter(PIECES), PROMPT_TEXT, PROMPT_SPEECH, max_len=60,
                                      sample_fn=make_greedy_sampler()))
     eng = _engine(lm)
     got: list[int] = []
@@ -65,7 +66,7 @@ def test_greedy_bistream_equals_generate_bistream(lm: Qwen2LM, steps_between: in
 
 def test_seeded_ras_bistream_equals_reference(lm: Qwen2LM) -> None:
     gen = torch.Generator().manual_seed(5)
-    want = list(lm.generate_bistream(iter(PIECES), PROMPT_TEXT, PROMPT_SPEECH, max_len=50,
+    want = list(generate_bistream(lm, iter(PIECES), PROMPT_TEXT, PROMPT_SPEECH, max_len=50,
                                      sample_fn=make_sampler(PRESETS["tiny"].sampling, gen)))
     eng = _engine(lm)
     got: list[int] = []
@@ -86,7 +87,7 @@ def test_no_prompt_and_waiting_requests_do_not_spin(lm: Qwen2LM) -> None:
     eng.end_text(req.request_id)
     while eng.has_work():
         eng.step()
-    want_with_lead = list(lm.generate_bistream(iter([[1, 2], *PIECES]), max_len=30, sample_fn=make_greedy_sampler()))
+    want_with_lead = list(generate_bistream(lm, iter([[1, 2], *PIECES]), max_len=30, sample_fn=make_greedy_sampler()))
     assert got == want_with_lead and len(got) > 10  # the lead piece counts as a piece, as in the reference loop
 
 

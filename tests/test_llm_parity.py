@@ -7,17 +7,17 @@ without a prompt.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 import torch
 from conftest import load_reference
 
-from vocalis.config import QwenConfig, SpeechLMConfig
+from vocalis.config import SpeechLMConfig
 from vocalis.errors import ModelLoadError
 from vocalis.models.speech_lm import Qwen2LM, prepare_official_state_dict
-from vocalis.sampling import greedy_sampling, make_greedy_sampler
+from vocalis.reference.decode import generate
+from vocalis.reference.sampling import greedy_sampling, make_greedy_sampler
 
 ATOL = 1e-4
 STEPS = 16
@@ -91,7 +91,7 @@ def test_reference_decoding(model: Qwen2LM, ref: dict[str, torch.Tensor], run: s
         nocache_diff = (logp_full - ref[f"{key}nocache_logp"]).abs().max().item()
 
     generated = list(
-        model.generate(
+        generate(model, 
             text, prompt_text, prompt_speech, min_len=STEPS, max_len=STEPS, sample_fn=make_greedy_sampler(stops)
         )
     )

@@ -11,7 +11,8 @@ from vocalis.config import QwenConfig, SamplingConfig, SpeechLMConfig
 from vocalis.models.qwen2 import KVCache
 from vocalis.models.speech_lm import SOS_ROW, TASK_ID_ROW, Qwen2LM
 from vocalis.models.speech_lm_train import build_sequence
-from vocalis.sampling import (
+from vocalis.reference.decode import generate, generate_bistream
+from vocalis.reference.sampling import (
     apply_temperature,
     make_greedy_sampler,
     make_sampler,
@@ -131,12 +132,12 @@ def test_min_len_masks_eos_and_max_len_stops() -> None:
     model = _tiny()
     _bias_head(model, eos=30.0)
     gen = torch.Generator().manual_seed(0)
-    assert len(list(model.generate([1, 2, 3], min_len=5, max_len=50, generator=gen))) == 5
-    assert len(list(model.generate([1, 2, 3], generator=gen))) == 6  # default min_len = 2 x text tokens
-    assert list(model.generate([1, 2, 3], min_len=0, generator=gen)) == []
+    assert len(list(generate(model, [1, 2, 3], min_len=5, max_len=50, generator=gen))) == 5
+    assert len(list(generate(model, [1, 2, 3], generator=gen))) == 6  # default min_len = 2 x text tokens
+    assert list(generate(model, [1, 2, 3], min_len=0, generator=gen)) == []
     _bias_head(model, eos=-30.0)
-    assert len(list(model.generate([1, 2, 3], generator=gen))) == 60  # default max_len = 20 x text tokens
-    assert len(list(model.generate([1, 2, 3], max_len=7, generator=gen))) == 7
+    assert len(list(generate(model, [1, 2, 3], generator=gen))) == 60  # default max_len = 20 x text tokens
+    assert len(list(generate(model, [1, 2, 3], max_len=7, generator=gen))) == 7
 
 
 def test_generate_seed_reproducible() -> None:
@@ -144,7 +145,7 @@ def test_generate_seed_reproducible() -> None:
 
     def run(seed: int) -> list[int]:
         gen = torch.Generator().manual_seed(seed)
-        return list(model.generate([4, 5, 6], [7], [1, 2], max_len=25, generator=gen))
+        return list(generate(model, [4, 5, 6], [7], [1, 2], max_len=25, generator=gen))
 
     assert run(11) == run(11)
     assert run(11) != run(12)
@@ -187,7 +188,7 @@ def test_bistream_no_prompt_layout_and_forced_fills() -> None:
     text = list(range(30, 42))  # 12 tokens, one piece each
     greedy = make_greedy_sampler((EOS, UNUSED, FILL))  # never samples a special id: every fill is forced
     with torch.inference_mode():
-        speech = list(model.generate_bistream(([t] for t in text), max_len=34, sample_fn=greedy))
+        speech = list(generate_bistream(model, ([t] for t in text), max_len=34, sample_fn=greedy))
     assert len(speech) == 34 and all(0 <= s < SPEECH for s in speech)
     lengths = [x.shape[0] for x in model.fed]
     # [sos + 5 text], 15 speech steps (the 15th input forces fill), [5 text], 15 speech steps, then the
@@ -209,7 +210,7 @@ def test_bistream_prompt_layout_matches_training_blocks() -> None:
     pieces = [[30, 31], [32, 33], [34, 35], [36, 37]]
     greedy = make_greedy_sampler((EOS, UNUSED, FILL))
     with torch.inference_mode():
-        speech = list(model.generate_bistream(pieces, prompt_text, prompt_speech, max_len=12, sample_fn=greedy))
+        speech = list(generate_bistream(model, pieces, prompt_text, prompt_speech, max_len=12, sample_fn=greedy))
     assert len(speech) == 12
     lengths = [x.shape[0] for x in model.fed]
     assert lengths == [1 + 5 + 15 + 5 + 5] + [1] * 10 + [3] + [1] * 1
@@ -234,7 +235,7 @@ def test_bistream_sampled_fill_restarts_schedule_and_unused_special_is_masked() 
         return FILL if len(decoded) == 3 else 1 + len(decoded) % 7
 
     with torch.inference_mode():
-        speech = list(model.generate_bistream(([t] for t in range(30, 40)), max_len=18, sample_fn=fill_at_third))
+        speech = list(generate_bistream(model, ([t] for t in range(30, 40)), max_len=18, sample_fn=fill_at_third))
     # sos+5 text, 3 steps give 3 ids + a sampled fill; 5 text, then 15 ids and a forced fill at index 19.
     lengths = [x.shape[0] for x in model.fed]
     assert lengths[:4] == [6, 1, 1, 1] and lengths[4] == 5 and lengths[5:20] == [1] * 15
@@ -246,7 +247,7 @@ def test_bistream_sampled_fill_restarts_schedule_and_unused_special_is_masked() 
         model.llm_decoder.bias[UNUSED] = 50.0
     greedy = make_greedy_sampler()
     with torch.inference_mode():
-        speech = list(model.generate_bistream(([t] for t in range(30, 40)), max_len=20, sample_fn=greedy))
+        speech = list(generate_bistream(model, ([t] for t in range(30, 40)), max_len=20, sample_fn=greedy))
     assert speech and UNUSED not in speech
 
 
@@ -254,6 +255,6 @@ def test_bistream_stops_on_eos_after_text_ends() -> None:
     model = _spy(seed=6)
     _bias_head(model, eos=30.0)
     with torch.inference_mode():
-        speech = list(model.generate_bistream([[30, 31, 32, 33, 34, 35]], generator=torch.Generator().manual_seed(0)))
+        speech = list(generate_bistream(model, [[30, 31, 32, 33, 34, 35]], generator=torch.Generator().manual_seed(0)))
     # EOS is masked while text streams: 15 ids, a forced fill, then the final chunk ends at eos immediately.
     assert len(speech) == 15

@@ -18,7 +18,7 @@ import dataclasses
 import logging
 import resource
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,10 +28,11 @@ import torch
 from vocalis.bench.bandwidth import copy_gbps
 from vocalis.config import TOKEN_RATE, SamplingConfig, SpeechLMConfig
 from vocalis.frontend.request import Mode, SynthesisRequest
+from vocalis.frontend.voice import Voice
 from vocalis.model_dir import LoadedModel, random_model
 from vocalis.models.speech_lm import Qwen2LM
-from vocalis.sampling import make_sampler
-from vocalis.frontend.voice import Voice
+from vocalis.reference.decode import generate
+from vocalis.reference.sampling import make_sampler
 
 log = logging.getLogger(__name__)
 WORDS = ("the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "seven", "bright", "birds",
@@ -188,10 +189,10 @@ def run_reference(cfg: BenchConfig) -> dict[str, Any]:
 def _reference_llm(cfg: BenchConfig, model: LoadedModel, voice: Voice, text_ids: list[int]) -> dict[str, Any]:
     lm, stops = model.llm, model.config.llm.stop_token_ids
     n = cfg.decode_tokens + 1
-    _drain(lm.generate(text_ids[:3], max_len=2, min_len=2, sample_fn=forced_sampler(model.config.sampling, None,
+    _drain(generate(lm, text_ids[:3], max_len=2, min_len=2, sample_fn=forced_sampler(model.config.sampling, None,
                                                                                      stops)))  # warm-up
     gen = _generator(cfg, 0)
-    it = lm.generate(text_ids, voice.prompt_text_ids, voice.prompt_speech_ids, min_len=n, max_len=n,
+    it = generate(lm, text_ids, voice.prompt_text_ids, voice.prompt_speech_ids, min_len=n, max_len=n,
                      sample_fn=forced_sampler(model.config.sampling, gen, stops))
     start = time.perf_counter()
     next(it)
@@ -229,17 +230,33 @@ def _reference_token2wav(cfg: BenchConfig, model: LoadedModel, voice: Voice, syn
     return out
 
 
+def fixed_length_generate(model: LoadedModel, tokens: int) -> Callable[..., Iterator[int]]:
+    """A `Synthesizer.generate` that decodes exactly `tokens` ids per sentence (RAS with the stop ids masked)."""
+    stops = model.config.llm.stop_token_ids
+
+    def fixed(text_ids: list[int], prompt_text_ids: list[int], prompt_speech_ids: list[int],
+              sampling: SamplingConfig, generator: torch.Generator) -> Iterator[int]:
+        return generate(model.llm, text_ids, prompt_text_ids, prompt_speech_ids, min_len=tokens, max_len=tokens,
+                        sample_fn=forced_sampler(sampling, generator, stops))
+
+    return fixed
+
+
+def fixed_length_engine(tokens: int) -> type[Any]:
+    """An `AsyncEngine` whose requests decode exactly `tokens` ids per sentence (every stop id masked)."""
+    from vocalis.engine.request import SamplingParams
+    from vocalis.runtime.async_engine import AsyncEngine
+
+    class FixedLengthEngine(AsyncEngine):
+        def llm_params(self, text_ids: list[int]) -> SamplingParams:
+            base = super().llm_params(text_ids)
+            return dataclasses.replace(base, min_len=tokens, max_len=tokens, stop_all_masked=True)
+
+    return FixedLengthEngine
+
+
 def _reference_e2e(cfg: BenchConfig, model: LoadedModel, voice: Voice, synth: Any) -> dict[str, Any]:
-    lm, stops = model.llm, model.config.llm.stop_token_ids
-    # end to end: the real Synthesizer (TTS.stream's path), its LLM forced to a fixed count
-    generate = lm.generate
-
-    def fixed_generate(*args: Any, sampling: SamplingConfig | None = None,
-                       generator: torch.Generator | None = None, **kw: Any) -> Iterator[int]:
-        fn = forced_sampler(sampling or SamplingConfig(), generator, stops)
-        return generate(*args, min_len=cfg.tokens, max_len=cfg.tokens, sample_fn=fn)
-
-    lm.generate = fixed_generate  # type: ignore[method-assign]
+    synth.generate = fixed_length_generate(model, cfg.tokens)  # the real Synthesizer, its LLM forced to a count
     runs = []
     try:
         for r in range(cfg.e2e_repeats):  # a new text each time, as the engine's repeats (its prefix cache)
@@ -255,7 +272,7 @@ def _reference_e2e(cfg: BenchConfig, model: LoadedModel, voice: Voice, synth: An
                          "audio_s_per_s": audio / wall})
             log.info("reference end to end: %s", runs[-1])
     finally:
-        del lm.generate
+        del synth.generate
     return _medians(runs)
 
 
@@ -288,9 +305,9 @@ def run_engine(cfg: BenchConfig, precision: str) -> dict[str, Any]:
 def _engine_llm(cfg: BenchConfig, model: LoadedModel, voice: Voice, precision: str,
                 bytes_per_token: int) -> dict[str, Any]:
     from vocalis.bench.bandwidth import probe_for, spread
-    from vocalis.runtime.backends import make_llm_engine
     from vocalis.engine.config import EngineConfig
     from vocalis.engine.request import SamplingParams
+    from vocalis.runtime.backends import make_llm_engine
 
     tok = model.tokenizer
     assert tok is not None
@@ -410,16 +427,11 @@ def _t2w_run(cfg: BenchConfig, t2w: Any, prompt: Any, tokens: list[int], streami
 
 
 async def _engine_e2e(cfg: BenchConfig, model: LoadedModel, voice: Voice) -> dict[str, Any]:
-    from vocalis.runtime.async_engine import AsyncEngine
-    from vocalis.runtime.backends import make_llm_engine
     from vocalis.engine.config import EngineConfig
-    from vocalis.engine.request import SamplingParams
+    from vocalis.runtime.backends import make_llm_engine
     from vocalis.token2wav.engine import Token2WavEngine
 
-    class FixedLengthEngine(AsyncEngine):
-        def llm_params(self, text_ids: list[int]) -> SamplingParams:
-            base = super().llm_params(text_ids)
-            return dataclasses.replace(base, min_len=cfg.tokens, max_len=cfg.tokens, stop_all_masked=True)
+    FixedLengthEngine = fixed_length_engine(cfg.tokens)
 
     top = max(cfg.concurrency)
     engine = FixedLengthEngine(model, make_llm_engine(model, EngineConfig(max_num_seqs=max(top, 1))),

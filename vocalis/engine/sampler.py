@@ -4,7 +4,7 @@ window) and greedy rows in one batch.
 The tensor work (masking, temperature, softmax, the top entries in stable-sort order, top-k/top-p cut) runs on
 the whole batch; only the random draw is per row, because torch has no batched multinomial with one generator
 per row. Each row draws from its own request's `torch.Generator` and nothing else, with the same calls and values as
-`vocalis.sampling.ras_sampling`, so a request's ids do not depend on what else is in the batch and a seeded
+`vocalis.reference.sampling.ras_sampling`, so a request's ids do not depend on what else is in the batch and a seeded
 request reproduces the reference sampler's ids for the same scores.
 
 Legend: B rows, V speech ids, K the largest top_k in the batch.

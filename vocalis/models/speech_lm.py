@@ -6,8 +6,8 @@ The head `llm_decoder` scores the speech_token_size + 3 speech ids.
 
 Prefill layout (unistream): [sos] + text(prompt_text + text) + [task_id] + speech(prompt_speech).
 
-Inference is stateless on the module: the KV cache, decoded ids and the RNG live in the generator's locals or
-in objects the caller passes in. Training lives in `speech_lm_train.py`.
+The module is maths only and stateless: the KV cache, decoded ids and the RNG live with the caller (the engine,
+or the reference decode loops in `vocalis.reference.decode`). Training lives in `speech_lm_train.py`.
 
 Legend: B batch, T positions, D hidden, V = speech_token_size + 3.
 """
@@ -15,15 +15,14 @@ Legend: B batch, T positions, D hidden, V = speech_token_size + 3.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import nn
 
-from vocalis.config import QwenConfig, SamplingConfig, SpeechLMConfig
+from vocalis.config import QwenConfig, SpeechLMConfig
 from vocalis.errors import ModelLoadError
 from vocalis.models.qwen2 import KVCache, Qwen2Model
-from vocalis.sampling import SampleFn, make_sampler
 
 logger = logging.getLogger(__name__)
 
@@ -132,127 +131,3 @@ class Qwen2LM(nn.Module):
         """(min_len, max_len) speech tokens for a text of that many tokens (prompt text excluded)."""
         c = self.config
         return int(num_text_tokens * c.min_token_text_ratio), int(num_text_tokens * c.max_token_text_ratio)
-
-    # ---- decoding ----------------------------------------------------------------------------------------
-    @torch.inference_mode()
-    def generate(
-        self,
-        text_ids: IdsLike,
-        prompt_text_ids: IdsLike = (),
-        prompt_speech_ids: IdsLike = (),
-        sampling: SamplingConfig | None = None,
-        generator: torch.Generator | None = None,
-        *,
-        min_len: int | None = None,
-        max_len: int | None = None,
-        sample_fn: SampleFn | None = None,
-    ) -> Iterator[int]:
-        """Yield speech ids one by one (unistream, `Qwen2LM.inference`).
-
-        Stops at any stop id or after `max_len` ids; eos alone is masked during the first `min_len` steps.
-        The bounds default to `length_bounds(len(text_ids))`. `sample_fn` replaces RAS (then `sampling` and
-        `generator` are unused), e.g. `make_greedy_sampler(stop ids)` with min_len = max_len = N decodes
-        exactly N ids.
-        """
-        default_min, default_max = self.length_bounds(_ids(text_ids, torch.device("cpu")).shape[1])
-        min_len = default_min if min_len is None else min_len
-        max_len = default_max if max_len is None else max_len
-        choose = sample_fn or make_sampler(sampling or SamplingConfig(), generator)
-        eos, stops = self.config.eos_token, self.config.stop_token_ids
-        lm_input = self.prefill_embeddings(text_ids, prompt_text_ids, prompt_speech_ids)  # (1, L, D)
-        cache: KVCache | None = None
-        out: list[int] = []
-        for i in range(max_len):
-            logp, cache = self.step(lm_input, cache)  # (1, V)
-            if i < min_len:
-                logp[0, eos] = float("-inf")
-            top = choose(logp[0], out)
-            if top in stops:
-                return
-            yield top
-            out.append(top)
-            lm_input = self.speech_embedding.weight[top].reshape(1, 1, -1)
-
-    @torch.inference_mode()
-    def generate_bistream(
-        self,
-        text_pieces: Iterable[IdsLike],
-        prompt_text_ids: IdsLike = (),
-        prompt_speech_ids: IdsLike = (),
-        sampling: SamplingConfig | None = None,
-        generator: torch.Generator | None = None,
-        *,
-        max_len: int | None = None,
-        sample_fn: SampleFn | None = None,
-    ) -> Iterator[int]:
-        """Text-in streaming (`Qwen2LM.inference_bistream`): yields speech ids while text pieces arrive.
-
-        Text and speech are interleaved `mix_ratio` (5:15): the prompt speech is laid out in blocks of 5 text
-        + 15 speech embeddings; afterwards each run of 15 generated speech ids ends in a fill id (forced by
-        position, or sampled), after which the next 5 text embeddings are fed. Fill ids are never yielded.
-        While text arrives eos is masked; once the pieces are exhausted, the rest of the text and the task id
-        are fed and decoding runs to eos. `max_len` bounds the yielded ids (default: max_token_text_ratio x
-        the non-prompt text tokens received); the official code has no bound there.
-        """
-        c = self.config
-        n_text, n_speech = c.mix_ratio
-        fill, eos = c.fill_token, c.eos_token
-        choose = sample_fn or make_sampler(sampling or SamplingConfig(), generator)
-        lm_input = self.special_embedding(SOS_ROW)  # (1, T, D): embeddings to feed next (see final phase)
-        text_cache = self.embed_text(prompt_text_ids)  # (1, Nt, D) text not yet fed
-        prompt_speech = self.embed_speech(prompt_speech_ids)  # (1, P, D) prompt speech not yet fed
-        num_prompt = prompt_speech.shape[1]
-        next_fill_index = (num_prompt // n_speech + 1) * n_speech - num_prompt
-        cache: KVCache | None = None
-        out: list[int] = []  # generated ids, fill ids included (they count for the fill schedule)
-        num_text = 0
-        for piece in text_pieces:
-            piece_emb = self.embed_text(piece)
-            num_text += piece_emb.shape[1]
-            text_cache = torch.cat((text_cache, piece_emb), dim=1)
-            while prompt_speech.shape[1] > 0 and text_cache.shape[1] >= n_text:
-                lm_input = torch.cat((lm_input, text_cache[:, :n_text], prompt_speech[:, :n_speech]), dim=1)
-                text_cache, prompt_speech = text_cache[:, n_text:], prompt_speech[:, n_speech:]
-            if prompt_speech.shape[1] > 0:
-                continue  # [wait] more text needed to lay out the prompt speech
-            after_fill = bool(out) and out[-1] == fill
-            if after_fill or (not out and lm_input.shape[1] == 1):
-                if text_cache.shape[1] < n_text:
-                    continue  # [wait] a fill (or a bare sos) must be followed by a full text block
-                block, text_cache = text_cache[:, :n_text], text_cache[:, n_text:]
-                lm_input = block if after_fill else torch.cat((lm_input, block), dim=1)
-            while True:
-                logp, cache = self.step(lm_input, cache)  # (1, V)
-                if len(out) == next_fill_index:
-                    top = fill  # [forced] the block already holds n_speech speech ids
-                else:
-                    # eos must wait for the end of the text, and the unused special id is never valid; masking
-                    # them (where the official code raises on the latter) keeps a user's stream alive
-                    logp[0, eos] = float("-inf")
-                    logp[0, c.speech_token_size + 1] = float("-inf")
-                    top = choose(logp[0], out)
-                if top == fill:
-                    next_fill_index = len(out) + n_speech + 1
-                out.append(top)
-                if top == fill:
-                    break
-                yield top
-                lm_input = self.speech_embedding.weight[top].reshape(1, 1, -1)
-
-        # [official] `lm_input` is not cleared after a fill break, so the last speech embedding (already in the
-        # cache) is fed once more here; remaining prompt speech (text ran out before it was laid out) is
-        # dropped. Both match `inference_bistream` exactly.
-        lm_input = torch.cat((lm_input, text_cache, self.special_embedding(TASK_ID_ROW)), dim=1)
-        limit = self.length_bounds(num_text)[1] if max_len is None else max_len
-        num_yielded = sum(1 for t in out if t < c.speech_token_size)
-        while num_yielded < limit:
-            logp, cache = self.step(lm_input, cache)
-            logp[0, c.speech_token_size + 1 :] = float("-inf")  # only speech or eos may follow the task id
-            top = choose(logp[0], out)
-            out.append(top)
-            if top == eos:
-                return
-            yield top
-            num_yielded += 1
-            lm_input = self.speech_embedding.weight[top].reshape(1, 1, -1)
-        logger.warning("bistream decoding stopped at %d speech tokens without eos", num_yielded)

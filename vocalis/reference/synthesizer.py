@@ -14,11 +14,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from vocalis.config import StreamConfig
+from vocalis.config import SamplingConfig, StreamConfig
 from vocalis.errors import InputError
 from vocalis.frontend.prompt import AudioSource, FlowPrompt, Frontend
 from vocalis.frontend.request import AudioChunk, Mode, SynthesisRequest
 from vocalis.model_dir import LoadedModel
+from vocalis.reference.decode import generate, generate_bistream
 from vocalis.reference.token2wav import Token2Wav
 from vocalis.runtime.backends import vllm_precision
 
@@ -57,12 +58,17 @@ class Synthesizer(Frontend):
             return
         if request.bistream:
             pieces = (self.tokenizer.encode(p) for p in request.text if p)
-            yield self.model.llm.generate_bistream(pieces, prompt_text_ids, prompt_speech_ids, sampling=sampling,
-                                                   generator=gen)
+            yield generate_bistream(self.model.llm, pieces, prompt_text_ids, prompt_speech_ids, sampling=sampling,
+                                    generator=gen)
             return
         for text_ids in self.segments(request):
-            yield self.model.llm.generate(text_ids, prompt_text_ids, prompt_speech_ids, sampling=sampling,
-                                          generator=gen)
+            yield self.generate(text_ids, prompt_text_ids, prompt_speech_ids, sampling, gen)
+
+    def generate(self, text_ids: list[int], prompt_text_ids: list[int], prompt_speech_ids: list[int],
+                 sampling: SamplingConfig, generator: torch.Generator) -> Iterator[int]:
+        """One sentence's speech ids (the reference decode loop; the bench replaces it to force a length)."""
+        return generate(self.model.llm, text_ids, prompt_text_ids, prompt_speech_ids, sampling=sampling,
+                        generator=generator)
 
     def _vllm_engine(self) -> VLLMEngine | None:
         """With the vllm backend applied, its engine (worker started on first use); else None (torch decoding)."""

@@ -24,28 +24,26 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import itertools
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Self
 
 import numpy as np
-import torch
 
 from vocalis.config import StreamConfig
 from vocalis.engine.config import EngineConfig
 from vocalis.engine.llm_engine import LLMEngine
 from vocalis.engine.request import Request, RequestStatus, SamplingParams
-from vocalis.errors import InputError, VocalisError
+from vocalis.errors import InputError
 from vocalis.frontend.prompt_cv3 import frontend_for
 from vocalis.frontend.request import AudioChunk, Mode, SynthesisRequest
 from vocalis.kernels.threads import release_openmp_pool
 from vocalis.model_dir import LoadedModel
 from vocalis.runtime.backends import make_llm_engine
+from vocalis.runtime.handle import END, EngineClosed, Job, StreamHandle, new_job_id
 from vocalis.runtime.step_grouping import StepGrouping, StreamReadiness, plan_token2wav_step
 from vocalis.token2wav.cv3 import CV3Token2WavEngine, token2wav_for
 from vocalis.token2wav.engine import StreamState, Token2WavChunk, Token2WavConfig, Token2WavEngine
@@ -54,105 +52,6 @@ if TYPE_CHECKING:
     from vocalis.engine.vllm.engine import VLLMEngine
 
 log = logging.getLogger(__name__)
-
-_END = object()
-_job_ids = itertools.count(1)
-
-
-class EngineClosed(VocalisError):
-    """The engine stopped before the request finished."""
-
-
-@dataclass(eq=False)
-class _Job:
-    """One submitted synthesis: its sentences, LLM requests and token2wav states (loop-thread data)."""
-
-    job_id: str
-    handle: StreamHandle
-    segments: list[list[int]]  # text ids per sentence; [] for voice conversion and bi-streams
-    llm_prompt: tuple[list[int], list[int]]  # (prompt text ids, prompt speech ids)
-    states: list[StreamState]  # one per sentence, created as its LLM request starts
-    llm_gen: torch.Generator
-    text: Any = None  # a bi-stream's pieces (an iterable or async iterable of str), read by `_pump`
-    llm_request: Request | None = None
-    next_segment: int = 0  # next sentence whose LLM request has not started
-    emitting: int = 0  # sentence whose audio is being emitted
-    submitted: float = field(default_factory=time.monotonic)
-    first_chunk_at: float | None = None
-    ready_since: tuple[int, float] | None = None  # (LLM step count, monotonic time) its chunk became ready
-
-
-class StreamHandle:
-    """The caller's side of one request: `async for chunk in handle`; `abort()`; `await handle.aclose()`.
-
-    A handle aborted by its owner simply ends; an engine error or shutdown is raised from the iteration.
-    """
-
-    def __init__(self, engine: AsyncEngine, request_id: str, loop: asyncio.AbstractEventLoop) -> None:
-        self.engine = engine
-        self.request_id = request_id
-        self._loop = loop
-        self._queue: asyncio.Queue[object] = asyncio.Queue()
-        self._aborted = False
-        self._done = False
-        self.submitted = time.monotonic()
-        self.started: float | None = None  # when its first LLM step ran (voice conversion: when it was added)
-        self.first_chunk_latency: float | None = None
-        self._pump: asyncio.Task[None] | None = None  # reads a bi-stream's text pieces
-
-    def _put(self, item: object) -> None:  # any thread
-        if item is _END or isinstance(item, BaseException):
-            self.engine._forget(self.request_id)
-        try:
-            self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
-        except RuntimeError:  # the caller's loop is closed: nobody listens any more
-            pass
-
-    def abort(self) -> None:
-        """Stop the request; its KV blocks and stream state are freed by the engine loop."""
-        if not self._done and not self._aborted:
-            self._aborted = True
-            self.engine._post(("abort", self.request_id))
-            if self._pump is not None:
-                self._loop.call_soon_threadsafe(self._pump.cancel)
-
-    async def aclose(self) -> None:
-        """Abort (if still running) and wait until the engine has released everything the request held."""
-        self.abort()
-        while not self._done:
-            await self._next_item()
-
-    def __aiter__(self) -> AsyncIterator[AudioChunk]:
-        return self
-
-    async def __anext__(self) -> AudioChunk:
-        if self._done:
-            raise StopAsyncIteration
-        try:
-            item = await self._next_item()
-        except asyncio.CancelledError:
-            self.abort()  # [cancel] a consumer that went away must not keep its KV blocks
-            raise
-        if item is _END:
-            raise StopAsyncIteration
-        if isinstance(item, BaseException):
-            raise item
-        assert isinstance(item, AudioChunk)
-        if self.first_chunk_latency is None:
-            self.first_chunk_latency = time.monotonic() - self.submitted
-        return item
-
-    @property
-    def done(self) -> bool:
-        """Whether the request has ended (its last chunk, an error, or its abort was delivered)."""
-        return self._done
-
-    async def _next_item(self) -> object:
-        item = await self._queue.get()
-        if item is _END or isinstance(item, BaseException):
-            self._done = True
-        return item
-
 
 class AsyncEngine:
     """Batched synthesis for many concurrent requests. Use as a context manager, or `start()` / `close()`."""
@@ -169,7 +68,7 @@ class AsyncEngine:
         self.sample_rate = model.config.sample_rate
         self._cond = threading.Condition()
         self._inbox: list[tuple[str, Any]] = []
-        self._jobs: dict[str, _Job] = {}  # loop thread only
+        self._jobs: dict[str, Job] = {}  # loop thread only
         self._handles: dict[str, StreamHandle] = {}  # under _cond: handles not yet ended, for abort by id
         self._thread: threading.Thread | None = None
         self._readers: ThreadPoolExecutor | None = None  # waits on blocking bi-stream text iterables
@@ -229,14 +128,14 @@ class AsyncEngine:
         if self._thread is None:
             raise EngineClosed("the engine is not running (call start())")
         loop = asyncio.get_running_loop()
-        handle = StreamHandle(self, request_id or f"job-{next(_job_ids)}", loop)
+        handle = StreamHandle(self, request_id or new_job_id(), loop)
         with self._cond:
             if handle.request_id in self._handles:
                 raise ValueError(f"request id {handle.request_id!r} is already in use")
             self._handles[handle.request_id] = handle
         future = loop.run_in_executor(None, self._prepare, request, stream, handle)
 
-        def posted(f: asyncio.Future[_Job]) -> None:
+        def posted(f: asyncio.Future[Job]) -> None:
             if self._closing:
                 handle._put(EngineClosed("the engine was closed"))
             elif f.cancelled():
@@ -294,13 +193,13 @@ class AsyncEngine:
         return (recent[-1][1] - base_n) / span if span > 0 else 0.0
 
     # ---- preparing a job (executor thread; touches no engine state) ------------------------------------
-    def _prepare(self, request: SynthesisRequest, stream: bool, handle: StreamHandle) -> _Job:
+    def _prepare(self, request: SynthesisRequest, stream: bool, handle: StreamHandle) -> Job:
         try:
             return self._make_job(request, stream, handle)
         finally:
             release_openmp_pool()  # an executor thread: keep no pool that slows the loop's (see start)
 
-    def _make_job(self, request: SynthesisRequest, stream: bool, handle: StreamHandle) -> _Job:
+    def _make_job(self, request: SynthesisRequest, stream: bool, handle: StreamHandle) -> Job:
         fe = self.frontend
         llm_gen, voc_gen = fe.generators(request.seed)
         prompt = fe.flow_prompt(request)
@@ -319,7 +218,7 @@ class AsyncEngine:
         if request.mode is Mode.VC:
             states[0].add_source_tokens(request.source_speech_ids)
             states[0].end_input()
-        return _Job(handle.request_id, handle, segments, llm_prompt, states, llm_gen,
+        return Job(handle.request_id, handle, segments, llm_prompt, states, llm_gen,
                     text=request.text if request.bistream else None)
 
     async def _pump(self, job_id: str, pieces: Any, loop: asyncio.AbstractEventLoop) -> None:
@@ -333,8 +232,8 @@ class AsyncEngine:
             else:
                 it = iter(pieces)
                 while True:
-                    piece = await loop.run_in_executor(self._reader_pool(), next, it, _END)
-                    if piece is _END:
+                    piece = await loop.run_in_executor(self._reader_pool(), next, it, END)
+                    if piece is END:
                         break
                     if piece:
                         self._post(("text", (job_id, encode(piece))))
@@ -418,12 +317,12 @@ class AsyncEngine:
             job.ready_since = None
             self._deliver(job, chunk)
 
-    def _grouped_ready(self) -> list[tuple[_Job, StreamState]]:
+    def _grouped_ready(self) -> list[tuple[Job, StreamState]]:
         """The jobs (with their emitting stream) to vocode now: [] while none is ready, or while the grouping
         policy holds the ready ones for a job a few LLM steps from its own chunk."""
         now = time.monotonic()
         views: list[StreamReadiness] = []
-        vocodable: dict[str, tuple[_Job, StreamState]] = {}
+        vocodable: dict[str, tuple[Job, StreamState]] = {}
         for job in self._jobs.values():
             s = self._vocodable(job)
             if s is not None:
@@ -440,7 +339,7 @@ class AsyncEngine:
         keys = plan_token2wav_step(self.grouping, views, self.llm.has_work(), self._llm_step_s)
         return [vocodable[k] for k in keys]
 
-    def _steps_to_ready(self, job: _Job) -> int | None:
+    def _steps_to_ready(self, job: Job) -> int | None:
         """About how many LLM steps until the job's emitting stream has a chunk ready (None: unknown)."""
         s = job.states[job.emitting]
         req = job.llm_request
@@ -456,13 +355,13 @@ class AsyncEngine:
             return prefill_steps + to_end
         return prefill_steps + max(1, min(self.token2wav.tokens_short(s), to_end))
 
-    def _vocodable(self, job: _Job) -> StreamState | None:
+    def _vocodable(self, job: Job) -> StreamState | None:
         s = job.states[job.emitting]
         return s if self.token2wav.next_work(s) is not None else None
 
-    def _add(self, job: _Job) -> None:
+    def _add(self, job: Job) -> None:
         if job.handle._aborted:
-            job.handle._put(_END)
+            job.handle._put(END)
             return
         self._jobs[job.job_id] = job
         if job.segments or job.text is not None:
@@ -470,7 +369,7 @@ class AsyncEngine:
         else:  # voice conversion: its tokens are given, token2wav starts on the next iteration
             job.handle.started = time.monotonic()
 
-    def _start_llm(self, job: _Job) -> None:
+    def _start_llm(self, job: Job) -> None:
         """Start the next sentence's LLM request, if any (a bi-stream's one request at once)."""
         if job.text is not None:
             if job.next_segment == 0:
@@ -496,7 +395,7 @@ class AsyncEngine:
             self._abort(job.job_id, exc)
 
     @staticmethod
-    def _sink(job: _Job, state: StreamState) -> Callable[[Request, int | None, bool], None]:
+    def _sink(job: Job, state: StreamState) -> Callable[[Request, int | None, bool], None]:
         """Where the LLM engine puts one sentence's speech ids: its token2wav stream (and the job's start time)."""
 
         def sink(req: Request, token: int | None, finished: bool) -> None:
@@ -509,7 +408,7 @@ class AsyncEngine:
 
         return sink
 
-    def _start_bistream(self, job: _Job) -> None:
+    def _start_bistream(self, job: Job) -> None:
         state = job.states[0]
 
         sink = self._sink(job, state)
@@ -526,7 +425,7 @@ class AsyncEngine:
         """Sampling of one sentence: the model's RAS settings and length bounds (the bench forces a count)."""
         return self.llm.sampling_params(len(text_ids), self.model.config.sampling)
 
-    def _deliver(self, job: _Job, chunk: Token2WavChunk) -> None:
+    def _deliver(self, job: Job, chunk: Token2WavChunk) -> None:
         last_segment = job.emitting == len(job.states) - 1
         final = chunk.final and last_segment
         if len(chunk.samples) or final:
@@ -537,7 +436,7 @@ class AsyncEngine:
         if chunk.final:
             if last_segment:
                 del self._jobs[job.job_id]
-                job.handle._put(_END)
+                job.handle._put(END)
             else:
                 job.emitting += 1
 
@@ -550,4 +449,4 @@ class AsyncEngine:
             job.llm_request = None
         for s in job.states:
             self.token2wav.abort(s)  # drops its flow and HiFT caches now
-        job.handle._put(error if error is not None else _END)
+        job.handle._put(error if error is not None else END)

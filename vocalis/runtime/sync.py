@@ -13,7 +13,8 @@ import threading
 from collections.abc import Iterator
 
 from vocalis.frontend.request import AudioChunk, SynthesisRequest
-from vocalis.runtime.async_engine import AsyncEngine, StreamHandle
+from vocalis.runtime.async_engine import AsyncEngine
+from vocalis.runtime.handle import StreamHandle
 
 _END = object()
 

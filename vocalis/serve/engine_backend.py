@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from vocalis.errors import InputError
 from vocalis.frontend.request import AudioChunk, SynthesisRequest
 from vocalis.frontend.voice import Voice
-from vocalis.runtime.async_engine import EngineClosed, StreamHandle
+from vocalis.runtime.handle import EngineClosed, StreamHandle
 from vocalis.serve.backend import Aborted, Overloaded, SpeechJob, TextFeed
 
 if TYPE_CHECKING:

@@ -1,0 +1,143 @@
+"""The reference LLM decode loops: one request, the official order of work (prefill, then one id per step with
+the module's own KV cache). The engine's batched decoding is checked against these.
+
+Legend: D hidden, V = speech_token_size + 3.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Iterator
+
+import torch
+
+from vocalis.config import SamplingConfig
+from vocalis.models.qwen2 import KVCache
+from vocalis.models.speech_lm import SOS_ROW, TASK_ID_ROW, IdsLike, Qwen2LM
+from vocalis.reference.sampling import SampleFn, make_sampler
+
+log = logging.getLogger(__name__)
+
+
+@torch.inference_mode()
+def generate(
+    lm: Qwen2LM,
+    text_ids: IdsLike,
+    prompt_text_ids: IdsLike = (),
+    prompt_speech_ids: IdsLike = (),
+    sampling: SamplingConfig | None = None,
+    generator: torch.Generator | None = None,
+    *,
+    min_len: int | None = None,
+    max_len: int | None = None,
+    sample_fn: SampleFn | None = None,
+) -> Iterator[int]:
+    """Yield speech ids one by one (unistream, the official `Qwen2LM.inference`).
+
+    Stops at any stop id or after `max_len` ids; eos alone is masked during the first `min_len` steps.
+    The bounds default to `length_bounds(len(text_ids))`. `sample_fn` replaces RAS (then `sampling` and
+    `generator` are unused), e.g. `make_greedy_sampler(stop ids)` with min_len = max_len = N decodes
+    exactly N ids.
+    """
+    default_min, default_max = lm.length_bounds(torch.as_tensor(text_ids).numel())
+    min_len = default_min if min_len is None else min_len
+    max_len = default_max if max_len is None else max_len
+    choose = sample_fn or make_sampler(sampling or SamplingConfig(), generator)
+    eos, stops = lm.config.eos_token, lm.config.stop_token_ids
+    lm_input = lm.prefill_embeddings(text_ids, prompt_text_ids, prompt_speech_ids)  # (1, L, D)
+    cache: KVCache | None = None
+    out: list[int] = []
+    for i in range(max_len):
+        logp, cache = lm.step(lm_input, cache)  # (1, V)
+        if i < min_len:
+            logp[0, eos] = float("-inf")
+        top = choose(logp[0], out)
+        if top in stops:
+            return
+        yield top
+        out.append(top)
+        lm_input = lm.speech_embedding.weight[top].reshape(1, 1, -1)
+
+@torch.inference_mode()
+def generate_bistream(
+    lm: Qwen2LM,
+    text_pieces: Iterable[IdsLike],
+    prompt_text_ids: IdsLike = (),
+    prompt_speech_ids: IdsLike = (),
+    sampling: SamplingConfig | None = None,
+    generator: torch.Generator | None = None,
+    *,
+    max_len: int | None = None,
+    sample_fn: SampleFn | None = None,
+) -> Iterator[int]:
+    """Text-in streaming (the official `Qwen2LM.inference_bistream`): yields speech ids while text pieces arrive.
+
+    Text and speech are interleaved `mix_ratio` (5:15): the prompt speech is laid out in blocks of 5 text
+    + 15 speech embeddings; afterwards each run of 15 generated speech ids ends in a fill id (forced by
+    position, or sampled), after which the next 5 text embeddings are fed. Fill ids are never yielded.
+    While text arrives eos is masked; once the pieces are exhausted, the rest of the text and the task id
+    are fed and decoding runs to eos. `max_len` bounds the yielded ids (default: max_token_text_ratio x
+    the non-prompt text tokens received); the official code has no bound there.
+    """
+    c = lm.config
+    n_text, n_speech = c.mix_ratio
+    fill, eos = c.fill_token, c.eos_token
+    choose = sample_fn or make_sampler(sampling or SamplingConfig(), generator)
+    lm_input = lm.special_embedding(SOS_ROW)  # (1, T, D): embeddings to feed next (see final phase)
+    text_cache = lm.embed_text(prompt_text_ids)  # (1, Nt, D) text not yet fed
+    prompt_speech = lm.embed_speech(prompt_speech_ids)  # (1, P, D) prompt speech not yet fed
+    num_prompt = prompt_speech.shape[1]
+    next_fill_index = (num_prompt // n_speech + 1) * n_speech - num_prompt
+    cache: KVCache | None = None
+    out: list[int] = []  # generated ids, fill ids included (they count for the fill schedule)
+    num_text = 0
+    for piece in text_pieces:
+        piece_emb = lm.embed_text(piece)
+        num_text += piece_emb.shape[1]
+        text_cache = torch.cat((text_cache, piece_emb), dim=1)
+        while prompt_speech.shape[1] > 0 and text_cache.shape[1] >= n_text:
+            lm_input = torch.cat((lm_input, text_cache[:, :n_text], prompt_speech[:, :n_speech]), dim=1)
+            text_cache, prompt_speech = text_cache[:, n_text:], prompt_speech[:, n_speech:]
+        if prompt_speech.shape[1] > 0:
+            continue  # [wait] more text needed to lay out the prompt speech
+        after_fill = bool(out) and out[-1] == fill
+        if after_fill or (not out and lm_input.shape[1] == 1):
+            if text_cache.shape[1] < n_text:
+                continue  # [wait] a fill (or a bare sos) must be followed by a full text block
+            block, text_cache = text_cache[:, :n_text], text_cache[:, n_text:]
+            lm_input = block if after_fill else torch.cat((lm_input, block), dim=1)
+        while True:
+            logp, cache = lm.step(lm_input, cache)  # (1, V)
+            if len(out) == next_fill_index:
+                top = fill  # [forced] the block already holds n_speech speech ids
+            else:
+                # eos must wait for the end of the text, and the unused special id is never valid; masking
+                # them (where the official code raises on the latter) keeps a user's stream alive
+                logp[0, eos] = float("-inf")
+                logp[0, c.speech_token_size + 1] = float("-inf")
+                top = choose(logp[0], out)
+            if top == fill:
+                next_fill_index = len(out) + n_speech + 1
+            out.append(top)
+            if top == fill:
+                break
+            yield top
+            lm_input = lm.speech_embedding.weight[top].reshape(1, 1, -1)
+
+    # [official] `lm_input` is not cleared after a fill break, so the last speech embedding (already in the
+    # cache) is fed once more here; remaining prompt speech (text ran out before it was laid out) is
+    # dropped. Both match `inference_bistream` exactly.
+    lm_input = torch.cat((lm_input, text_cache, lm.special_embedding(TASK_ID_ROW)), dim=1)
+    limit = lm.length_bounds(num_text)[1] if max_len is None else max_len
+    num_yielded = sum(1 for t in out if t < c.speech_token_size)
+    while num_yielded < limit:
+        logp, cache = lm.step(lm_input, cache)
+        logp[0, c.speech_token_size + 1 :] = float("-inf")  # only speech or eos may follow the task id
+        top = choose(logp[0], out)
+        out.append(top)
+        if top == eos:
+            return
+        yield top
+        num_yielded += 1
+        lm_input = lm.speech_embedding.weight[top].reshape(1, 1, -1)
+    log.warning("bistream decoding stopped at %d speech tokens without eos", num_yielded)
