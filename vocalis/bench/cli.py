@@ -234,7 +234,7 @@ def plot(report: dict[str, Any], path: Path) -> None:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--preset", default="cosyvoice2-0.5b", help="model shapes (random weights): cosyvoice2-0.5b, tiny")
+    p.add_argument("--preset", default="cosyvoice2-0.5b", help="model shapes (random weights): cosyvoice2-0.5b, tiny, cosyvoice3-0.5b")
     p.add_argument("--precision", default="fp32", help="engine precisions, comma separated: fp32,bf16,int8")
     p.add_argument("--backend", default="torch", help="engine backend (see vocalis.runtime.backends)")
     p.add_argument("--device", default="cpu", help="cpu or cuda (both sides run there)")
@@ -268,10 +268,10 @@ def config_from_args(args: argparse.Namespace) -> Any:
         value = getattr(args, name)
         if value:
             kw[name] = tuple(int(v) for v in value.split(","))
-    from vocalis.config import PRESETS
+    from vocalis.config import CV3_PRESETS, PRESETS
 
-    if args.preset not in PRESETS:
-        raise InputError(f"unknown preset {args.preset!r}; choose one of {', '.join(PRESETS)}")
+    if args.preset not in PRESETS and args.preset not in CV3_PRESETS:
+        raise InputError(f"unknown preset {args.preset!r}; choose one of {', '.join([*PRESETS, *CV3_PRESETS])}")
     if args.device != "cpu" and args.device != "cuda" and not args.device.startswith("cuda:"):
         raise InputError(f"--device takes cpu, cuda or cuda:N, got {args.device!r}")
     if kw["precisions"] != ("fp32",) or args.backend != "torch" or args.device != "cpu":
@@ -294,6 +294,15 @@ def add_bench_command(sub: Any) -> None:
 
 def main(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
+    from vocalis.config import CV3_PRESETS
+
+    if cfg.preset in CV3_PRESETS:  # CosyVoice 3: one in-process run of its engine (bench/cv3.py)
+        from vocalis.bench.cv3 import cv3_summary, run_cv3
+
+        cv3 = run_cv3(cfg)
+        Path(args.json).write_text(json.dumps(cv3, indent=2))
+        print(cv3_summary(cv3))
+        return 0
     report = run(cfg)
     Path(args.json).write_text(json.dumps(report, indent=2))
     print(summary(report))
