@@ -20,12 +20,21 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from vocalis.errors import InputError, VocalisError
+from vocalis.errors import VocalisError
 from vocalis.frontend.request import AudioChunk, SynthesisRequest
 from vocalis.frontend.voice import Voice
 from vocalis.model_dir import LoadedModel
 from vocalis.reference.synthesizer import Synthesizer
-from vocalis.serve.backend import _END, Aborted, JobTimeout, Overloaded, SpeechJob, TextFeed
+from vocalis.serve.backend import (
+    _END,
+    Aborted,
+    JobTimeout,
+    ModelFacts,
+    Overloaded,
+    SpeechJob,
+    TextFeed,
+    job_request,
+)
 from vocalis.tts import TTS
 
 log = logging.getLogger(__name__)
@@ -100,7 +109,7 @@ class _Work:
     timeout_s: float
 
 
-class ThreadedBackend:
+class ThreadedBackend(ModelFacts):
     """Runs `TTS` jobs one at a time in a worker thread (the reference path)."""
 
     def __init__(self, tts: Any, *, max_queue: int = 64, queue_timeout_s: float = 120.0,
@@ -119,18 +128,6 @@ class ThreadedBackend:
         self.failed = 0
 
     # ---- what the app reads ----------------------------------------------------------------------
-    @property
-    def builtin_voices(self) -> dict[str, Voice]:
-        return dict(self.tts.model.voices)
-
-    @property
-    def can_clone(self) -> bool:
-        return self.tts.model.speech_tokenizer is not None and self.tts.model.speaker_encoder is not None
-
-    @property
-    def describe(self) -> str:
-        return self.tts.model.describe()
-
     @property
     def queue_depth(self) -> int:
         """Jobs waiting to start."""
@@ -191,19 +188,9 @@ class ThreadedBackend:
         return handle
 
     def _synthesize(self, job: SpeechJob) -> Iterator[AudioChunk]:
-        tts = self.tts
-        prompt = io.BytesIO(job.prompt_wav) if job.prompt_wav is not None else None
-        if job.source_wav is not None:
-            return tts.convert_voice(io.BytesIO(job.source_wav), voice=job.voice, prompt_wav=prompt,
-                                     speed=job.speed, seed=job.seed, stream=job.stream)
-        if isinstance(job.text, str) and not job.text.strip():
-            raise InputError("input text is empty")
-        kwargs = {"voice": job.voice, "prompt_wav": prompt, "prompt_text": job.prompt_text or None,
-                  "instruct": job.instruct or None, "speed": job.speed, "seed": job.seed, "language": job.language}
-        if job.stream or isinstance(job.text, TextFeed):
-            return tts.stream(job.text, **kwargs)
-        samples = tts.synthesize(job.text, **kwargs)  # the offline path: one chunk, the whole utterance
-        return iter([AudioChunk(samples, self.sample_rate, 0, True)])
+        # the worker thread reads a text feed by blocking iteration
+        return self.tts.run(job_request(self.tts, job, async_text=False),
+                            stream=job.stream or isinstance(job.text, TextFeed))
 
     # ---- the worker ------------------------------------------------------------------------------
     def _worker(self) -> None:

@@ -9,11 +9,17 @@ against.
 from __future__ import annotations
 
 import asyncio
+import io
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-from vocalis.errors import VocalisError
+from vocalis.errors import InputError, VocalisError
 from vocalis.frontend.voice import Voice
+
+if TYPE_CHECKING:
+    from vocalis.frontend.request import SynthesisRequest
+    from vocalis.tts import TTS
 
 
 class Overloaded(VocalisError):
@@ -99,3 +105,35 @@ class SpeechJob:
     @property
     def text_chars(self) -> int:
         return self.text.chars if isinstance(self.text, TextFeed) else len(self.text)
+
+
+def job_request(tts: TTS, job: SpeechJob, async_text: bool = True) -> SynthesisRequest:
+    """The typed request a job asks for (uploaded clips decoded, the voice made): CPU work, not for the event loop.
+    A text feed is read asynchronously (`TextFeed.pieces`), or with async_text=False by blocking iteration."""
+    prompt = io.BytesIO(job.prompt_wav) if job.prompt_wav is not None else None
+    if job.source_wav is not None:
+        return tts.vc_request(io.BytesIO(job.source_wav), voice=job.voice, prompt_wav=prompt, speed=job.speed,
+                              seed=job.seed)
+    if isinstance(job.text, str) and not job.text.strip():
+        raise InputError("input text is empty")
+    text: Any = job.text.pieces() if async_text and isinstance(job.text, TextFeed) else job.text
+    return tts.request(text, voice=job.voice, prompt_wav=prompt, prompt_text=job.prompt_text or None,
+                       instruct=job.instruct or None, speed=job.speed, seed=job.seed, language=job.language)
+
+
+class ModelFacts:
+    """What the app reads of a backend's model (for backends holding a `tts`)."""
+
+    tts: TTS
+
+    @property
+    def builtin_voices(self) -> dict[str, Voice]:
+        return dict(self.tts.model.voices)
+
+    @property
+    def can_clone(self) -> bool:
+        return self.tts.model.speech_tokenizer is not None and self.tts.model.speaker_encoder is not None
+
+    @property
+    def describe(self) -> str:
+        return self.tts.model.describe()

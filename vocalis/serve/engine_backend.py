@@ -16,13 +16,12 @@ import itertools
 import logging
 import time
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from vocalis.errors import InputError
-from vocalis.frontend.request import AudioChunk, SynthesisRequest
+from vocalis.frontend.request import AudioChunk
 from vocalis.frontend.voice import Voice
 from vocalis.runtime.handle import EngineClosed, StreamHandle
-from vocalis.serve.backend import Aborted, Overloaded, SpeechJob, TextFeed
+from vocalis.serve.backend import Aborted, ModelFacts, Overloaded, SpeechJob, TextFeed, job_request
 
 if TYPE_CHECKING:
     from vocalis.tts import TTS
@@ -105,7 +104,7 @@ class EngineJobHandle:
             self._backend._ended(self)
 
 
-class EngineBackend:
+class EngineBackend(ModelFacts):
     """Serves `TTS`'s engine to the HTTP layer. `max_jobs` bounds the jobs in flight (queued or running)."""
 
     def __init__(self, tts: TTS, *, max_queue: int = 64, queue_timeout_s: float = 120.0,
@@ -123,18 +122,6 @@ class EngineBackend:
         self.failed = 0
 
     # ---- what the app reads ----------------------------------------------------------------------
-    @property
-    def builtin_voices(self) -> dict[str, Voice]:
-        return dict(self.tts.model.voices)
-
-    @property
-    def can_clone(self) -> bool:
-        return self.tts.model.speech_tokenizer is not None and self.tts.model.speaker_encoder is not None
-
-    @property
-    def describe(self) -> str:
-        return self.tts.model.describe()
-
     @property
     def queue_depth(self) -> int:
         """Jobs admitted that have not started (no LLM step yet)."""
@@ -182,21 +169,9 @@ class EngineBackend:
 
     async def _start(self, job: SpeechJob) -> StreamHandle:
         # voice and speech tokens from uploaded clips are CPU work: off the event loop
-        request = await asyncio.get_running_loop().run_in_executor(None, self._request, job)
+        request = await asyncio.get_running_loop().run_in_executor(None, job_request, self.tts, job)
         stream = job.stream or isinstance(job.text, TextFeed)
         return self.tts.engine.submit(request, stream=stream)
-
-    def _request(self, job: SpeechJob) -> SynthesisRequest:
-        tts = self.tts
-        prompt = io.BytesIO(job.prompt_wav) if job.prompt_wav is not None else None
-        if job.source_wav is not None:
-            return tts.vc_request(io.BytesIO(job.source_wav), voice=job.voice, prompt_wav=prompt, speed=job.speed,
-                                  seed=job.seed)
-        if isinstance(job.text, str) and not job.text.strip():
-            raise InputError("input text is empty")
-        text: Any = job.text.pieces() if isinstance(job.text, TextFeed) else job.text
-        return tts.request(text, voice=job.voice, prompt_wav=prompt, prompt_text=job.prompt_text or None,
-                           instruct=job.instruct or None, speed=job.speed, seed=job.seed, language=job.language)
 
     def _ended(self, handle: EngineJobHandle) -> None:
         if self._live.pop(handle.id, None) is None:
