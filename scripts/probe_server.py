@@ -133,15 +133,14 @@ def ws_probe(url: str, messages: list[object], headers: dict[str, str] | None = 
                          additional_headers=headers or {}, open_timeout=30)
     except InvalidStatus as exc:
         return f"handshake {exc.response.status_code}", time.monotonic() - t0
-    with ws:
-        with contextlib.suppress(ConnectionClosed):
-            for m in messages:
-                ws.send(m if isinstance(m, (str, bytes)) else json.dumps(m))
-            while time.monotonic() - t0 < 60:
-                if every_s and time.monotonic() - t0 < for_s:
-                    ws.send(json.dumps({"type": "text", "text": " "}))
-                with contextlib.suppress(TimeoutError):
-                    ws.recv(timeout=every_s or 30)
+    with ws, contextlib.suppress(ConnectionClosed):
+        for m in messages:
+            ws.send(m if isinstance(m, (str, bytes)) else json.dumps(m))
+        while time.monotonic() - t0 < 60:
+            if every_s and time.monotonic() - t0 < for_s:
+                ws.send(json.dumps({"type": "text", "text": " "}))
+            with contextlib.suppress(TimeoutError):
+                ws.recv(timeout=every_s or 30)
     return f"close {ws.close_code}", time.monotonic() - t0
 
 

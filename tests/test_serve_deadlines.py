@@ -17,8 +17,15 @@ from pathlib import Path
 
 import httpx
 import pytest
-from serve_support import free_port, make_quick_tiny_model_dir, quick_tts, reference_backend, serve, serve_backend, \
-    wait_healthy
+from serve_support import (
+    free_port,
+    make_quick_tiny_model_dir,
+    quick_tts,
+    reference_backend,
+    serve,
+    serve_backend,
+    wait_healthy,
+)
 
 websockets = pytest.importorskip("websockets", reason="websockets is part of the dev extra")
 import websockets.sync.client as websockets_sync

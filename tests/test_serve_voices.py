@@ -103,8 +103,8 @@ def test_corrupt_voice_file_is_skipped(tts, tmp_path: Path) -> None:
 def test_openai_names_map_deterministically() -> None:
     import torch
 
-    from vocalis.serve.voices import OPENAI_VOICES, VoiceNotFound, VoiceStore
     from vocalis.frontend.voice import Voice
+    from vocalis.serve.voices import OPENAI_VOICES, VoiceNotFound, VoiceStore
 
     def v(name: str) -> Voice:
         return Voice(name, "", (), (), torch.zeros(0, 80), torch.zeros(192))
@@ -123,8 +123,8 @@ def test_stores_sharing_a_folder_follow_each_other(tmp_path: Path) -> None:
     """Ray replicas each hold a VoiceStore over one folder: a change made through one shows in the others."""
     import torch
 
-    from vocalis.serve.voices import VoiceNotFound, VoiceStore
     from vocalis.frontend.voice import Voice
+    from vocalis.serve.voices import VoiceNotFound, VoiceStore
 
     a, b = VoiceStore({}, tmp_path), VoiceStore({}, tmp_path)
     voice = Voice("shared", "hi", (1, 2), (3, 4), torch.zeros(4, 80), torch.ones(192))

@@ -23,6 +23,7 @@ from fastapi.responses import StreamingResponse
 
 from vocalis.errors import InputError
 from vocalis.frontend.request import MAX_SPEED, MIN_SPEED
+from vocalis.frontend.voice import Voice
 from vocalis.serve.audio_encoding import check_format
 from vocalis.serve.backend import SpeechJob
 from vocalis.serve.context import ctx_of
@@ -30,7 +31,6 @@ from vocalis.serve.limits import check_text_fields
 from vocalis.serve.schemas import MAX_SEED
 from vocalis.serve.streaming import audio_response, start_job
 from vocalis.serve.uploads import audio_seconds, read_upload
-from vocalis.frontend.voice import Voice
 
 Text = Annotated[str, Form(min_length=1)]
 Speed = Annotated[float, Form(ge=MIN_SPEED, le=MAX_SPEED)]

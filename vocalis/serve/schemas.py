@@ -14,8 +14,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from vocalis.errors import InputError
-from vocalis.frontend.text import LANGUAGES
 from vocalis.frontend.request import MAX_SPEED, MIN_SPEED
+from vocalis.frontend.text import LANGUAGES
 
 MAX_SEED = 2**62
 ResponseFormat = Literal["mp3", "opus", "aac", "flac", "wav", "pcm"]

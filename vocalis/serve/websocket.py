@@ -31,8 +31,8 @@ from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from pydantic import ValidationError
 
 from vocalis.errors import InputError, VocalisError
-from vocalis.serve.audio_encoding import AudioEncoder, check_format
 from vocalis.frontend.voice import Voice
+from vocalis.serve.audio_encoding import AudioEncoder, check_format
 from vocalis.serve.backend import Aborted, SpeechJob, TextFeed
 from vocalis.serve.context import ServerContext, ctx_of
 from vocalis.serve.deadlines import JobWatch, retrieve
