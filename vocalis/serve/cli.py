@@ -113,7 +113,7 @@ def serve_command(args: argparse.Namespace) -> int:
         return run_ray(args.model, config, backend_opts, host=args.host, port=args.port, replicas=args.replicas,
                        threads=args.threads, device=args.device)
     from vocalis.serve.app import create_app
-    from vocalis.serve.backend import ThreadedBackend
+    from vocalis.serve.engine_backend import EngineBackend
     from vocalis.tts import TTS
 
     if args.threads > 0:
@@ -123,7 +123,7 @@ def serve_command(args: argparse.Namespace) -> int:
     tts = TTS.load(args.model, device=args.device)
     if tts.model.kind == "random":
         log.warning("no trained model is installed: the built-in model has RANDOM weights and makes noise")
-    app = create_app(ThreadedBackend(tts, **backend_opts), config)
+    app = create_app(EngineBackend(tts, **backend_opts), config)
     if config.api_key is None and args.host not in ("127.0.0.1", "localhost", "::1"):
         log.warning("listening on %s without an API key: anyone who can reach it can use it", args.host)
     from vocalis.serve.server import make_server

@@ -1,13 +1,11 @@
 """Ray Serve deployment of the same app: `vocalis serve --ray --replicas N`.
 
 Each replica is a Ray actor that loads the model, owns one `EngineBackend` (the batching engine) and serves
-`create_app(...)` through
-Ray's FastAPI ingress (built on the replica, so the model never travels through the object store). Ray's HTTP
-proxy spreads requests over the replicas; streaming, WebSockets and disconnect-aborts pass through it. Saved
-voices live in one folder all replicas read (`VoiceStore` re-scans it), so a voice saved via one replica is
-usable via every other. Ray runs locally here (`ray.init` with loopback addresses); on a cluster, start Ray
-first (`ray start --head` / workers) and set RAY_ADDRESS, and the same command deploys onto it.
-"""
+`create_app(...)` through Ray's FastAPI ingress (built on the replica, so the model never travels through the object
+store). Ray's HTTP proxy spreads requests over the replicas; streaming, WebSockets and disconnect-aborts pass
+through it. Saved voices live in one folder all replicas read (`VoiceStore` re-scans it), so a voice saved via one
+replica is usable via every other. Ray runs locally here (`ray.init` with loopback addresses); on a cluster, start
+Ray first (`ray start --head` / workers) and set RAY_ADDRESS, and the same command deploys onto it."""
 
 from __future__ import annotations
 
