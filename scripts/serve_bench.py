@@ -46,13 +46,13 @@ def serve_side(args: argparse.Namespace) -> None:
     precision = None if args._serve == "threaded" else args.precision
     model, described = build(cfg, precision)
     model.voices["bench"] = bench_voice(model, cfg)
-    opts = {"max_queue": 4 * args.clients, "queue_timeout_s": 3600.0, "job_timeout_s": 3600.0}
+    opts = {"max_queue": 4 * args.clients}
     if args._serve == "threaded":
         from vocalis.reference.threaded_backend import ReferenceTTS, ThreadedBackend
 
         tts = ReferenceTTS(model)
         tts.synth.generate = fixed_length_generate(model, cfg.tokens)  # type: ignore[method-assign]
-        backend: Any = ThreadedBackend(tts, **opts)
+        backend: Any = ThreadedBackend(tts, queue_timeout_s=3600.0, job_timeout_s=3600.0, **opts)
     else:
         from vocalis.serve.engine_backend import EngineBackend
 
@@ -61,7 +61,8 @@ def serve_side(args: argparse.Namespace) -> None:
 
         backend = EngineBackend(BenchTTS(model), **opts)
     print(f"server: {args._serve}: {described}", file=sys.stderr, flush=True)
-    app = create_app(backend, ServeConfig(max_input_chars=4096))
+    # throughput, not timeouts: no request is timed out however long it waits
+    app = create_app(backend, ServeConfig(queue_timeout_s=3600.0, request_timeout_s=3600.0))
     uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning")
 
 

@@ -15,12 +15,12 @@ from safetensors.torch import load_file, save_file
 
 from vocalis.errors import InputError, ModelLoadError
 
-_VOICE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")
+_VOICE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}")
 
 
 def check_voice_name(name: str) -> str:
     """Voice names become file names: letters, digits, `_ . -`, no path separators, at most 64 chars."""
-    if not _VOICE_NAME.match(name) or ".." in name:
+    if not _VOICE_NAME.fullmatch(name) or ".." in name:
         raise InputError(f"invalid voice name {name!r}: use 1-64 letters, digits, '_', '.', '-'")
     return name
 

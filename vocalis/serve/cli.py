@@ -105,8 +105,7 @@ def serve_command(args: argparse.Namespace) -> int:
     except ImportError:
         raise InputError("serving needs the serve extra: pip install 'vocalis[serve]'") from None
     config = serve_config(args)
-    backend_opts = {"max_queue": args.max_queue, "queue_timeout_s": args.queue_timeout,
-                    "job_timeout_s": args.request_timeout}
+    backend_opts = {"max_queue": args.max_queue}  # the app's deadlines apply the queue and request timeouts
     if args.ray:
         from vocalis.serve.ray_app import run_ray
 

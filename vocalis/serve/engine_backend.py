@@ -105,15 +105,13 @@ class EngineJobHandle:
 
 
 class EngineBackend(ModelFacts):
-    """Serves `TTS`'s engine to the HTTP layer. `max_jobs` bounds the jobs in flight (queued or running)."""
+    """Serves `TTS`'s engine to the HTTP layer. `max_queue` bounds the jobs in flight (waiting or running); the
+    app's deadlines (`serve.deadlines`) time them out through `abort()`."""
 
-    def __init__(self, tts: TTS, *, max_queue: int = 64, queue_timeout_s: float = 120.0,
-                 job_timeout_s: float = 300.0) -> None:
+    def __init__(self, tts: TTS, *, max_queue: int = 64) -> None:
         self.tts = tts
         self.sample_rate: int = tts.sample_rate
         self.max_jobs = max_queue
-        self.queue_timeout_s = queue_timeout_s
-        self.job_timeout_s = job_timeout_s
         self._ids = itertools.count(1)
         self._live: dict[int, EngineJobHandle] = {}
         self._started = False
@@ -131,6 +129,11 @@ class EngineBackend(ModelFacts):
     def active(self) -> int:
         """Jobs running now (started, not finished)."""
         return sum(1 for h in self._live.values() if h.started is not None)
+
+    def count_tokens(self, text: str) -> int:
+        """Text tokens of `text` as the LLM reads them (the server bounds prompts with it)."""
+        tokenizer = self.tts.model.tokenizer
+        return tokenizer.count(text) if tokenizer is not None else len(text.encode())
 
     def kv_usage(self) -> float:
         """Fraction of the LLM's KV-cache blocks in use."""
