@@ -8,7 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from vocalis.token2wav.estimator import ComputeWeights, EstimatorCache, _ChunkRun
+from vocalis.token2wav.compute import ComputeWeights
+from vocalis.token2wav.estimator import EstimatorCache, _ChunkRun
 from vocalis.models.flow.transformer import SelfAttention
 
 D, H, E, CHUNK = 16, 2, 8, 4  # width, heads, head width, block-causal block (frames)

@@ -11,7 +11,7 @@ final chunk. HiFT holds back 8 mel frames / 3840 samples and cross-fades the sea
 
 Cost. Non-final chunks use the streaming (block-causal) flow incrementally: only the new tokens go through the
 encoder and only the new frames through the 10 Euler steps, reading earlier chunks' keys/values from caches
-(`encoder_stream`, `estimator_stream`), so a request's flow work is linear in its length. A voice's prompt
+(`token2wav.encoder`, `token2wav.estimator`), so a request's flow work is linear in its length. A voice's prompt
 prefix (its first 25 * floor((P - 3) / 25) tokens, which neither look ahead into nor share an attention block
 with generated tokens) is computed once per voice and shared: every request of that voice reads the same
 read-only keys/values (`EstimatorCache.prefix`, `EncoderCache.prefix`) and stores only its own frames.
@@ -53,14 +53,16 @@ import torch
 import torch.nn.functional as F
 
 from vocalis.config import StreamConfig
-from vocalis.kernels import bf16_gemm
-from vocalis.precision.layers import CastLinear
-from vocalis.token2wav.encoder import EncoderCache, EncoderRow, EncoderStreamer
-from vocalis.token2wav.estimator import ComputeWeights, EstimatorCache, TimeTerms, solve_chunk
-from vocalis.token2wav.hift import HiftBody, vocode_batch
 from vocalis.frontend.prompt import FlowPrompt
+from vocalis.kernels import bf16_gemm
 from vocalis.models.flow.flow import CausalMaskedDiffWithXvec
 from vocalis.models.hift.generator import HiFTGenerator
+from vocalis.precision.layers import CastLinear
+from vocalis.token2wav.compute import ComputeWeights
+from vocalis.token2wav.encoder import EncoderCache, EncoderRow, EncoderStreamer
+from vocalis.token2wav.estimator import EstimatorCache
+from vocalis.token2wav.hift import HiftBody, vocode_batch
+from vocalis.token2wav.solver import TimeTerms, solve_chunk
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +85,7 @@ class Token2WavConfig:
     (same output, reference cost). None: a quarter of the device's memory; 0: never cache.
     compute: "auto" runs the incremental estimator's GEMMs, convs and attention in the dtype its Linear weights
     were reduced to by a backend (bf16/fp16: `CastLinear`), with bf16/fp16 activations into them and fp32
-    norms, residual stream and Euler state (`estimator_stream.ComputeWeights`); at fp32 and int8 the modules run
+    norms, residual stream and Euler state (`token2wav.compute.ComputeWeights`); at fp32 and int8 the modules run
     as they are.
     "modules" always calls the modules as they are (fp32 activations between the reduced-weight GEMMs).
     """

@@ -1,4 +1,5 @@
-"""Chunk-incremental flow decoding: the CFM Euler/CFG solver and `CausalConditionalDecoder` on new frames only.
+"""Chunk-incremental flow decoding: `CausalConditionalDecoder` on new frames only (the Euler/CFG solve over it:
+`solver.solve_chunk`).
 
 In streaming mode every estimator conv is causal and attention is block-causal (blocks of `static_chunk_size`
 frames from frame 0), and the start noise is a fixed tensor indexed by absolute frame. So when a request's
@@ -33,7 +34,6 @@ Legend: R requests, n new frames (padded), C channels, D transformer width, H he
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -41,161 +41,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from vocalis.kernels import bf16_attention, bf16_gemm
-from vocalis.kernels.cpu import has_amx
-from vocalis.errors import InputError
-from vocalis.models.flow.cfm import CausalConditionalCFM, cosine_time_grid
 from vocalis.models.flow.estimator import CausalBlock1D, CausalConditionalDecoder, CausalResnetBlock1D
-from vocalis.models.flow.transformer import BasicTransformerBlock, SelfAttention
+from vocalis.models.flow.transformer import SelfAttention
+from vocalis.token2wav.compute import ComputeWeights
 
 _MASK_BIAS = -1.0e10  # the estimator's additive mask value
-# a layer's weights as its GEMM takes them: packed for the native bf16 GEMM, or (weight, bias) for torch's
-Gemm = bf16_gemm.PackedWeight | tuple[torch.Tensor, torch.Tensor | None]
-
-
-class ComputeWeights:
-    """Reduced-dtype compute for the engine's incremental estimator (bf16 on CPUs with native bf16 GEMMs; fp16 on
-    GPUs): weights converted once per module and kept for the engine's life.
-
-    Every Linear and causal conv runs as a GEMM in `dtype` (fp32 accumulation inside the kernel) on inputs cast
-    down, q/k/v fused into one GEMM, the feed-forward's 4D-wide hidden kept reduced between its two GEMMs; each
-    result is widened to fp32 before it joins the residual stream. A k-tap causal conv is one GEMM over its k
-    shifted inputs side by side (im2col). Norms, activations, the time embedding and the Euler state stay fp32,
-    and so does attention except on CPUs with AMX (`reduced_attention`). Without it (fp32, int8) the modules run
-    as they are."""
-
-    def __init__(self, dtype: torch.dtype, packed: bool | None = None, native: bool | None = None) -> None:
-        if dtype not in (torch.bfloat16, torch.float16):
-            raise ValueError(f"compute dtype must be bf16 or fp16, got {dtype}")
-        self.kind = dtype
-        # Our own bf16 GEMM loop around oneDNN's tile kernel (`bf16_gemm`), bias/GELU/residual add fused: on AMX
-        # CPUs it replaces the prepacked oneDNN call, whose per-call overhead rivals its kernel time at these
-        # shapes. Decided on first use (CPU bf16 weights with even K; `bf16_gemm.available()`) unless given.
-        self.native = native
-        # oneDNN's prepacked bf16 GEMM (weights reordered once into the kernel's blocked layout, an optional GELU
-        # fused into the GEMM): 1.3-1.7x the plain bf16 GEMM at the estimator's shapes on AMX CPUs, which re-
-        # order the weights on every call otherwise. Decided on first use (CPU tensors only).
-        self.packed = packed
-        # Attention in the compute dtype too where the CPU has AMX tiles: its bf16 attention kernel is then the
-        # faster one, and q/k/v, the bf16 key/value caches and the output projection's input stay bf16 (no
-        # casts). Elsewhere (AVX512-BF16 alone) the CPU's fp32 attention kernel is the faster; GPUs keep fp32.
-        self.reduced_attention = dtype == torch.bfloat16 and has_amx()
-        self._cache: dict[int, tuple[nn.Module, Gemm]] = {}
-        self._blocks: dict[int, tuple[nn.Module, bf16_gemm.BlockWeights | None]] = {}
-
-    def _gemm(self, key: nn.Module, weights: Callable[[], tuple[torch.Tensor, torch.Tensor | None]]
-              ) -> Gemm:
-        """`key`'s weights as its GEMM runs them: a `bf16_gemm.PackedWeight` (native), or (weight (N, K), bias
-        (N,)) in the compute dtype, prepacked for oneDNN when `packed`; `weights()` (fp32, any layout work such as
-        fusing or reordering) runs on first use only."""
-        hit = self._cache.get(id(key))
-        if hit is None or hit[0] is not key:
-            weight, bias = weights()
-            if self.native is None:
-                self.native = bf16_gemm.serves(self.kind, weight.device)
-            if self.native and bf16_gemm.supports(weight):
-                hit = self._cache[id(key)] = (key, bf16_gemm.pack(weight, bias))
-                return hit[1]
-            weight = weight.detach().to(self.kind)
-            if self.packed is None:
-                self.packed = weight.device.type == "cpu" and _packed_gemm_works(weight)
-            if self.packed:
-                weight = torch.ops.mkldnn._reorder_linear_weight(weight, _PACK_ROWS)
-            hit = self._cache[id(key)] = (key, (weight, None if bias is None else bias.detach().to(self.kind)))
-        return hit[1]
-
-    def _run(self, gemm: Gemm, x: torch.Tensor, gelu: bool = False) -> torch.Tensor:
-        """x (M, K) -> (M, N) in the compute dtype (2-D: the CPU bf16 GEMM's fast path), GELU applied when
-        `gelu` (exact, erf)."""
-        if isinstance(gemm, bf16_gemm.PackedWeight):
-            return bf16_gemm.linear(x, gemm, gelu)
-        if self.packed:
-            return torch.ops.mkldnn._linear_pointwise(x.to(self.kind), *gemm, "gelu" if gelu else "none", [],
-                                                      "none" if gelu else "")
-        y = F.linear(x.to(self.kind), *gemm)
-        return F.gelu(y) if gelu else y
-
-    def linear(self, layer: nn.Module, x: torch.Tensor, gelu: bool = False) -> torch.Tensor:
-        """Linear layer on x (..., K) -> (..., N), output in the compute dtype; `gelu`: GELU(layer(x))."""
-        gemm = self._gemm(layer, lambda: (layer.weight, layer.bias))
-        return self._run(gemm, x.reshape(-1, x.shape[-1]), gelu).view(*x.shape[:-1], -1)
-
-    def linear_add_(self, residual: torch.Tensor, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        """residual (..., N) fp32 += layer(x (..., K)), in place where the native GEMM runs the layer (the add fused
-        into its write, no rounding of the layer's output); otherwise a new tensor, the layer's output in the
-        compute dtype widened by the add (exact, as a separate cast would be)."""
-        gemm = self._gemm(layer, lambda: (layer.weight, layer.bias))
-        if isinstance(gemm, bf16_gemm.PackedWeight) and residual.is_contiguous():
-            bf16_gemm.linear_add_(residual.view(-1, residual.shape[-1]), x.reshape(-1, x.shape[-1]), gemm)
-            return residual
-        return residual + self.linear(layer, x)
-
-    def block_weights(self, block: BasicTransformerBlock) -> bf16_gemm.BlockWeights | None:
-        """A transformer block's weights for `bf16_gemm`'s one-call block (packed GEMMs, fp32 norms and biases),
-        or None where it cannot run it (not native, no affine norms, biased q/k/v, an odd or over-64 head size)."""
-        hit = self._blocks.get(id(block))
-        if hit is not None and hit[0] is block:
-            return hit[1]
-        attn, ff_in, ff_out = block.attn1, block.ff.net[0].proj, block.ff.net[2]
-        weights = None
-        if (self.native is not False and self.kind == torch.bfloat16 and attn.head_dim % 2 == 0
-                and attn.head_dim <= 64 and all(m.bias is None for m in (attn.to_q, attn.to_k, attn.to_v))
-                and all(norm.weight is not None and norm.bias is not None for norm in (block.norm1, block.norm3))):
-            packed = (self._gemm(attn, lambda: (torch.cat([attn.to_q.weight, attn.to_k.weight, attn.to_v.weight]),
-                                                None)),
-                      *(self._gemm(m, lambda m=m: (m.weight, m.bias)) for m in (attn.to_out[0], ff_in, ff_out)))
-            if all(isinstance(g, bf16_gemm.PackedWeight) for g in packed):
-                qkv, out, ff1, ff2 = packed
-                weights = bf16_gemm.BlockWeights(block.norm1, block.norm3, attn.num_heads, attn.head_dim, qkv, out,
-                                                 ff1, ff2)
-        self._blocks[id(block)] = (block, weights)
-        return weights
-
-    def qkv(self, attn: SelfAttention, x: torch.Tensor) -> torch.Tensor:
-        """Fused (bias-free) q/k/v projections: x (M, D) -> (M, 3 * H * E) in the compute dtype."""
-        gemm = self._gemm(attn, lambda: (torch.cat([attn.to_q.weight, attn.to_k.weight, attn.to_v.weight]), None))
-        return self._run(gemm, x)  # weight (3 * H * E, D)
-
-    def conv(self, conv: nn.Conv1d, x: torch.Tensor, left: torch.Tensor | None = None) -> torch.Tensor:
-        """Causal conv as one GEMM: x (B, C_in, n), left (B, C_in, k - 1) the frames before it (None: k == 1)
-        -> (B, C_out, n) fp32. Natively (`bf16_gemm.conv`) the taps are read in place from a time-major bf16 copy
-        of (left, x), and the result comes back time-major (a transposed view): the norm after it reads it as is."""
-        c_out, c_in, k = conv.weight.shape
-        # (C_out, C_in, k) -> (C_out, k * C_in) with tap j's channels at [j * C_in, (j + 1) * C_in)
-        gemm = self._gemm(conv, lambda: (conv.weight.permute(0, 2, 1).reshape(c_out, k * c_in), conv.bias))
-        if isinstance(gemm, bf16_gemm.PackedWeight):
-            left = x.new_empty(x.shape[0], c_in, 0) if left is None else left
-            return bf16_gemm.conv(x.float(), left.float(), gemm, k)
-        full = x if left is None else torch.cat([left, x], dim=2)
-        n = full.shape[2] - k + 1
-        src = full.transpose(1, 2)  # (B, k - 1 + n, C_in)
-        cols = src if k == 1 else torch.cat([src[:, j : j + n] for j in range(k)], dim=2)  # (B, n, k * C_in)
-        y = self._run(gemm, cols.reshape(-1, k * c_in))  # (B * n, C_out)
-        return y.view(full.shape[0], n, c_out).transpose(1, 2).float()
-
-    @staticmethod
-    def supports(estimator: nn.Module) -> bool:
-        """Whether every Linear of the estimator holds float weights (none is, e.g., a quantized module)."""
-        linears = [m for m in estimator.modules() if type(m).__name__ in ("Linear", "CastLinear")]
-        return all(type(m).__module__.startswith("torch.nn") or type(m).__name__ == "CastLinear" for m in linears)
-
-
-_PACK_ROWS = 128  # the row count oneDNN picks its packed layout for; any row count runs on it
-
-
-def _packed_gemm_works(weight: torch.Tensor) -> bool:
-    """Whether this torch build runs oneDNN's prepacked GEMM for `weight`'s dtype on the CPU (and agrees with
-    the plain GEMM), checked once on a small problem."""
-    if not torch.backends.mkldnn.is_available():
-        return False
-    try:
-        w = torch.randn(16, 32, generator=torch.Generator().manual_seed(0)).to(weight.dtype)
-        x = torch.randn(3, 32, generator=torch.Generator().manual_seed(1)).to(weight.dtype)
-        y = torch.ops.mkldnn._linear_pointwise(x, torch.ops.mkldnn._reorder_linear_weight(w, _PACK_ROWS), None,
-                                               "none", [], "")
-    except (RuntimeError, AttributeError, NotImplementedError):
-        return False
-    ref = F.linear(x.float(), w.float())
-    return y.shape == ref.shape and bool(torch.allclose(y.float(), ref, rtol=2e-2, atol=5e-2))
 
 
 @dataclass
@@ -648,98 +498,3 @@ def estimator_chunk(
         h = run.conv(upsample, _masked(h, mask))
     h = _block(run, est.final_block, h, mask)
     return _masked(est.final_proj(_masked(h, mask)), mask)
-
-
-def time_terms(est: CausalConditionalDecoder, t: torch.Tensor) -> list[torch.Tensor]:
-    """Time t (scalar) -> every resnet's projection of the time MLP's output, (1, C, 1) each, in block order
-    (down, mid, up): the estimator's whole dependence on t, the same for every request and guidance row."""
-    temb = est.time_mlp(est.time_embeddings(t.reshape(1)).to(t.dtype))  # (1, 4D)
-    return [blocks[0].mlp(temb).unsqueeze(-1) for blocks in (*est.down_blocks, *est.mid_blocks, *est.up_blocks)]
-
-
-class TimeTerms:
-    """`time_terms` kept per Euler step: a solve's t values are the same every call (same grid, same
-    arithmetic), so an engine computes them once instead of per step and chunk (the time MLP and 14 small
-    projections per Euler step: ~3 % of a first-chunk token2wav step at the 0.5B shapes)."""
-
-    def __init__(self, estimator: CausalConditionalDecoder) -> None:
-        self.estimator = estimator
-        self._terms: dict[tuple[int, int, torch.dtype, torch.device], list[torch.Tensor]] = {}
-
-    def get(self, n_timesteps: int, step: int, t: torch.Tensor) -> list[torch.Tensor]:
-        key = (n_timesteps, step, t.dtype, t.device)
-        terms = self._terms.get(key)
-        if terms is None:
-            terms = self._terms[key] = time_terms(self.estimator, t)
-        return terms
-
-
-def solve_chunk(
-    cfm: CausalConditionalCFM,
-    estimator: CausalConditionalDecoder,
-    mu: torch.Tensor,
-    spks: torch.Tensor,
-    cond: torch.Tensor,
-    starts: list[int],
-    lens: list[int],
-    caches: list[list[EstimatorCache]],
-    keeps: list[bool],
-    n_timesteps: int,
-    cache_dtype: torch.dtype | None = None,
-    compute: ComputeWeights | None = None,
-    terms: TimeTerms | None = None,
-) -> torch.Tensor:
-    """Euler + CFG on new frames. mu, cond (R, 80, n), spks (R, 80); row r covers absolute frames
-    [starts[r], starts[r] + lens[r]); caches[r] holds one `EstimatorCache` per Euler step (created on first use)
-    and is extended when keeps[r] (a cached chunk must end on a block boundary); cache_dtype stores the cached
-    keys/values reduced (e.g. bf16: half the memory, upcast when read); compute runs the estimator's GEMMs, convs
-    and attention in a reduced dtype (`ComputeWeights`; None: the modules as they are); terms keeps the time terms
-    across calls (None: computed per step).
-    Returns mel (R, 80, n) float32 (zeros on padding)."""
-    num, _, n = mu.shape
-    dev, dtype = mu.device, mu.dtype
-    noise = cfm.rand_noise
-    z = torch.zeros(num, mu.shape[1], n, dtype=dtype, device=dev)
-    mask = torch.zeros(num, 1, n, dtype=dtype, device=dev)
-    for r, (s, m) in enumerate(zip(starts, lens)):
-        if s + m > noise.shape[-1]:
-            raise InputError(
-                f"{s + m} mel frames exceed the fixed flow noise ({noise.shape[-1]} frames); synthesise shorter segments"
-            )
-        z[r, :, :m] = noise[0, :, s : s + m].to(device=dev, dtype=dtype)
-        mask[r, :, :m] = 1
-    for r, per_step in enumerate(caches):
-        while len(per_step) < n_timesteps:
-            per_step.append(EstimatorCache())
-        for c in per_step:
-            if c.num_frames != starts[r]:
-                raise ValueError(f"estimator cache holds {c.num_frames} frames, the chunk starts at {starts[r]}")
-        if keeps[r] and (starts[r] + lens[r]) % estimator.static_chunk_size:
-            raise ValueError(f"a cached chunk must end on a {estimator.static_chunk_size}-frame block boundary")
-    chunk = estimator.static_chunk_size
-    cfg = cfm.config.inference_cfg_rate
-    # rows request-major: (conditional, unconditional) of request 0, then of request 1, ... so a request's pair
-    # is a slice (a view) for the caches
-    # (2R, 1, n); None when every row fills all n frames (all ones: the estimator skips multiplying by it)
-    mask_in = None if all(m == n for m in lens) else mask.repeat_interleave(2, dim=0)
-    mu_in = torch.stack([mu, torch.zeros_like(mu)], dim=1).flatten(0, 1)
-    spks_in = torch.stack([spks, torch.zeros_like(spks)], dim=1).flatten(0, 1)
-    cond_in = torch.stack([cond, torch.zeros_like(cond)], dim=1).flatten(0, 1)
-    t_span = cosine_time_grid(n_timesteps, dtype, dev)
-    x = z
-    t = t_span[0]
-    dt = t_span[1] - t_span[0]
-    for step in range(1, len(t_span)):
-        run = _ChunkRun([per_step[step - 1] for per_step in caches], lens, keeps, chunk, cache_dtype, compute)
-        step_terms = time_terms(estimator, t) if terms is None else terms.get(n_timesteps, step, t)
-        v = estimator_chunk(estimator, x.repeat_interleave(2, dim=0), mask_in, mu_in, step_terms, spks_in,
-                            cond_in, run).view(num, 2, *x.shape[1:])
-        x = x + dt * ((1.0 + cfg) * v[:, 0] - cfg * v[:, 1])
-        t = t + dt
-        if step < len(t_span) - 1:
-            dt = t_span[step + 1] - t
-    for r, per_step in enumerate(caches):
-        if keeps[r]:
-            for c in per_step:
-                c.num_frames = starts[r] + lens[r]
-    return (x * mask).float()
