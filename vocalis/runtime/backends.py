@@ -8,11 +8,12 @@ Precision (what the heavy matmuls run in):
   there HiFT's body convs run in bf16 (`CastConv`, under bf16 and int8; fp32 between the convs, the F0 predictor
   and the source fp32): ~1.9x faster HiFT (0.19 -> 0.10 s for a 50-frame first chunk at the 0.5B shapes) for a
   wav error of 4.3e-3 relative RMS there (~-47 dB; `apply_backend(hift_reduced=False)` keeps it fp32).
-- int8 (CPU only): the LLM's Linear layers run our AVX-512 VNNI int8 kernel (`int8_gemv`: int8 weights per
-  output channel, activations quantized per row and call; 1.1-1.5x fbgemm's decode speed at batch 16-1), or, where
-  the kernel cannot be built or run (no AVX-512 VNNI, no compiler; logged once), dynamic quantization
+- int8 (CPU only): the LLM's Linear layers run our int8 kernel (`int8_linear`: int8 weights per output channel,
+  activations quantized per row and call, exact int32 sums; AVX-512 VNNI, or AVX2 with int16 products; 1.1-1.5x
+  fbgemm's decode speed at batch 16-1 on VNNI), or, where no kernel can be built or run (AVX-512 without VNNI,
+  neither AVX2 nor AVX-512, no compiler; logged once), dynamic quantization
   (`torch.ao.quantization.quantize_dynamic`, fbgemm). The flow estimator's Linear layers run as fbgemm int8
-  GEMMs (`dynamic_int8`: per-channel weights, 8-bit activations on CPUs with VNNI; many-row GEMMs are fbgemm's
+  GEMMs (`dynamic_int8`: per-channel weights, 8-bit activations; 7-bit weights without VNNI; many-row GEMMs are fbgemm's
   strength), except on CPUs with AMX tiles: there the estimator, compute-bound, is faster in bf16 (prepacked
   oneDNN GEMMs on AMX: 1.5-3x fbgemm's int8 with its per-call activation quantization at the estimator's shapes,
   2-core Xeon), so it is cast to bf16 as under `bf16`. `apply_backend(flow_int8=True)` forces int8 there.
@@ -47,8 +48,8 @@ Backend (who runs the flow estimator and the HiFT body; the LLM runs in torch ex
   17.6 / 187, vLLM bf16 28.4 / 275, our LLMEngine fp32 27.4 / 112 (int8: ~70-80 / ~270, see README); the
   worker starts in ~15 s (export + vLLM load).
 - auto: CUDA -> fp16 with tensorrt when importable, else torch; CPU -> int8 on CPUs with AMX tiles where the int8
-  kernel builds (first chunk ~0.26 of the reference's against bf16's ~0.33 on the 2-core AMX Xeon), else bf16 on
-  CPUs with native bf16 (AVX512-BF16), else fp32; torch. The choice is logged and returned in `Runtime`.
+  kernel builds (first chunk ~0.26 of the reference's against bf16's ~0.33 on the 2-core AMX Xeon) and on AVX2
+  CPUs where the AVX2 int8 kernel builds, else bf16 on CPUs with native bf16 (AVX512-BF16), else fp32; torch. The choice is logged and returned in `Runtime`.
 An unavailable choice raises `InputError` naming what to install or use instead.
 """
 
@@ -111,8 +112,12 @@ def importable(name: str) -> bool:
 
 def _auto_cpu_precision() -> str:
     """int8 on CPUs with AMX tiles where our int8 kernel runs (its LLM int8, estimator and HiFT convs bf16: the
-    fastest form there, ~2x bf16's end to end), else bf16 on CPUs with native bf16, else fp32."""
-    if has_amx():
+    fastest form there, ~2x bf16's end to end); int8 on AVX2 CPUs (no AVX-512) where our AVX2 int8 kernel runs
+    (the LLM, which dominates there, decodes ~3x faster than fp32's fused step at batch 1; see docs/benchmarks.md);
+    else bf16 on CPUs with native bf16, else fp32."""
+    from vocalis.kernels import build
+
+    if has_amx() or build.isa() == "avx2":
         from vocalis.precision.int8_linear import available
 
         if available():  # builds the kernel on first use (once per machine)
@@ -232,10 +237,11 @@ def apply_backend(model: object, backend: str = "torch", precision: str = "fp32"
         notes.append(f"{n} LLM + flow-estimator Linear layers in {precision}, the rest fp32")
     elif precision == "int8":
         from vocalis.precision.int8_linear import available, int8_linears
+        from vocalis.precision.int8_linear import layout as int8_layout
 
         if available():
             n_llm = int8_linears(llm)
-            notes.append(f"{n_llm} LLM Linear layers int8 (VNNI kernel)")
+            notes.append(f"{n_llm} LLM Linear layers int8 (our {int8_layout()} kernel)")
         else:
             n_llm = quantize_linears_int8(llm)
             notes.append(f"{n_llm} LLM Linear layers int8 (dynamic, fbgemm)")
