@@ -55,7 +55,8 @@ class EngineJobHandle:
         return self._aborted
 
     def abort(self) -> None:
-        """Stop the job now: the engine frees its KV blocks and stream state. Idempotent."""
+        """Stop the job now: the engine frees its KV blocks and stream state, and the backend forgets the job
+        whether or not anyone reads the handle again (a later read raises `Aborted`). Idempotent."""
         if self.done or self._aborted:
             return
         self._aborted = True
@@ -63,12 +64,23 @@ class EngineJobHandle:
             self._stream.abort()
         elif self._pending is not None:
             self._pending.cancel()
+        self._end()
+
+    def _prepared(self, task: asyncio.Task[StreamHandle]) -> None:
+        """The request is in the engine: keep its stream handle (and abort it if the job was aborted meanwhile)."""
+        if task.cancelled() or task.exception() is not None:
+            return  # the error is raised to whoever reads the handle
+        self._stream = task.result()
+        if self._aborted:
+            self._stream.abort()
 
     def __aiter__(self) -> AsyncIterator[AudioChunk]:
         return self
 
     async def __anext__(self) -> AudioChunk:
         if self.done:
+            if self._aborted:
+                raise Aborted("aborted")
             raise StopAsyncIteration
         try:
             if self._stream is None:
@@ -168,6 +180,7 @@ class EngineBackend(ModelFacts):
         self._live[handle.id] = handle
         loop = asyncio.get_running_loop()
         handle._pending = loop.create_task(self._start(job))
+        handle._pending.add_done_callback(handle._prepared)
         return handle
 
     async def _start(self, job: SpeechJob) -> StreamHandle:
