@@ -16,9 +16,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from vocalis.runtime.onnx import export_estimator
 from vocalis.models.flow.estimator import CausalConditionalDecoder
 from vocalis.models.flow.flow import CausalMaskedDiffWithXvec
+from vocalis.runtime.onnx import export_estimator
 
 log = logging.getLogger(__name__)
 
