@@ -43,8 +43,8 @@ def test_ray_serve_two_replicas(tmp_path: Path) -> None:
     url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(proc, url, 150, "Ray Serve")
-        pids = {httpx.get(url + "/health", timeout=10).json()["pid"] for _ in range(24)}
-        assert len(pids) == 2, pids  # both replicas answer
+        replicas = {httpx.get(url + "/health", timeout=10).json()["replica"] for _ in range(24)}
+        assert len(replicas) == 2, replicas  # both replicas answer
         r = httpx.post(url + "/v1/audio/voices", data={"name": "me", "text": "hello there"},
                        files={"audio": ("me.wav", clip)}, timeout=60)
         assert r.status_code == 201, r.text

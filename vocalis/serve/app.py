@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -245,10 +246,12 @@ def create_app(backend: Any, config: ServeConfig | None = None) -> FastAPI:
     app.add_middleware(ApiKeyMiddleware, api_key=api_key)
     app.add_middleware(RequestMetricsMiddleware, metrics=metrics)
 
+    replica = secrets.token_hex(4)  # tells replicas behind one address apart, and reveals nothing about the host
+
     @app.get("/health", summary="Liveness and load (no API key needed)")
     async def health() -> JSONResponse:
         draining = ctx.shutdown.draining
-        body = {"status": "shutting_down" if draining else "ok", "model": config.model_name,
+        body = {"status": "shutting_down" if draining else "ok", "model": config.model_name, "replica": replica,
                 "sample_rate": backend.sample_rate, "queue_depth": backend.queue_depth, "running": backend.active,
                 "formats": list(supported_formats())}
         return JSONResponse(body, status_code=503 if draining else 200)
