@@ -114,33 +114,44 @@ def _tuple(values: list[Any]) -> tuple[Any, ...]:
     return tuple(tuple(v) if isinstance(v, list) else v for v in values)
 
 
+def _check_llm_input_size(yaml_data: dict[str, Any], qwen: QwenConfig) -> None:
+    if qwen.hidden_size != int(yaml_data.get("llm_input_size", qwen.hidden_size)):
+        raise ModelLoadError(
+            f"llm_input_size {yaml_data['llm_input_size']} in the yaml differs from the Qwen2 hidden size "
+            f"{qwen.hidden_size} in CosyVoice-BlankEN/config.json"
+        )
+
+
+def _speech_lm_fields(llm: dict[str, Any], qwen: QwenConfig) -> dict[str, Any]:
+    """The speech LM arguments both generations share."""
+    return {"qwen": qwen, "speech_token_size": int(llm["speech_token_size"]),
+            "mix_ratio": tuple(llm.get("mix_ratio", (5, 15))), "lsm_weight": float(llm.get("lsm_weight", 0.0))}
+
+
+def _sampling_config(llm: dict[str, Any]) -> SamplingConfig:
+    sampling = llm.get("sampling", {})
+    return SamplingConfig(top_p=float(sampling.get("top_p", 0.8)), top_k=int(sampling.get("top_k", 25)),
+                          win_size=int(sampling.get("win_size", 10)), tau_r=float(sampling.get("tau_r", 0.1)))
+
+
+def _cfm_config(cfm: dict[str, Any]) -> CFMConfig:
+    params = cfm.get("cfm_params", {})
+    params = params.get("content", params)
+    return CFMConfig(sigma_min=float(params.get("sigma_min", 1e-6)),
+                     training_cfg_rate=float(params.get("training_cfg_rate", 0.2)),
+                     inference_cfg_rate=float(params.get("inference_cfg_rate", 0.7)))
+
+
 def model_config_from_official(yaml_data: dict[str, Any], qwen: QwenConfig) -> ModelConfig:
     """Map the model sections of a CosyVoice2 yaml onto our dataclasses."""
     try:
         llm, flow, hift = yaml_data["llm"], yaml_data["flow"], yaml_data["hift"]
         enc, cfm = flow["encoder"], flow["decoder"]
         est = cfm["estimator"]
-        cfm_params = cfm.get("cfm_params", {})
-        cfm_params = cfm_params.get("content", cfm_params)
-        sampling = llm.get("sampling", {})
-        if qwen.hidden_size != int(yaml_data.get("llm_input_size", qwen.hidden_size)):
-            raise ModelLoadError(
-                f"llm_input_size {yaml_data['llm_input_size']} in the yaml differs from the Qwen2 hidden size "
-                f"{qwen.hidden_size} in CosyVoice-BlankEN/config.json"
-            )
+        _check_llm_input_size(yaml_data, qwen)
         return ModelConfig(
-            llm=SpeechLMConfig(
-                qwen=qwen,
-                speech_token_size=int(llm["speech_token_size"]),
-                mix_ratio=tuple(llm.get("mix_ratio", (5, 15))),
-                lsm_weight=float(llm.get("lsm_weight", 0.0)),
-            ),
-            sampling=SamplingConfig(
-                top_p=float(sampling.get("top_p", 0.8)),
-                top_k=int(sampling.get("top_k", 25)),
-                win_size=int(sampling.get("win_size", 10)),
-                tau_r=float(sampling.get("tau_r", 0.1)),
-            ),
+            llm=SpeechLMConfig(**_speech_lm_fields(llm, qwen)),
+            sampling=_sampling_config(llm),
             flow=FlowConfig(
                 vocab_size=int(flow["vocab_size"]),
                 input_size=int(flow["input_size"]),
@@ -173,33 +184,9 @@ def model_config_from_official(yaml_data: dict[str, Any], qwen: QwenConfig) -> M
                     act_fn=str(est.get("act_fn", "gelu")),
                     static_chunk_size=int(est.get("static_chunk_size", 50)),
                 ),
-                cfm=CFMConfig(
-                    sigma_min=float(cfm_params.get("sigma_min", 1e-6)),
-                    training_cfg_rate=float(cfm_params.get("training_cfg_rate", 0.2)),
-                    inference_cfg_rate=float(cfm_params.get("inference_cfg_rate", 0.7)),
-                ),
+                cfm=_cfm_config(cfm),
             ),
-            hift=HiFTConfig(
-                in_channels=int(hift["in_channels"]),
-                base_channels=int(hift["base_channels"]),
-                nb_harmonics=int(hift["nb_harmonics"]),
-                sampling_rate=int(hift["sampling_rate"]),
-                nsf_alpha=float(hift["nsf_alpha"]),
-                nsf_sigma=float(hift["nsf_sigma"]),
-                nsf_voiced_threshold=float(hift["nsf_voiced_threshold"]),
-                upsample_rates=_tuple(hift["upsample_rates"]),
-                upsample_kernel_sizes=_tuple(hift["upsample_kernel_sizes"]),
-                istft_n_fft=int(hift["istft_params"]["n_fft"]),
-                istft_hop_len=int(hift["istft_params"]["hop_len"]),
-                resblock_kernel_sizes=_tuple(hift["resblock_kernel_sizes"]),
-                resblock_dilation_sizes=_tuple(hift["resblock_dilation_sizes"]),
-                source_resblock_kernel_sizes=_tuple(hift["source_resblock_kernel_sizes"]),
-                source_resblock_dilation_sizes=_tuple(hift["source_resblock_dilation_sizes"]),
-                lrelu_slope=float(hift["lrelu_slope"]),
-                audio_limit=float(hift["audio_limit"]),
-                f0_num_class=int(hift["f0_predictor"].get("num_class", 1)),
-                f0_cond_channels=int(hift["f0_predictor"]["cond_channels"]),
-            ),
+            hift=HiFTConfig(**_hift_fields(hift)),
             sample_rate=int(yaml_data.get("sample_rate", 24000)),
             spk_embed_dim=int(yaml_data.get("spk_embed_dim", 192)),
         )
@@ -239,32 +226,15 @@ def cosyvoice3_config_from_official(yaml_data: dict[str, Any], qwen: QwenConfig)
         llm, flow, hift = yaml_data["llm"], yaml_data["flow"], yaml_data["hift"]
         pre, cfm = flow["pre_lookahead_layer"], flow["decoder"]
         est = cfm["estimator"]
-        cfm_params = cfm.get("cfm_params", {})
-        cfm_params = cfm_params.get("content", cfm_params)
-        sampling = llm.get("sampling", {})
-        if qwen.hidden_size != int(yaml_data.get("llm_input_size", qwen.hidden_size)):
-            raise ModelLoadError(
-                f"llm_input_size {yaml_data['llm_input_size']} in the yaml differs from the Qwen2 hidden size "
-                f"{qwen.hidden_size} in CosyVoice-BlankEN/config.json"
-            )
+        _check_llm_input_size(yaml_data, qwen)
         lookahead = int(flow.get("pre_lookahead_len", 3))
         if int(pre.get("pre_lookahead_len", lookahead)) != lookahead:
             raise ModelLoadError("flow.pre_lookahead_len differs from flow.pre_lookahead_layer.pre_lookahead_len")
         if int(pre["in_channels"]) != int(flow["input_size"]):
             raise ModelLoadError("flow.pre_lookahead_layer.in_channels differs from flow.input_size")
         return CosyVoice3Config(
-            llm=CV3SpeechLMConfig(
-                qwen=qwen,
-                speech_token_size=int(llm["speech_token_size"]),
-                mix_ratio=tuple(llm.get("mix_ratio", (5, 15))),
-                lsm_weight=float(llm.get("lsm_weight", 0.0)),
-            ),
-            sampling=SamplingConfig(
-                top_p=float(sampling.get("top_p", 0.8)),
-                top_k=int(sampling.get("top_k", 25)),
-                win_size=int(sampling.get("win_size", 10)),
-                tau_r=float(sampling.get("tau_r", 0.1)),
-            ),
+            llm=CV3SpeechLMConfig(**_speech_lm_fields(llm, qwen)),
+            sampling=_sampling_config(llm),
             flow=CV3FlowConfig(
                 vocab_size=int(flow["vocab_size"]),
                 input_size=int(flow["input_size"]),
@@ -287,11 +257,7 @@ def cosyvoice3_config_from_official(yaml_data: dict[str, Any], qwen: QwenConfig)
                     static_chunk_size=int(est.get("static_chunk_size", 50)),
                     num_decoding_left_chunks=int(est.get("num_decoding_left_chunks", -1)),
                 ),
-                cfm=CFMConfig(
-                    sigma_min=float(cfm_params.get("sigma_min", 1e-6)),
-                    training_cfg_rate=float(cfm_params.get("training_cfg_rate", 0.2)),
-                    inference_cfg_rate=float(cfm_params.get("inference_cfg_rate", 0.7)),
-                ),
+                cfm=_cfm_config(cfm),
             ),
             hift=CausalHiFTConfig(**_hift_fields(hift), conv_pre_look_right=int(hift.get("conv_pre_look_right", 4))),
             sample_rate=int(yaml_data.get("sample_rate", 24000)),
