@@ -240,6 +240,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cpu", help="cpu or cuda (both sides run there)")
     p.add_argument("--threads", type=int, default=min(os.cpu_count() or 1, 2), help="torch threads per side")
     p.add_argument("--tokens", type=int, help="speech tokens per utterance (25 per second)")
+    p.add_argument("--prompt-tokens", type=int,
+                   help="speech tokens of the saved zero-shot voice's prompt (default 75 = 3 s; 1 = almost none)")
     p.add_argument("--batches", help="LLM batch sizes, comma separated (default 1,4,16)")
     p.add_argument("--concurrency", help="concurrent streams, comma separated (default 1,4,8,16)")
     p.add_argument("--parts", default=",".join(PARTS),
@@ -264,6 +266,10 @@ def config_from_args(args: argparse.Namespace) -> Any:
         kw["tokens"] = args.tokens
     if args.e2e_repeats is not None:
         kw["e2e_repeats"] = args.e2e_repeats
+    if args.prompt_tokens is not None:
+        if args.prompt_tokens < 1:  # zero-shot needs prompt speech
+            raise InputError(f"--prompt-tokens must be >= 1, got {args.prompt_tokens}")
+        kw["prompt_tokens"] = args.prompt_tokens
     for name in ("batches", "concurrency"):
         value = getattr(args, name)
         if value:
