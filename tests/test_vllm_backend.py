@@ -230,8 +230,8 @@ def test_async_engine_end_to_end_equals_the_torch_backend() -> None:
     torch_engine = _GreedyEngine.from_model(model, token2wav_config=t2w)
     want = _run(torch_engine, requests)
     runtime = apply_backend(model, "vllm", "fp32", "cpu")
-    assert runtime.backend == "vllm" and model.runtime is runtime
-    vllm_engine = _GreedyEngine.from_model(model, token2wav_config=t2w)
+    assert runtime.backend == "vllm"
+    vllm_engine = _GreedyEngine.from_model(model, token2wav_config=t2w, runtime=runtime)
     try:
         assert isinstance(vllm_engine.llm, VLLMEngine)
         got = _run(vllm_engine, requests)
@@ -253,8 +253,7 @@ def test_reference_path_decodes_with_vllm() -> None:
     from vocalis.reference.synthesizer import Synthesizer
 
     model = _model()
-    apply_backend(model, "vllm", "fp32", "cpu")
-    synth = Synthesizer(model)
+    synth = Synthesizer(model, runtime=apply_backend(model, "vllm", "fp32", "cpu"))
     request = SynthesisRequest(model.voices["default"], Mode.SFT, SENTENCES[0], seed=7, text_frontend=False)
     try:
         first, again = (np.concatenate([c.samples for c in synth.run(request, stream=s)]) for s in (True, False))

@@ -16,7 +16,6 @@ import re
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 
@@ -33,9 +32,6 @@ from vocalis.models.speech_lm import Qwen2LM
 from vocalis.models.speech_lm import prepare_official_state_dict as prepare_llm_state_dict
 from vocalis.official_yaml import model_config_from_official, read_official_yaml, read_qwen_config
 from vocalis.frontend.voice import Voice, voice_from_spk2info
-
-if TYPE_CHECKING:
-    from vocalis.runtime.backends import Runtime
 
 log = logging.getLogger(__name__)
 _SAFE_FILE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")
@@ -66,7 +62,6 @@ class LoadedModel:
     voices: dict[str, Voice] = field(default_factory=dict)
     kind: str = "vocalis"  # "official" | "vocalis" | "random"
     path: Path | None = None
-    runtime: Runtime | None = None  # what `apply_backend` applied (None: nothing, plain torch); engines read it
 
     def describe(self) -> str:
         where = str(self.path) if self.path else "built in"

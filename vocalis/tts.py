@@ -63,8 +63,9 @@ class TTS:
     engine_type: type[AsyncEngine] = AsyncEngine  # what `engine` builds (the serving bench forces lengths with it)
 
     def __init__(self, model: LoadedModel, engine: EngineConfig | None = None,
-                 token2wav: Token2WavConfig | None = None) -> None:
+                 token2wav: Token2WavConfig | None = None, runtime: Runtime | None = None) -> None:
         self.model = model
+        self.runtime = runtime  # what `apply_backend` applied to `model` (None: nothing, plain torch)
         self.frontend = frontend_for(model)
         self.engine_config = engine
         self.token2wav_config = token2wav if token2wav is not None else Token2WavConfig(final_attention="full")
@@ -88,8 +89,8 @@ class TTS:
         if model.kind == "cosyvoice3" and resolve(backend, precision, dev)[0] in ("onnx", "tensorrt"):
             raise InputError(f"the {backend} backend exports CosyVoice 2's flow and vocoder; a CosyVoice 3 model runs "
                              "with --backend torch (or compile)")  # at load, not as a failed export later
-        apply_backend(model, backend, precision, dev)
-        return cls(model, engine, token2wav)
+        runtime = apply_backend(model, backend, precision, dev)
+        return cls(model, engine, token2wav, runtime)
 
     # ---- the engine ------------------------------------------------------------------------------------
     @property
@@ -100,7 +101,8 @@ class TTS:
     def _faces(self) -> tuple[AsyncEngine, BlockingEngine]:
         with self._lock:
             if self._engine is None or self._blocking is None:
-                self._engine = self.engine_type.from_model(self.model, self.engine_config, self.token2wav_config)
+                self._engine = self.engine_type.from_model(self.model, self.engine_config, self.token2wav_config,
+                                                           runtime=self.runtime)
                 self._blocking = BlockingEngine(self._engine)
             return self._engine, self._blocking
 
@@ -116,11 +118,6 @@ class TTS:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    @property
-    def runtime(self) -> Runtime | None:
-        """The backend and precision in use (`apply_backend` records them on the model; None: nothing applied)."""
-        return self.model.runtime
 
     @property
     def sample_rate(self) -> int:

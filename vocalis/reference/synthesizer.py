@@ -21,7 +21,7 @@ from vocalis.frontend.request import AudioChunk, Mode, SynthesisRequest
 from vocalis.model_dir import LoadedModel
 from vocalis.reference.decode import generate, generate_bistream
 from vocalis.reference.token2wav import Token2Wav
-from vocalis.runtime.backends import vllm_precision
+from vocalis.runtime.backends import Runtime, vllm_precision
 
 if TYPE_CHECKING:
     from vocalis.engine.vllm.engine import VLLMEngine
@@ -34,8 +34,10 @@ __all__ = ["AudioSource", "Synthesizer"]
 class Synthesizer(Frontend):
     """Drives a `LoadedModel` for one request at a time (the fast engine batches many)."""
 
-    def __init__(self, model: LoadedModel, stream: StreamConfig | None = None, max_text_chars: int = 20000):
+    def __init__(self, model: LoadedModel, stream: StreamConfig | None = None, max_text_chars: int = 20000,
+                 runtime: Runtime | None = None):
         super().__init__(model, max_text_chars)
+        self.runtime = runtime  # what `apply_backend` applied to `model` (the vllm backend decodes in vLLM)
         self.token2wav = Token2Wav(model.flow, model.hift, stream)
         self._vllm: VLLMEngine | None = None  # the vllm backend's engine, made when first needed
 
@@ -72,7 +74,7 @@ class Synthesizer(Frontend):
 
     def _vllm_engine(self) -> VLLMEngine | None:
         """With the vllm backend applied, its engine (worker started on first use); else None (torch decoding)."""
-        precision = vllm_precision(self.model)
+        precision = vllm_precision(self.runtime)
         if precision is None:
             return None
         if self._vllm is None:

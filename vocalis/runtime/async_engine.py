@@ -42,7 +42,7 @@ from vocalis.frontend.prompt_cv3 import frontend_for
 from vocalis.frontend.request import AudioChunk, Mode, SynthesisRequest
 from vocalis.kernels.threads import release_openmp_pool
 from vocalis.model_dir import LoadedModel
-from vocalis.runtime.backends import make_llm_engine
+from vocalis.runtime.backends import Runtime, make_llm_engine
 from vocalis.runtime.handle import END, EngineClosed, Job, StreamHandle, new_job_id
 from vocalis.runtime.step_grouping import StepGrouping, StreamReadiness, plan_token2wav_step
 from vocalis.token2wav.cv3 import CV3Token2WavEngine, token2wav_for
@@ -83,11 +83,12 @@ class AsyncEngine:
     @classmethod
     def from_model(cls, model: LoadedModel, config: EngineConfig | None = None,
                    token2wav_config: Token2WavConfig | None = None, stream: StreamConfig | None = None,
-                   grouping: StepGrouping | None = None) -> AsyncEngine:
-        """Build the LLM engine (ours, or vLLM's for the vllm backend) and the batched token2wav engine of the
-        model's family (CosyVoice 2 or 3) over a loaded model's modules; InputError for modules neither runs."""
+                   grouping: StepGrouping | None = None, runtime: Runtime | None = None) -> AsyncEngine:
+        """Build the LLM engine (ours, or vLLM's when `runtime`, what `apply_backend` returned, is the vllm
+        backend's) and the batched token2wav engine of the model's family (CosyVoice 2 or 3) over a loaded model's
+        modules; InputError for modules neither runs."""
         token2wav = token2wav_for(model.flow, model.hift, token2wav_config, stream)
-        return cls(model, make_llm_engine(model, config), token2wav, grouping)
+        return cls(model, make_llm_engine(model, config, runtime), token2wav, grouping)
 
     # ---- lifecycle ------------------------------------------------------------------------------------
     def start(self) -> Self:

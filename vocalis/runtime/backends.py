@@ -39,8 +39,8 @@ Backend (who runs the flow estimator and the HiFT body; the LLM runs in torch ex
   `vllm_export` writes the speech LM as an HF Qwen2 directory (embed_tokens = speech_embedding, lm_head =
   llm_decoder with its bias: a registered `VocalisSpeechLM`), `vllm_worker` serves a step-based vLLM engine
   (fp32 or bf16 with an fp32 head, eager, prompt_embeds, no tokenizer), and `VLLMEngine` stands in for our
-  `LLMEngine` (`make_llm_engine`: `AsyncEngine.from_model` and the reference path pick it from the model's
-  `Runtime`), sending each request's prefill as embeddings. Greedy ids equal our engine's (fp32); sampling is
+  `LLMEngine` (`make_llm_engine`: `AsyncEngine.from_model` and the reference path pick it from the `Runtime`
+  they are handed), sending each request's prefill as embeddings. Greedy ids equal our engine's (fp32); sampling is
   vLLM's temperature + top-k + top-p with a seed drawn from the request's generator: no RAS (the repetition
   window). No bi-streaming (text in pieces): InputError. CPU only; vLLM's CPU attention needs a head width of
   32 or more (the 0.5B model's is 64; the tiny preset's 16 is refused). Measured on the 2-core CPU at the 0.5B
@@ -175,16 +175,17 @@ def resolve(backend: str, precision: str, device: str | torch.device = "cpu") ->
     return backend, precision
 
 
-def vllm_precision(model: LoadedModel) -> str | None:
-    """The precision vLLM decodes the model's LLM in when the vllm backend was applied to it, else None."""
-    runtime = model.runtime
+def vllm_precision(runtime: Runtime | None) -> str | None:
+    """The precision vLLM decodes the LLM in when `runtime` is the vllm backend's, else None."""
     return runtime.precision if runtime is not None and runtime.backend == "vllm" else None
 
 
-def make_llm_engine(model: LoadedModel, config: EngineConfig | None = None) -> LLMEngine | VLLMEngine:
-    """The LLM engine a loaded model's runtime calls for: a `VLLMEngine` (worker process) for the vllm backend,
-    else our `LLMEngine` over the (possibly cast or quantized) torch modules."""
-    precision = vllm_precision(model)
+def make_llm_engine(model: LoadedModel, config: EngineConfig | None = None,
+                    runtime: Runtime | None = None) -> LLMEngine | VLLMEngine:
+    """The LLM engine `runtime` (what `apply_backend` returned; None: plain torch) calls for: a `VLLMEngine`
+    (worker process) for the vllm backend, else our `LLMEngine` over the (possibly cast or quantized) torch
+    modules."""
+    precision = vllm_precision(runtime)
     if precision is not None:
         from vocalis.engine.vllm.engine import VLLMEngine
 
@@ -205,7 +206,9 @@ def apply_backend(model: object, backend: str = "torch", precision: str = "fp32"
     None: on CPUs with AMX tiles, where they run ~1.9x faster (elsewhere fp32 convs are as fast).
 
     Apply once, after loading and before any synthesis; a model so changed is not for saving (its estimator
-    may be a wrapper and its Linear weights reduced).
+    may be a wrapper and its Linear weights reduced). The caller keeps the returned `Runtime` and hands it to
+    the engines it builds (`make_llm_engine`, `AsyncEngine.from_model`, `Synthesizer`): the model does not
+    carry it.
     """
     requested = (backend, precision)
     backend, precision = resolve(backend, precision, device)
@@ -262,7 +265,6 @@ def apply_backend(model: object, backend: str = "torch", precision: str = "fp32"
         flow.decoder.estimator = torch.compile(estimator)
         notes.append("flow estimator under torch.compile (full passes; the cached streaming path is eager)")
     runtime = Runtime(backend, precision, str(torch.device(device)), tuple(notes))
-    model.runtime = runtime  # type: ignore[attr-defined]  # engines built later read it (make_llm_engine)
     if "auto" in requested:
         log.info("auto picked %s", runtime.describe())
     else:
