@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
+import numpy as np
 import torch
 
+from vocalis.config import StreamConfig
+
 ATOL = 1e-4  # fp32 against the official modules
+ZS_PROMPT_TEXT_IDS = (9906, 1879, 13)  # the `zs` speaker's transcript ids (any ids: the fixture's table is full size)
 
 
 def cv3_reference(cv3_dir: Path, name: str) -> dict[str, torch.Tensor]:
@@ -23,3 +28,59 @@ def max_diff(name: str, ours: torch.Tensor, ref: torch.Tensor) -> float:
 
 def state_dict_shapes(sd: dict[str, torch.Tensor]) -> dict[str, tuple[int, ...]]:
     return {k: tuple(v.shape) for k, v in sd.items()}
+
+
+def make_cv3_model_dir(directory: Path, cv3_dir: Path, long_spoken: bool = True) -> Path:
+    """The compat_cv3 folder as a servable model directory: the bundled (small) Qwen tokenizer in
+    `CosyVoice-BlankEN/` (the fixture has none) and a `spk2info.pt` with an sft speaker `default` (embedding only)
+    and a zero-shot one `zs` (the ref_stream prompt). Large files are links.
+
+    long_spoken: the speech head's 200 stop rows are zeroed, so with top-k sampling the random LLM rarely stops
+    before max_len (20 speech ids per text id) and a short text spans several stream chunks; left as they are,
+    a stop id comes within a few steps (200 of its 500 rows stop).
+    """
+    from vocalis.model_dir import BUNDLED_TOKENIZER
+
+    directory.mkdir(parents=True, exist_ok=True)
+    for name in ("cosyvoice3.yaml", "flow.pt", "hift.pt", *(() if long_spoken else ("llm.pt",))):
+        (directory / name).symlink_to(cv3_dir / name)
+    if long_spoken:
+        llm = torch.load(cv3_dir / "llm.pt", weights_only=True)
+        speech_rows = llm["speech_embedding.weight"].shape[0] - 200
+        llm["llm_decoder.weight"][speech_rows:] = 0.0
+        torch.save(llm, directory / "llm.pt")
+    qwen = directory / "CosyVoice-BlankEN"
+    qwen.mkdir()
+    for p in (cv3_dir / "CosyVoice-BlankEN").iterdir():
+        (qwen / p.name).symlink_to(p)
+    for p in BUNDLED_TOKENIZER.iterdir():
+        shutil.copy(p, qwen / p.name)
+    ref = cv3_reference(cv3_dir, "ref_stream")
+    torch.save({"default": {"embedding": ref["embedding"]},
+                "zs": {"prompt_text": torch.tensor([ZS_PROMPT_TEXT_IDS]), "speech_token": ref["prompt_token"],
+                       "speech_feat": ref["prompt_feat"], "embedding": ref["embedding"]}}, directory / "spk2info.pt")
+    return directory
+
+
+def reference_audio(tts, request, stream: bool) -> list[np.ndarray]:  # tts: vocalis.tts.TTS of a CV3 model
+    """What the batch-1 reference path makes of `request` (unistream, sampled as the engine samples: the model's
+    RAS settings and length bounds, the LLM generator of `request.seed` shared by the sentences): per sentence
+    `reference.cv3.generate` -> silent-token filter -> `reference.cv3.stream_token2wav`; the chunks in order."""
+    from vocalis.reference.cv3 import generate, stream_token2wav
+    from vocalis.token2wav.cv3_schedule import keep_token
+
+    fe, model = tts.frontend, tts.model
+    llm_gen, _ = fe.generators(request.seed)
+    prompt = fe.flow_prompt(request)
+    prompt_text, prompt_speech = fe.llm_prompt(request)
+    chunks: list[np.ndarray] = []
+    for text_ids in fe.segments(request):
+        speech, run = [], 0
+        for t in generate(model.llm, text_ids, prompt_text, prompt_speech, model.config.sampling, llm_gen):
+            keep, run = keep_token(t, run)
+            if keep:
+                speech.append(t)
+        chunks += [c[0].numpy() for c in stream_token2wav(model.flow, model.hift, torch.tensor([speech]),
+                                                           prompt.speech_ids, prompt.mel, prompt.embedding,
+                                                           StreamConfig(), streaming=stream)]
+    return chunks

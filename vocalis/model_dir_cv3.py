@@ -75,7 +75,7 @@ def load_cosyvoice3(directory: Path):  # -> vocalis.model_dir.LoadedModel
     voices = {}
     spk2info = directory / "spk2info.pt"
     if spk2info.is_file():
-        from vocalis.voice import voice_from_spk2info
+        from vocalis.frontend.voice import voice_from_spk2info
 
         try:
             info = torch.load(spk2info, map_location="cpu", weights_only=True)
