@@ -34,7 +34,8 @@ from torch import nn
 from vocalis.config import PRESETS, SAMPLE_RATE, TOKEN_RATE
 from vocalis.bench.accuracy import errors, outputs
 from vocalis.runtime.backends import apply_backend
-from vocalis.token2wav.engine import Token2WavConfig, Token2WavEngine
+from vocalis.token2wav.config import Token2WavConfig
+from vocalis.token2wav.engine import Token2WavEngine
 from vocalis.reference.token2wav import FlowPrompt, Token2Wav
 from vocalis.models.flow.flow import CausalMaskedDiffWithXvec
 from vocalis.models.hift.generator import HiFTGenerator

@@ -15,7 +15,7 @@ from vocalis.model_dir import LoadedModel, random_model
 from vocalis.reference.synthesizer import Synthesizer
 from vocalis.runtime.async_engine import AsyncEngine
 from vocalis.runtime.handle import StreamHandle
-from vocalis.token2wav.engine import Token2WavConfig
+from vocalis.token2wav.config import Token2WavConfig
 
 TEXTS = ["Hello there, how are you today?", "Short one.", "The quick brown fox jumps over the lazy dog again."]
 ATOL = 1e-5  # audio in [-1, 1]; float summation order only (measured ~2e-7)

@@ -221,7 +221,7 @@ def _engine_mels(model, compute: str = "auto", streams: int = 1, native: bool | 
                  ) -> tuple[list[torch.Tensor], Token2WavEngine]:
     """Every chunk's mel of `streams` identical-schedule streams (different tokens) through the cached engine;
     native: force the bf16 compute's own GEMM (`bf16_gemm`) on or off (None: its default)."""
-    from vocalis.token2wav.engine import Token2WavConfig
+    from vocalis.token2wav.config import Token2WavConfig
 
     g = torch.Generator().manual_seed(0)
     prompt = FlowPrompt(torch.randint(0, 6561, (1, 30), generator=g), torch.randn(1, 60, 80, generator=g),

@@ -22,7 +22,7 @@ from vocalis.runtime.backends import apply_backend
 from vocalis.engine.config import EngineConfig
 from vocalis.engine.llm_engine import LLMEngine
 from vocalis.engine.request import SamplingParams
-from vocalis.token2wav.engine import Token2WavConfig
+from vocalis.token2wav.config import Token2WavConfig
 from vocalis.frontend.request import Mode, SynthesisRequest
 from vocalis.reference.synthesizer import Synthesizer
 from vocalis.model_dir import random_model

@@ -17,7 +17,7 @@ from vocalis.config import CV3_SILENT_TOKEN_IDS, StreamConfig
 from vocalis.frontend.prompt import FlowPrompt
 from vocalis.reference.cv3 import stream_token2wav
 from vocalis.token2wav.cv3 import CV3StreamState, CV3Token2WavEngine
-from vocalis.token2wav.engine import Token2WavConfig
+from vocalis.token2wav.config import Token2WavConfig
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,9 @@ import pytest
 import torch
 
 from vocalis.config import PRESETS
-from vocalis.token2wav.engine import StreamState, Token2WavConfig, Token2WavEngine
+from vocalis.token2wav.config import Token2WavConfig
+from vocalis.token2wav.engine import Token2WavEngine
+from vocalis.token2wav.state import StreamState
 from vocalis.reference.token2wav import FlowPrompt, Token2Wav
 from vocalis.models.flow.flow import CausalMaskedDiffWithXvec
 from vocalis.models.hift.generator import HiFTGenerator

@@ -26,7 +26,7 @@ from vocalis.runtime.backends import apply_backend, resolve
 from vocalis.engine.config import EngineConfig
 from vocalis.engine.llm_engine import LLMEngine
 from vocalis.engine.request import Request, RequestStatus, SamplingParams
-from vocalis.token2wav.engine import Token2WavConfig
+from vocalis.token2wav.config import Token2WavConfig
 from vocalis.engine.vllm.engine import PYTHON_ENV, VLLMEngine, WorkerError, vllm_version
 from vocalis.engine.vllm.export import export_for_vllm
 from vocalis.errors import InputError

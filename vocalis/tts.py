@@ -27,7 +27,7 @@ from vocalis.model_dir import LoadedModel, load_model
 from vocalis.runtime.async_engine import AsyncEngine
 from vocalis.runtime.backends import Runtime, apply_backend, resolve
 from vocalis.runtime.sync import BlockingEngine
-from vocalis.token2wav.engine import Token2WavConfig
+from vocalis.token2wav.config import Token2WavConfig
 
 Text = str | Iterable[str] | AsyncIterable[str]
 

@@ -45,8 +45,10 @@ from vocalis.model_dir import LoadedModel
 from vocalis.runtime.backends import Runtime, make_llm_engine
 from vocalis.runtime.handle import END, EngineClosed, Job, StreamHandle, new_job_id
 from vocalis.runtime.step_grouping import StepGrouping, StreamReadiness, plan_token2wav_step
+from vocalis.token2wav.config import Token2WavConfig
 from vocalis.token2wav.cv3 import CV3Token2WavEngine, token2wav_for
-from vocalis.token2wav.engine import StreamState, Token2WavChunk, Token2WavConfig, Token2WavEngine
+from vocalis.token2wav.engine import Token2WavEngine
+from vocalis.token2wav.state import StreamState, Token2WavChunk
 
 if TYPE_CHECKING:
     from vocalis.engine.vllm.engine import VLLMEngine

@@ -22,7 +22,7 @@ from vocalis.frontend.request import AudioChunk
 if TYPE_CHECKING:
     from vocalis.engine.request import Request
     from vocalis.runtime.async_engine import AsyncEngine
-    from vocalis.token2wav.engine import StreamState
+    from vocalis.token2wav.state import StreamState
 
 END = object()  # the end of a request's output
 _job_ids = itertools.count(1)

@@ -44,8 +44,10 @@ from vocalis.models.cv3.hift import CausalHiFTGenerator
 from vocalis.models.flow.cfm import cosine_time_grid
 from vocalis.models.flow.flow import CausalMaskedDiffWithXvec
 from vocalis.models.hift.generator import HiFTGenerator
+from vocalis.token2wav.config import Token2WavConfig
 from vocalis.token2wav.cv3_schedule import FlowCall, StreamSchedule, keep_token
-from vocalis.token2wav.engine import Token2WavChunk, Token2WavConfig, Token2WavEngine
+from vocalis.token2wav.engine import Token2WavEngine
+from vocalis.token2wav.state import Token2WavChunk
 
 log = logging.getLogger(__name__)
 

@@ -23,34 +23,24 @@ Memory. The caches cost ~4.4 MiB per token (2 mel frames) at the 0.5B shapes wit
 and its generated ones), plus each voice's prefix once. `max_cache_mib` bounds the total: over it, requests
 fall back to recomputing their chunks (the reference path's cost, same output) instead of running out of memory.
 
-The final chunk. The reference runs its last call with full attention over the whole utterance. Here
-`Token2WavConfig.final_attention` chooses:
-- "causal" (default): the final chunk continues the block-causal computation (look-ahead zero-padded, like any
-  finalize call): linear cost. It equals the reference's flow run with streaming masks on the whole utterance;
-  against the reference's full-attention final chunk it differs by however much the model's two attention modes
-  disagree on the last hop (the released model is trained on both; with random weights this is O(1) on the last
-  chunk's mel, so tests compare it with the streaming-mask reference instead).
-- "full": the final chunk recomputes the whole utterance with full attention, exactly like the reference
-  (tolerance 1e-4 on audio, fp32); costs one extra non-streaming flow pass per request.
-Non-streaming requests always take one full-attention pass, equal to the reference offline path.
+The final chunk: `Token2WavConfig.final_attention` (`token2wav.config`) chooses "causal" (linear cost,
+the default) or "full" (the reference's full-attention last call, exactly).
 
 Legend: R requests in a step, P prompt tokens, N generated tokens, n new positions/frames.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
 import os
 import weakref
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from vocalis.config import StreamConfig
 from vocalis.frontend.prompt import FlowPrompt
@@ -59,124 +49,16 @@ from vocalis.models.flow.flow import CausalMaskedDiffWithXvec
 from vocalis.models.hift.generator import HiFTGenerator
 from vocalis.precision.layers import CastLinear
 from vocalis.token2wav.compute import ComputeWeights
+from vocalis.token2wav.config import Token2WavConfig
 from vocalis.token2wav.encoder import EncoderCache, EncoderRow, EncoderStreamer
 from vocalis.token2wav.estimator import EstimatorCache
-from vocalis.token2wav.hift import HiftBody, vocode_batch
+from vocalis.token2wav.hift import HiftBody
+from vocalis.token2wav.hift_stream import HiftStreamer
 from vocalis.token2wav.solver import TimeTerms, solve_chunk
+from vocalis.token2wav.state import StreamState, Token2WavChunk
+from vocalis.token2wav.voice_cache import VoicePrefix, start_caches, voice_key
 
 log = logging.getLogger(__name__)
-
-FINAL_ATTENTION = ("causal", "full")
-
-
-@dataclass(frozen=True, slots=True)
-class Token2WavConfig:
-    """Runtime knobs of the token2wav engine.
-
-    final_attention: "causal" (linear cost) or "full" (the reference's last call, exactly); see module doc.
-    voice_cache_size: idle prompt prefixes kept (LRU; one in use by a live request is always kept and shared);
-    0 disables prefix reuse altogether (every request computes its prompt). One costs ~4.6 MB per prompt mel
-    frame at the 0.5B shapes in fp32 (half in bf16).
-    max_batch: most requests in one step (the rest wait for the next step, oldest first as given).
-    cache_dtype: "bf16" (default) / "fp16" store the estimator's cached keys/values reduced: half the memory,
-    mel max rel error 3.6e-5 at the 0.5B shapes (random weights); None keeps the compute dtype (exact).
-    max_cache_mib: budget for all requests' flow caches. When a step would exceed it, the growing requests with
-    the largest caches drop them and compute their later chunks from the voice prefix like the reference path
-    (same output, reference cost). None: a quarter of the device's memory; 0: never cache.
-    compute: "auto" runs the incremental estimator's GEMMs, convs and attention in the dtype its Linear weights
-    were reduced to by a backend (bf16/fp16: `CastLinear`), with bf16/fp16 activations into them and fp32
-    norms, residual stream and Euler state (`token2wav.compute.ComputeWeights`); at fp32 and int8 the modules run
-    as they are.
-    "modules" always calls the modules as they are (fp32 activations between the reduced-weight GEMMs).
-    """
-
-    final_attention: str = "causal"
-    voice_cache_size: int = 4
-    max_batch: int = 16
-    cache_dtype: str | None = "bf16"
-    max_cache_mib: int | None = None
-    compute: str = "auto"
-
-    def __post_init__(self) -> None:
-        if self.final_attention not in FINAL_ATTENTION:
-            raise ValueError(f"final_attention must be one of {FINAL_ATTENTION}, got {self.final_attention!r}")
-        if self.voice_cache_size < 0 or self.max_batch < 1:
-            raise ValueError("voice_cache_size must be >= 0 and max_batch >= 1")
-        if self.cache_dtype not in (None, "bf16", "fp16"):
-            raise ValueError(f"cache_dtype must be None, 'bf16' or 'fp16', got {self.cache_dtype!r}")
-        if self.compute not in ("auto", "modules"):
-            raise ValueError(f"compute must be 'auto' or 'modules', got {self.compute!r}")
-        if self.max_cache_mib is not None and self.max_cache_mib < 0:
-            raise ValueError("max_cache_mib must be >= 0 (or None for a quarter of the device memory)")
-
-
-@dataclass(eq=False)
-class StreamState:
-    """One request's token2wav progress: tokens so far, schedule, flow caches, HiFT caches."""
-
-    request_id: str
-    prompt: FlowPrompt
-    streaming: bool = True
-    speed: float = 1.0
-    generator: torch.Generator | None = None  # HiFT source noise; on the vocoder's device
-    tokens: list[int] = field(default_factory=list)
-    input_done: bool = False
-    token_offset: int = 0  # generated tokens already emitted as audio
-    hop: int = 25
-    chunks_done: int = 0
-    hops: list[int] = field(default_factory=list)
-    finished: bool = False
-    cached: bool = True  # False once the cache budget made it recompute its chunks
-    estimator_frames: int = 0  # frames x Euler steps this request put through the estimator (cost counter)
-    encoder_tokens: int = 0
-    enc_cache: EncoderCache | None = None
-    est_caches: list[EstimatorCache] = field(default_factory=list)
-    voice: _VoicePrefix | None = None  # the shared prompt prefix its caches continue (counts as a user of it)
-    cache_mel: torch.Tensor | None = None  # (80, mel_cache_len)
-    cache_source: torch.Tensor | None = None  # (1, 1, source_cache_len)
-    cache_speech: torch.Tensor | None = None  # (source_cache_len,)
-
-    def add_tokens(self, ids: Iterable[int]) -> None:
-        if self.input_done:
-            raise RuntimeError(f"request {self.request_id}: tokens added after end_input()")
-        self.tokens.extend(int(i) for i in ids)
-
-    def add_source_tokens(self, ids: Iterable[int]) -> None:
-        """Given ids (voice conversion): as `add_tokens` here (CosyVoice 3's state filters LLM ids, not these)."""
-        self.add_tokens(ids)
-
-    def end_input(self) -> None:
-        self.input_done = True
-
-    @property
-    def num_prompt_tokens(self) -> int:
-        return int(self.prompt.speech_ids.shape[1])
-
-    def release(self) -> None:
-        """Drop every cache (finish or abort) and the reference to the voice prefix."""
-        self.drop_flow_caches()
-        self.cache_mel = self.cache_source = self.cache_speech = None
-
-    def drop_flow_caches(self) -> None:
-        """Drop the flow caches and the voice prefix reference (the HiFT seam caches stay)."""
-        self.voice = None
-        self.enc_cache = None
-        self.est_caches = []
-
-    def cache_bytes(self) -> int:
-        """Bytes of this request's own flow caches (the shared voice prefix not counted)."""
-        n = self.enc_cache.nbytes() if self.enc_cache is not None else 0
-        return n + sum(c.nbytes() for c in self.est_caches)
-
-
-@dataclass(frozen=True)
-class Token2WavChunk:
-    """Audio for one request from one step: samples (N,) float32 at 24 kHz; final = the request is done."""
-
-    request_id: str
-    samples: np.ndarray
-    final: bool
-    index: int
 
 
 @dataclass
@@ -187,19 +69,6 @@ class Token2WavStats:
     voice_cache_hits: int = 0
     voice_cache_misses: int = 0
     cache_fallbacks: int = 0  # requests that dropped their caches to stay within max_cache_mib
-
-
-@dataclass(eq=False)
-class _VoicePrefix:
-    """A voice's prompt-prefix caches: computed once, read only, shared by every request of the voice."""
-
-    key: str
-    num_tokens: int
-    enc: EncoderCache
-    est: list[EstimatorCache]  # one per Euler step
-
-    def nbytes(self) -> int:
-        return self.enc.nbytes() + sum(c.nbytes() for c in self.est)
 
 
 class Token2WavEngine:
@@ -231,9 +100,9 @@ class Token2WavEngine:
         self.compute = self._compute_weights()
         self.time_terms = TimeTerms(self.estimator)
         self.ratio = flow.config.token_mel_ratio
-        self.window = torch.from_numpy(np.hamming(2 * self.stream.source_cache_len))  # float64, as the reference
+        self.vocoder = HiftStreamer(hift, self.hift_body, self.stream)
         self.stats = Token2WavStats()
-        self._voices: OrderedDict[str, _VoicePrefix] = OrderedDict()
+        self._voices: OrderedDict[str, VoicePrefix] = OrderedDict()
         self._live: weakref.WeakSet[StreamState] = weakref.WeakSet()
         mib = self.config.max_cache_mib
         self.cache_budget = self._default_budget() if mib is None else mib * 2**20
@@ -365,10 +234,10 @@ class Token2WavEngine:
             if s.cached:
                 if s.enc_cache is None:
                     s.voice = self._voice_prefix(s)
-                    s.enc_cache, s.est_caches = _start_caches(s.voice)
+                    s.enc_cache, s.est_caches = start_caches(s.voice)
                 enc, est, keep = s.enc_cache, s.est_caches, not final
             else:  # over budget: this chunk runs from the voice prefix and keeps nothing
-                enc, est = _start_caches(self._voice_prefix(s))
+                enc, est = start_caches(self._voice_prefix(s))
                 keep = False
             p = s.num_prompt_tokens
             end = p + len(s.tokens) if final else p + s.token_offset + self.this_hop(s)
@@ -431,12 +300,12 @@ class Token2WavEngine:
         chunk, look = self.encoder.chunk, self.stream.pre_lookahead_len
         return chunk * ((num_prompt_tokens - look) // chunk) if num_prompt_tokens > look else 0
 
-    def _voice_prefix(self, s: StreamState) -> _VoicePrefix | None:
+    def _voice_prefix(self, s: StreamState) -> VoicePrefix | None:
         """The shared prompt prefix a request starts from (computed on its voice's first use), or None."""
         pc = self.cacheable_prefix(s.num_prompt_tokens)
         if pc == 0 or self.config.voice_cache_size == 0:
             return None
-        key = _voice_key(s.prompt)
+        key = voice_key(s.prompt)
         entry = self._voices.get(key)
         if entry is None:
             self.stats.voice_cache_misses += 1
@@ -448,7 +317,7 @@ class Token2WavEngine:
         self._trim_voices(keep=entry)
         return entry
 
-    def _trim_voices(self, keep: _VoicePrefix | None = None) -> None:
+    def _trim_voices(self, keep: VoicePrefix | None = None) -> None:
         """Forget the least recently used idle prefixes beyond `voice_cache_size` idle ones; a prefix some live
         request uses stays (that request references its tensors anyway, and the voice's next request shares it)."""
         if len(self._voices) <= self.config.voice_cache_size:
@@ -466,7 +335,7 @@ class Token2WavEngine:
                 counts[s.voice.key] = counts.get(s.voice.key, 0) + 1
         return counts
 
-    def _compute_prefix(self, key: str, prompt: FlowPrompt, pc: int) -> _VoicePrefix:
+    def _compute_prefix(self, key: str, prompt: FlowPrompt, pc: int) -> VoicePrefix:
         enc = EncoderCache()
         row = EncoderRow(prompt.speech_ids.reshape(-1).long(), 0, pc, False, enc, keep=True)
         mu, lens = self.encoder.forward([row])
@@ -477,7 +346,7 @@ class Token2WavEngine:
         solve_chunk(self.flow.decoder, self.estimator, mu, spks, cond, [0], lens, [est], [True], self.n_timesteps,
                     self.cache_dtype, self.compute, self.time_terms)
         self.stats.estimator_frames += lens[0] * self.n_timesteps
-        return _VoicePrefix(key, pc, enc, est)
+        return VoicePrefix(key, pc, enc, est)
 
     def voice_cache_bytes(self) -> int:
         """Bytes of the voice prefixes held (each once, however many requests share it)."""
@@ -533,67 +402,4 @@ class Token2WavEngine:
 
     # ---- HiFT ---------------------------------------------------------------------------------------------
     def _vocode(self, items: list[tuple[StreamState, bool]], mels: list[torch.Tensor]) -> list[np.ndarray]:
-        inputs = []
-        for (s, _), mel in zip(items, mels):
-            mel = mel.float()
-            if s.speed != 1.0:
-                mel = F.interpolate(mel[None], size=max(1, int(mel.shape[1] / s.speed)), mode="linear")[0]
-            if s.cache_mel is not None:
-                mel = torch.cat([s.cache_mel.to(mel.device), mel], dim=1)
-            inputs.append(mel)
-        results = []
-        for group in _hift_groups([m.shape[1] for m in inputs], inputs[0].device.type == "cpu"):
-            results += vocode_batch(self.hift, [inputs[i] for i in group], [items[i][0].cache_source for i in group],
-                                    [items[i][0].generator for i in group], body=self.hift_body)
-        n = self.stream.source_cache_len
-        out = []
-        for (s, final), mel, (speech, source) in zip(items, inputs, results):
-            speech = speech.float().cpu()
-            if s.cache_speech is not None:
-                speech = speech.clone()
-                speech[:n] = (speech[:n].double() * self.window[:n] + s.cache_speech.double() * self.window[n:]).float()
-            if final:
-                out.append(speech.numpy())
-                continue
-            s.cache_mel = mel[:, -self.stream.mel_cache_len :].clone()
-            s.cache_source = source[:, :, -n:].clone()
-            s.cache_speech = speech[-n:].clone()
-            out.append(speech[:-n].numpy())
-        return out
-
-
-# On a CPU, HiFT's activations outgrow the caches past ~200 mel frames per call (~10 MB per conv layer): a batch of
-# 8 x 100 frames took 0.47 s a row against 0.36 s in pairs (2-core AMX Xeon), so a CPU call holds rows up to this
-# many frames in all (at least one row). A GPU takes the whole batch in one call.
-_HIFT_CPU_FRAMES = 200
-
-
-def _hift_groups(frames: list[int], cpu: bool) -> list[list[int]]:
-    """Consecutive row indices per HiFT call: all in one call off the CPU, else packed up to `_HIFT_CPU_FRAMES`."""
-    if not cpu:
-        return [list(range(len(frames)))]
-    groups: list[list[int]] = []
-    total = 0
-    for i, f in enumerate(frames):
-        if groups and total + f <= _HIFT_CPU_FRAMES:
-            groups[-1].append(i)
-            total += f
-        else:
-            groups.append([i])
-            total = f
-    return groups
-
-
-def _start_caches(voice: _VoicePrefix | None) -> tuple[EncoderCache, list[EstimatorCache]]:
-    """Fresh per-request caches: continuing a voice's shared prefix (nothing copied), or empty."""
-    if voice is None:
-        return EncoderCache(), []
-    return EncoderCache.on_prefix(voice.enc), [EstimatorCache.on_prefix(c) for c in voice.est]
-
-
-def _voice_key(prompt: FlowPrompt) -> str:
-    h = hashlib.sha1()
-    for t in (prompt.speech_ids, prompt.mel, prompt.embedding):
-        h.update(t.detach().to("cpu").contiguous().float().numpy().tobytes())
-        h.update(b"|")
-    return h.hexdigest()
+        return self.vocoder.vocode(items, mels)

@@ -1,0 +1,60 @@
+"""The token2wav engine's runtime knobs (`Token2WavConfig`).
+
+The final chunk. The reference runs its last call with full attention over the whole utterance. Here
+`Token2WavConfig.final_attention` chooses:
+- "causal" (default): the final chunk continues the block-causal computation (look-ahead zero-padded, like any
+  finalize call): linear cost. It equals the reference's flow run with streaming masks on the whole utterance;
+  against the reference's full-attention final chunk it differs by however much the model's two attention modes
+  disagree on the last hop (the released model is trained on both; with random weights this is O(1) on the last
+  chunk's mel, so tests compare it with the streaming-mask reference instead).
+- "full": the final chunk recomputes the whole utterance with full attention, exactly like the reference
+  (tolerance 1e-4 on audio, fp32); costs one extra non-streaming flow pass per request.
+Non-streaming requests always take one full-attention pass, equal to the reference offline path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+FINAL_ATTENTION = ("causal", "full")
+
+
+@dataclass(frozen=True, slots=True)
+class Token2WavConfig:
+    """Runtime knobs of the token2wav engine.
+
+    final_attention: "causal" (linear cost) or "full" (the reference's last call, exactly); see module doc.
+    voice_cache_size: idle prompt prefixes kept (LRU; one in use by a live request is always kept and shared);
+    0 disables prefix reuse altogether (every request computes its prompt). One costs ~4.6 MB per prompt mel
+    frame at the 0.5B shapes in fp32 (half in bf16).
+    max_batch: most requests in one step (the rest wait for the next step, oldest first as given).
+    cache_dtype: "bf16" (default) / "fp16" store the estimator's cached keys/values reduced: half the memory,
+    mel max rel error 3.6e-5 at the 0.5B shapes (random weights); None keeps the compute dtype (exact).
+    max_cache_mib: budget for all requests' flow caches. When a step would exceed it, the growing requests with
+    the largest caches drop them and compute their later chunks from the voice prefix like the reference path
+    (same output, reference cost). None: a quarter of the device's memory; 0: never cache.
+    compute: "auto" runs the incremental estimator's GEMMs, convs and attention in the dtype its Linear weights
+    were reduced to by a backend (bf16/fp16: `CastLinear`), with bf16/fp16 activations into them and fp32
+    norms, residual stream and Euler state (`token2wav.compute.ComputeWeights`); at fp32 and int8 the modules run
+    as they are.
+    "modules" always calls the modules as they are (fp32 activations between the reduced-weight GEMMs).
+    """
+
+    final_attention: str = "causal"
+    voice_cache_size: int = 4
+    max_batch: int = 16
+    cache_dtype: str | None = "bf16"
+    max_cache_mib: int | None = None
+    compute: str = "auto"
+
+    def __post_init__(self) -> None:
+        if self.final_attention not in FINAL_ATTENTION:
+            raise ValueError(f"final_attention must be one of {FINAL_ATTENTION}, got {self.final_attention!r}")
+        if self.voice_cache_size < 0 or self.max_batch < 1:
+            raise ValueError("voice_cache_size must be >= 0 and max_batch >= 1")
+        if self.cache_dtype not in (None, "bf16", "fp16"):
+            raise ValueError(f"cache_dtype must be None, 'bf16' or 'fp16', got {self.cache_dtype!r}")
+        if self.compute not in ("auto", "modules"):
+            raise ValueError(f"compute must be 'auto' or 'modules', got {self.compute!r}")
+        if self.max_cache_mib is not None and self.max_cache_mib < 0:
+            raise ValueError("max_cache_mib must be >= 0 (or None for a quarter of the device memory)")

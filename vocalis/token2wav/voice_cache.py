@@ -1,0 +1,42 @@
+"""A voice's shared prompt prefix: its first 25 * floor((P - 3) / 25) prompt tokens neither look ahead into
+nor share an attention block with generated tokens, so their flow caches are computed once per voice and every
+request of that voice continues them read only (`EncoderCache.prefix`, `EstimatorCache.prefix`), storing
+only its own frames. The engine keeps the prefixes (`Token2WavEngine._voices`, keyed by `voice_key`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+from vocalis.frontend.prompt import FlowPrompt
+from vocalis.token2wav.encoder import EncoderCache
+from vocalis.token2wav.estimator import EstimatorCache
+
+
+@dataclass(eq=False)
+class VoicePrefix:
+    """A voice's prompt-prefix caches: computed once, read only, shared by every request of the voice."""
+
+    key: str
+    num_tokens: int
+    enc: EncoderCache
+    est: list[EstimatorCache]  # one per Euler step
+
+    def nbytes(self) -> int:
+        return self.enc.nbytes() + sum(c.nbytes() for c in self.est)
+
+
+def start_caches(voice: VoicePrefix | None) -> tuple[EncoderCache, list[EstimatorCache]]:
+    """Fresh per-request caches: continuing a voice's shared prefix (nothing copied), or empty."""
+    if voice is None:
+        return EncoderCache(), []
+    return EncoderCache.on_prefix(voice.enc), [EstimatorCache.on_prefix(c) for c in voice.est]
+
+
+def voice_key(prompt: FlowPrompt) -> str:
+    h = hashlib.sha1()
+    for t in (prompt.speech_ids, prompt.mel, prompt.embedding):
+        h.update(t.detach().to("cpu").contiguous().float().numpy().tobytes())
+        h.update(b"|")
+    return h.hexdigest()
