@@ -62,21 +62,29 @@ def make_cv3_model_dir(directory: Path, cv3_dir: Path, long_spoken: bool = True)
     return directory
 
 
-def reference_audio(tts, request, stream: bool) -> list[np.ndarray]:  # tts: vocalis.tts.TTS of a CV3 model
-    """What the batch-1 reference path makes of `request` (unistream, sampled as the engine samples: the model's
-    RAS settings and length bounds, the LLM generator of `request.seed` shared by the sentences): per sentence
-    `reference.cv3.generate` -> silent-token filter -> `reference.cv3.stream_token2wav`; the chunks in order."""
-    from vocalis.reference.cv3 import generate, stream_token2wav
+def reference_audio(tts, request, stream: bool, pieces: list[str] | None = None) -> list[np.ndarray]:
+    """What the batch-1 reference path makes of `request` (tts: a `vocalis.tts.TTS` of a CV3 model), sampled as the
+    engine samples: the model's RAS settings and length bounds, the LLM generator of `request.seed` shared by the
+    sentences. Per sentence `reference.cv3.generate` -> silent-token filter -> `reference.cv3.stream_token2wav`;
+    with `pieces` (the text as it arrived) one `reference.cv3.generate_bistream` over the pieces' ids instead.
+    The chunks in order."""
+    from vocalis.reference.cv3 import generate, generate_bistream, stream_token2wav
     from vocalis.token2wav.cv3_schedule import keep_token
 
     fe, model = tts.frontend, tts.model
     llm_gen, _ = fe.generators(request.seed)
     prompt = fe.flow_prompt(request)
     prompt_text, prompt_speech = fe.llm_prompt(request)
+    if pieces is not None:
+        piece_ids = [fe.tokenizer.encode(p) for p in pieces if p]
+        runs = [generate_bistream(model.llm, piece_ids, prompt_text, prompt_speech, model.config.sampling, llm_gen)]
+    else:
+        runs = [generate(model.llm, text_ids, prompt_text, prompt_speech, model.config.sampling, llm_gen)
+                for text_ids in fe.segments(request)]
     chunks: list[np.ndarray] = []
-    for text_ids in fe.segments(request):
+    for ids in runs:  # lazily: each sentence draws from the shared generator after the previous one
         speech, run = [], 0
-        for t in generate(model.llm, text_ids, prompt_text, prompt_speech, model.config.sampling, llm_gen):
+        for t in ids:
             keep, run = keep_token(t, run)
             if keep:
                 speech.append(t)

@@ -1,12 +1,13 @@
 """`vocalis serve` with a CosyVoice 3 model, on a real server on 127.0.0.1: the compat_cv3 folder made servable
 (`cv3_support.make_cv3_model_dir`: a tokenizer, an sft and a zero-shot speaker). The OpenAI speech route, whole
 and streamed, equals the batch-1 reference path for the same seed (sft, zero-shot, instruct, a saved voice made
-from speech ids), also with requests batched together; what a CosyVoice 3 model cannot do yet (voices from
-audio) is a clean 400, never a traceback."""
+from speech ids), also with requests batched together, and so does the WebSocket route with text in pieces
+(bi-streaming); what a CosyVoice 3 model cannot do yet (voices from audio) is a clean 400, never a traceback."""
 
 from __future__ import annotations
 
 import base64
+import json
 import logging
 import signal
 import subprocess
@@ -125,6 +126,35 @@ def test_batched_requests_equal_each_alone(client, tts: TTS) -> None:
         _close(audio, _reference(tts, text, "default", 10 + i, True), f"batched {i}")
     # one LLM step serves every running request: fewer steps than one request after another would take
     assert steps < 0.8 * sum(len(a) // 960 for a in got), steps
+
+
+PIECES = ["Hello there, ", "how are ", "you?"]
+
+
+@pytest.mark.parametrize("voice", ["zs", "default"])
+def test_websocket_text_in_pieces_equals_the_reference(server, tts: TTS, voice: str) -> None:
+    ws_sync = pytest.importorskip("websockets.sync.client", reason="websockets is part of the dev extra")
+    url = server.url.replace("http://", "ws://") + "/v1/audio/speech/ws"
+    audio, messages = b"", []
+    with ws_sync.connect(url, additional_headers={"Authorization": "Bearer k"}, open_timeout=30) as ws:
+        ws.send(json.dumps({"type": "start", "voice": voice, "response_format": "pcm", "seed": 2}))
+        messages.append(json.loads(ws.recv(timeout=60)))
+        for piece in PIECES:
+            ws.send(json.dumps({"type": "text", "text": piece}))
+        ws.send(json.dumps({"type": "end"}))
+        while True:
+            m = ws.recv(timeout=300)
+            if isinstance(m, bytes):
+                audio += m
+                continue
+            messages.append(json.loads(m))
+            if messages[-1]["type"] in ("done", "error"):
+                break
+    assert [m["type"] for m in messages] == ["ready", "done"], messages
+    request = tts.request(iter(PIECES), voice=tts.model.voices[voice], seed=2)
+    chunks = [np.clip(c, -1.0, 1.0) for c in reference_audio(tts, request, True, PIECES)]
+    assert len(chunks) >= 2
+    _close(decode_audio("pcm", audio), chunks, f"websocket {voice}")
 
 
 def test_cosyvoice_routes_and_formats(client) -> None:

@@ -1,8 +1,10 @@
 """CosyVoice 3 end to end through `TTS` (the engine: `AsyncEngine` + `LLMEngine` + `CV3Token2WavEngine`) on the
-compat_cv3 fixture with the bundled (small-vocabulary) Qwen tokenizer attached (the fixture has none): every mode CV3 supports
-(zero-shot, cross-lingual, instruct, sft, voice conversion) equals the batch-1 reference (CV3 frontend prompt ->
-`reference.cv3.generate` with the same seed -> silent-token filter -> `reference.cv3.stream_token2wav`), streaming
-and not; the system prompt is added; what CV3 cannot do fails at once with InputError."""
+compat_cv3 fixture with the bundled (small-vocabulary) Qwen tokenizer in its `CosyVoice-BlankEN/` (the fixture has
+none; `cv3_support.make_cv3_model_dir`): every mode CV3 supports (zero-shot, cross-lingual, instruct, sft, voice
+conversion) equals the batch-1 reference (CV3 frontend prompt -> `reference.cv3.generate` with the same seed ->
+silent-token filter -> `reference.cv3.stream_token2wav`), streaming and not, and so does text in pieces
+(`reference.cv3.generate_bistream`); the system prompt is added; what CV3 cannot do fails at once with
+InputError."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from cv3_support import cv3_reference
+from cv3_support import cv3_reference, make_cv3_model_dir, reference_audio
 
 from vocalis.config import StreamConfig
 from vocalis.engine.config import EngineConfig
@@ -20,9 +22,7 @@ from vocalis.engine.request import SamplingParams
 from vocalis.errors import InputError
 from vocalis.frontend.prompt_cv3 import CV3Frontend
 from vocalis.frontend.request import Mode, SynthesisRequest
-from vocalis.frontend.tokenizer import TextTokenizer
 from vocalis.frontend.voice import Voice
-from vocalis.model_dir import BUNDLED_TOKENIZER
 from vocalis.reference.cv3 import generate, stream_token2wav
 from vocalis.reference.sampling import make_sampler
 from vocalis.runtime.async_engine import AsyncEngine
@@ -43,11 +43,10 @@ def _fixed(tokens: int) -> type[AsyncEngine]:
 
 
 @pytest.fixture(scope="module")
-def tts(cv3_dir: Path):
+def tts(cv3_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     from vocalis.model_dir import load_model
 
-    model = load_model(cv3_dir)
-    model.tokenizer = TextTokenizer.from_dir(BUNDLED_TOKENIZER)
+    model = load_model(make_cv3_model_dir(tmp_path_factory.mktemp("cv3") / "m", cv3_dir, long_spoken=False))
     t = TTS(model, EngineConfig(num_kv_blocks=64, block_size=8))
     t.engine_type = _fixed(50)
     yield t
@@ -93,9 +92,9 @@ def _reference(tts: TTS, request: SynthesisRequest, tokens: int, stream: bool) -
 
 
 CASES = {
-    "zero_shot": dict(),
-    "cross_lingual": dict(transcript=False),
-    "sft": dict(transcript=False, speech=False),
+    "zero_shot": {},
+    "cross_lingual": {"transcript": False},
+    "sft": {"transcript": False, "speech": False},
 }
 
 
@@ -138,8 +137,24 @@ def test_cv3_prompts_carry_the_system_part(tts: TTS, ref) -> None:
     assert ps == [] and pt[-1] == tts.model.tokenizer.endofprompt_id and tts.model.tokenizer.decode(pt).startswith("You are a helpful assistant.")
 
 
+PIECES = ["Hello there, ", "how are ", "you today? I am ", "fine, thanks."]
+
+
+@pytest.mark.parametrize("mode", ["zero_shot", "sft"])
+def test_text_in_pieces_equals_the_reference(tts: TTS, ref, mode: str) -> None:
+    voice = _voice(ref, **CASES[mode])
+    request = tts.request(iter(PIECES), voice=voice, seed=SEED)
+    assert request.bistream and request.mode.value == mode
+    got = [c.samples for c in tts.run(request, stream=True)]
+    fe = tts.frontend
+    assert fe.llm_prompt(request)[0][: len(fe.system_ids())] == fe.system_ids()
+    want = reference_audio(tts, request, True, PIECES)
+    assert [len(g) for g in got] == [len(w) for w in want] and len(want) >= 2, [len(w) for w in want]
+    worst = max(float(np.abs(g - w).max()) for g, w in zip(got, want))
+    print(f"[cv3 e2e] bistream {mode}: {sum(map(len, want))} samples, max abs diff {worst:.3e}")
+    assert worst <= 1e-4
+
+
 def test_what_cv3_cannot_do_fails_clearly(tts: TTS, ref, cv3_dir: Path) -> None:
-    with pytest.raises(InputError, match="bi-streaming"):
-        list(tts.stream(iter(["Hello ", "there."]), voice=_voice(ref)))
     with pytest.raises(InputError, match="backend torch"):
         TTS.load(cv3_dir, backend="onnx")

@@ -311,6 +311,9 @@ class CV3SpeechLMConfig:
     min_token_text_ratio: float = 2.0
     max_token_text_ratio: float = 20.0
     lsm_weight: float = 0.0
+    # `<|endofprompt|>` (the official tokenizer's id, hard-coded in `CosyVoice3LM`): bi-streaming feeds the prompt
+    # text up to it right after sos; a directory whose tokenizer numbers it otherwise sets this at load
+    endofprompt_id: int = 151646
 
     def __post_init__(self) -> None:
         if self.num_extra_ids < 4:

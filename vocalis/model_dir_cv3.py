@@ -8,6 +8,7 @@ directory holding `cosyvoice3.yaml`.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from pathlib import Path
 
@@ -56,20 +57,23 @@ def load_cosyvoice3(directory: Path):  # -> vocalis.model_dir.LoadedModel
 
     directory = Path(directory)
     config = read_cosyvoice3_config(directory)
-    llm, flow, hift = build_cv3_modules(config)
-    load_strict(llm, prepare_llm_state_dict(read_torch_state_dict(directory / "llm.pt")), "llm.pt")
-    load_strict(flow, read_torch_state_dict(directory / "flow.pt"), "flow.pt")
-    load_strict(hift, prepare_hift_state_dict(read_torch_state_dict(directory / "hift.pt")), "hift.pt")
-    for m in (llm, flow, hift):
-        m.eval().requires_grad_(False)
     qwen_dir = directory / "CosyVoice-BlankEN"
     tokenizer = None
     if (qwen_dir / "vocab.json").is_file():
         from vocalis.frontend.tokenizer import TextTokenizer
 
         tokenizer = TextTokenizer.from_dir(qwen_dir)
+        if tokenizer.endofprompt_id != config.llm.endofprompt_id:  # the LM splits prompts where the frontend ends them
+            config = dataclasses.replace(
+                config, llm=dataclasses.replace(config.llm, endofprompt_id=tokenizer.endofprompt_id))
     else:
         log.warning("%s has no tokenizer files (vocab.json, merges.txt): text input is unavailable", qwen_dir)
+    llm, flow, hift = build_cv3_modules(config)
+    load_strict(llm, prepare_llm_state_dict(read_torch_state_dict(directory / "llm.pt")), "llm.pt")
+    load_strict(flow, read_torch_state_dict(directory / "flow.pt"), "flow.pt")
+    load_strict(hift, prepare_hift_state_dict(read_torch_state_dict(directory / "hift.pt")), "hift.pt")
+    for m in (llm, flow, hift):
+        m.eval().requires_grad_(False)
     if (directory / CV3_SPEECH_TOKENIZER_ONNX).is_file():
         log.warning("%s: the v3 speech tokenizer is not supported yet; prompts need speech ids", directory)
     voices = {}

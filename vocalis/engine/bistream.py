@@ -1,4 +1,5 @@
-"""Text arriving in pieces (bi-streaming) as a per-request state machine: `Qwen2LM.generate_bistream`'s schedule
+"""Text arriving in pieces (bi-streaming) as a per-request state machine: the official `inference_bistream`
+schedule (`reference.decode.generate_bistream` for CosyVoice 2, `reference.cv3.generate_bistream` for CosyVoice 3)
 driven by events (a piece arrived, the text ended, an id was sampled) instead of a blocking loop.
 
 Schedule (5:15 text:speech): the prompt speech is laid out in blocks of 5 text + 15 speech ids as text
@@ -6,9 +7,12 @@ arrives; then decoding runs, a fill id is forced (or sampled) after every 15 spe
 the next 5 text ids are fed. Like the reference loop, one new piece is taken at each point where it waits
 (the start, and after every fill), so the ids depend on the pieces, never on when they arrive. When the text
 ends, the rest of it and the task id are fed (after the last input once more, as the released code does) and
-decoding runs to eos. While text arrives eos and the unused special id are masked; after the task id only
-speech ids and eos may be drawn (as `generate_bistream`). Pure Python over engine ids; the request's
-`token_ids` is exactly what was fed.
+decoding runs to eos. While text arrives every extra id but fill is masked; after the task id every one but eos
+(where the released code raises). Pure Python over engine ids; the request's `token_ids` is exactly what was fed.
+
+The families differ only at the start: CosyVoice 2 starts from sos; CosyVoice 3 feeds the prompt text up to
+`<|endofprompt|>` (the system part) right after sos, and the rest of it (a transcript) is text like any other.
+Without prompt speech both take a text block before the first decode.
 """
 
 from __future__ import annotations
@@ -16,22 +20,25 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 
-from vocalis.config import SpeechLMConfig
+from vocalis.config import CV3SpeechLMConfig, SpeechLMConfig
 from vocalis.engine.id_space import IdSpace
+from vocalis.errors import InputError
 
 
 class BistreamInput:
-    def __init__(self, config: SpeechLMConfig, prompt_text_ids: Sequence[int] = (),
+    def __init__(self, config: SpeechLMConfig | CV3SpeechLMConfig, prompt_text_ids: Sequence[int] = (),
                  prompt_speech_ids: Sequence[int] = (), max_len: int | None = None) -> None:
         self.ids = IdSpace.for_config(config)
         self.config = config
         self.n_text, self.n_speech = config.mix_ratio
         self.pieces: deque[list[int]] = deque()  # arrived, not yet taken (text ids)
         self.ended = False
-        self.text_cache = self.ids.text(prompt_text_ids)  # engine ids not yet fed
+        system, prompt_text = _split_system(config, prompt_text_ids)
+        self.text_cache = self.ids.text(prompt_text)  # engine ids not yet fed
         self.prompt_speech = list(prompt_speech_ids)  # not yet laid out
-        self.lm_input = [self.ids.sos]  # the last input decided on (fed or about to be)
+        self.lm_input = [self.ids.sos, *self.ids.text(system)]  # the last input decided on (fed or about to be)
         p = len(self.prompt_speech)
+        self.has_prompt_speech = p > 0
         self.next_fill_index = (p // self.n_speech + 1) * self.n_speech - p
         self.num_text = 0  # non-prompt text ids received
         self.final = False  # the text has ended and its rest was fed
@@ -39,6 +46,9 @@ class BistreamInput:
         self.max_len = max_len
         self.limit = 0
         self.num_yielded = 0
+        extra = range(config.speech_token_size, config.num_speech_rows)
+        self._masked_while_text = [i for i in extra if i != config.fill_token]
+        self._masked_after_text = [i for i in extra if i != config.eos_token]
 
     # ---- input events ------------------------------------------------------------------------------------
     def push(self, text_ids: Sequence[int]) -> None:
@@ -63,9 +73,9 @@ class BistreamInput:
             if self.prompt_speech:
                 continue  # [wait] more text needed to lay out the prompt speech
             after_fill = bool(output_ids) and output_ids[-1] == self.config.fill_token
-            if after_fill or (not output_ids and len(self.lm_input) == 1):
+            if after_fill or (not output_ids and not self.has_prompt_speech):
                 if len(self.text_cache) < self.n_text:
-                    continue  # [wait] a fill (or a bare sos) must be followed by a full text block
+                    continue  # [wait] a fill (or the bare start) must be followed by a full text block
                 block = self.text_cache[:self.n_text]
                 self.text_cache = self.text_cache[self.n_text:]
                 self.lm_input = block if after_fill else self.lm_input + block
@@ -90,10 +100,8 @@ class BistreamInput:
 
     @property
     def masked_ids(self) -> list[int]:
-        """Ids never drawn now, as `generate_bistream` masks them: while text arrives eos and the unused
-        special id; after the task id every special id but eos."""
-        s = self.config.speech_token_size
-        return [s + 1, s + 2] if self.final else [self.config.eos_token, s + 1]
+        """Ids never drawn now: while text arrives every extra id but fill; after the task id every one but eos."""
+        return self._masked_after_text if self.final else self._masked_while_text
 
     def accept(self, token: int, num_output: int) -> tuple[bool, bool, bool]:
         """A sampled (or forced) id, `num_output` ids sampled before it -> (yield it, feed it, finished)."""
@@ -116,3 +124,16 @@ class BistreamInput:
     def over_limit(self) -> bool:
         """The final phase may start with the limit already reached (nothing more to decode)."""
         return self.final and self.num_yielded >= self.limit
+
+
+def _split_system(config: SpeechLMConfig | CV3SpeechLMConfig, prompt_text_ids: Sequence[int]
+                  ) -> tuple[list[int], list[int]]:
+    """(fed right after sos, text like any other): CosyVoice 3 splits after `<|endofprompt|>` (InputError when it
+    is missing, where the official loop asserts), CosyVoice 2 feeds nothing before the text."""
+    ids = [int(i) for i in prompt_text_ids]
+    if not isinstance(config, CV3SpeechLMConfig):
+        return [], ids
+    if config.endofprompt_id not in ids:
+        raise InputError("CosyVoice 3 bi-streaming needs <|endofprompt|> in the prompt text (the system part)")
+    k = ids.index(config.endofprompt_id) + 1
+    return ids[:k], ids[k:]

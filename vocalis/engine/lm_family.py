@@ -13,7 +13,7 @@ Qwen2 body, the final norm and `llm_decoder` the same way for every family. What
     head             llm_decoder with bias, V + 3      llm_decoder without bias, V + 200
     stop ids         V, V + 1, V + 2                   V .. V + 199 (every extra id)
     before min_len   eos (V) masked                    sos (V) masked, as the official decoder (other stops end)
-    bi-streaming     yes                               not yet (InputError)
+    bi-streaming     from sos                          from sos + the prompt text up to <|endofprompt|>
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def family_of(llm: nn.Module) -> LMFamily:
     """The adapter for a speech LM module; InputError for a module the engine cannot drive."""
     if isinstance(llm, CosyVoice3LM):
         c = llm.config
-        return LMFamily("cosyvoice3", IdSpace.for_config(c), c.stop_token_ids, llm.min_len_mask_id(), bistream=False)
+        return LMFamily("cosyvoice3", IdSpace.for_config(c), c.stop_token_ids, llm.min_len_mask_id(), bistream=True)
     if isinstance(llm, Qwen2LM):
         c2 = llm.config
         return LMFamily("cosyvoice2", IdSpace.for_config(c2), c2.stop_token_ids, c2.eos_token, bistream=True)

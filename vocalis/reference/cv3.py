@@ -4,6 +4,9 @@ decoding and its batched streaming token2wav (`token2wav/cv3.py`) are checked ag
 - `generate`: `CosyVoice3LM.inference` (unistream): prefill, then one id per step with the module's own KV cache;
   before min_len only sos (row V) is masked, as officially, so any other extra id still ends decoding; every
   id >= V stops.
+- `generate_bistream`: text arriving in pieces, the official `inference_bistream` as it runs for `CosyVoice3LM`
+  (5:15 text:speech blocks, fill ids, the system part fed right after sos; see the function for two deliberate
+  differences).
 - `VocoderStream` / `stream_token2wav`: the official streaming token2wav (schedule in `token2wav/cv3_schedule`):
   every call re-runs the flow over prompt + tokens so far and the causal HiFT over all mel kept so far.
 
@@ -12,17 +15,21 @@ Legend: L prefill rows, D hidden, V = speech_token_size + 200, Tt tokens, N samp
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import logging
+from collections.abc import Iterable, Iterator
 
 import torch
 
 from vocalis.config import SamplingConfig, StreamConfig
+from vocalis.errors import InputError
 from vocalis.models.cv3.flow import CausalMaskedDiffWithDiT
 from vocalis.models.cv3.hift import CausalHiFTGenerator
 from vocalis.models.cv3.speech_lm import CosyVoice3LM, IdsLike
 from vocalis.models.qwen2 import KVCache
 from vocalis.reference.sampling import SampleFn, make_sampler
 from vocalis.token2wav.cv3_schedule import FlowCall, schedule_calls
+
+log = logging.getLogger(__name__)
 
 
 @torch.inference_mode()
@@ -59,6 +66,109 @@ def generate(
         yield top
         out.append(top)
         x = lm.speech_embedding.weight[top].reshape(1, 1, -1)
+
+
+def split_system(lm: CosyVoice3LM, prompt_text_ids: IdsLike) -> tuple[list[int], list[int]]:
+    """Prompt text ids -> (system part up to and including `<|endofprompt|>`, the rest: a transcript or nothing).
+    InputError when the marker is missing (the official loop asserts it)."""
+    ids = torch.as_tensor(prompt_text_ids).reshape(-1).tolist()
+    eop = lm.config.endofprompt_id
+    if eop not in ids:
+        raise InputError("CosyVoice 3 bi-streaming needs <|endofprompt|> in the prompt text (the system part)")
+    k = ids.index(eop) + 1
+    return ids[:k], ids[k:]
+
+
+@torch.inference_mode()
+def generate_bistream(
+    lm: CosyVoice3LM,
+    text_pieces: Iterable[IdsLike],
+    prompt_text_ids: IdsLike = (),
+    prompt_speech_ids: IdsLike = (),
+    sampling: SamplingConfig | None = None,
+    generator: torch.Generator | None = None,
+    *,
+    max_len: int | None = None,
+    sample_fn: SampleFn | None = None,
+) -> Iterator[int]:
+    """Text-in streaming: yields speech ids while text pieces arrive (fill ids are never yielded).
+
+    The official `Qwen2LM.inference_bistream` for `CosyVoice3LM`: sos and task id are rows V and V + 2 of
+    `speech_embedding`, the fill id is V + 3; the prompt text up to `<|endofprompt|>` is fed right after sos and
+    the rest of it (a transcript) is laid out with the prompt speech in blocks of 5 text + 15 speech; then each
+    run of 15 generated ids ends in a fill (forced by position, or sampled), after which the next 5 text ids are
+    fed; when the pieces end, the rest of the text and the task id are fed and decoding runs to eos.
+
+    Two differences from the released loop, both for a stream that would otherwise go wrong:
+    - with no prompt speech the first 5 text ids are fed before decoding, as after sos alone in CosyVoice 2 and
+      as in training (sos, system, 5 text, 15 speech, ...); the released test for that start (`lm_input` is only
+      sos) never holds once the system part is fed, so it would decode 15 ids before any text;
+    - where the released loop raises on an extra id other than fill (eos once the text ended), that id is
+      masked instead, which keeps a user's stream alive (as `reference.decode.generate_bistream` does).
+    `max_len` bounds the ids after the text ended (default: max_token_text_ratio x the text ids received).
+    """
+    c = lm.config
+    n_text, n_speech = c.mix_ratio
+    fill, eos = c.fill_token, c.eos_token
+    extra = list(range(c.speech_token_size, c.num_speech_rows))
+    while_text = [i for i in extra if i != fill]  # masked while text arrives
+    after_text = [i for i in extra if i != eos]  # masked after the task id
+    choose = sample_fn or make_sampler(sampling or SamplingConfig(), generator)
+    system, transcript = split_system(lm, prompt_text_ids)
+    lm_input = torch.cat((lm.embed_speech([c.sos_token]), lm.embed_text(system)), dim=1)  # (1, T, D) to feed next
+    text_cache = lm.embed_text(transcript)  # (1, Nt, D) text not yet fed
+    prompt_speech = lm.embed_speech(prompt_speech_ids)  # (1, P, D) prompt speech not yet fed
+    num_prompt = prompt_speech.shape[1]
+    next_fill_index = (num_prompt // n_speech + 1) * n_speech - num_prompt
+    cache: KVCache | None = None
+    out: list[int] = []  # generated ids, fill ids included (they count for the fill schedule)
+    num_text = 0
+    for piece in text_pieces:
+        piece_emb = lm.embed_text(piece)
+        num_text += piece_emb.shape[1]
+        text_cache = torch.cat((text_cache, piece_emb), dim=1)
+        while prompt_speech.shape[1] > 0 and text_cache.shape[1] >= n_text:
+            lm_input = torch.cat((lm_input, text_cache[:, :n_text], prompt_speech[:, :n_speech]), dim=1)
+            text_cache, prompt_speech = text_cache[:, n_text:], prompt_speech[:, n_speech:]
+        if prompt_speech.shape[1] > 0:
+            continue  # [wait] more text needed to lay out the prompt speech
+        after_fill = bool(out) and out[-1] == fill
+        if after_fill or (not out and num_prompt == 0):
+            if text_cache.shape[1] < n_text:
+                continue  # [wait] a fill (or the bare start) must be followed by a full text block
+            block, text_cache = text_cache[:, :n_text], text_cache[:, n_text:]
+            lm_input = block if after_fill else torch.cat((lm_input, block), dim=1)
+        while True:
+            logp, cache = lm.step(lm_input, cache)  # (1, V)
+            if len(out) == next_fill_index:
+                top = fill  # [forced] the block already holds n_speech speech ids
+            else:
+                logp[0, while_text] = float("-inf")
+                top = choose(logp[0], out)
+            if top == fill:
+                next_fill_index = len(out) + n_speech + 1
+            out.append(top)
+            if top == fill:
+                break
+            yield top
+            lm_input = lm.speech_embedding.weight[top].reshape(1, 1, -1)
+
+    # [official] after a fill break `lm_input` still holds the input already in the cache, so it is fed once more
+    # here; prompt speech not yet laid out (the text ran out first) is dropped
+    lm_input = torch.cat((lm_input, text_cache, lm.embed_speech([c.task_id_token])), dim=1)
+    limit = lm.length_bounds(num_text)[1] if max_len is None else max_len
+    num_yielded = sum(1 for t in out if t < c.speech_token_size)
+    while num_yielded < limit:
+        logp, cache = lm.step(lm_input, cache)
+        logp[0, after_text] = float("-inf")
+        top = choose(logp[0], out)
+        out.append(top)
+        if top == eos:
+            return
+        yield top
+        num_yielded += 1
+        lm_input = lm.speech_embedding.weight[top].reshape(1, 1, -1)
+    log.warning("bistream decoding stopped at %d speech tokens without eos", num_yielded)
 
 
 class VocoderStream:
