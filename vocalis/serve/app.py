@@ -125,7 +125,7 @@ def api_router() -> APIRouter:
         fmt = check_format(req.response_format)
         prompt = audio.get("ref_audio")
         if prompt is not None and not ctx.backend.can_clone:
-            raise InputError(f"the {ctx.model_label} cannot clone voices (no speech tokenizer/speaker encoder)")
+            raise InputError(f"the {ctx.model_label} cannot clone voices ({ctx.clone_blocker})")
         if req.ref_text and prompt is None:
             raise InputError("ref_text needs ref_audio")
         # ref_audio takes precedence over voice: OpenAI clients always send a voice.
@@ -167,7 +167,7 @@ def api_router() -> APIRouter:
             raise InputError("audio is required: the voice's reference clip (file or base64)")
         check_text_fields(ctx.config, text=text, language=language)
         if not ctx.backend.can_clone:
-            raise InputError(f"the {ctx.model_label} cannot make voices (no speech tokenizer/speaker encoder)")
+            raise InputError(f"the {ctx.model_label} cannot make voices ({ctx.clone_blocker})")
         ctx.shutdown.check_open()
         ctx.voices.reserve(name)
         limit = ctx.config.queue_timeout_s + ctx.config.request_timeout_s

@@ -135,5 +135,12 @@ class ModelFacts:
         return self.tts.model.speech_tokenizer is not None and self.tts.model.speaker_encoder is not None
 
     @property
+    def clone_blocker(self) -> str:
+        """Why voices cannot be made from audio (when `can_clone` is false), for the 400 answer."""
+        if self.tts.model.kind == "cosyvoice3":
+            return "CosyVoice 3's v3 speech tokenizer is not supported yet; use voices made from speech ids"
+        return "no speech tokenizer/speaker encoder"
+
+    @property
     def describe(self) -> str:
         return self.tts.model.describe()

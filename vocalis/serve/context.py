@@ -37,6 +37,11 @@ class ServerContext:
     def model_label(self) -> str:
         return f"{self.config.model_name} model"
 
+    @property
+    def clone_blocker(self) -> str:
+        """Why the backend cannot make voices from audio (backends without the reason: the usual one)."""
+        return getattr(self.backend, "clone_blocker", "no speech tokenizer/speaker encoder")
+
 
 def ctx_of(conn: HTTPConnection) -> ServerContext:
     """The context of the app serving an HTTP request or a WebSocket."""

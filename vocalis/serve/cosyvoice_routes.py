@@ -50,7 +50,7 @@ def cosyvoice_router() -> APIRouter:
         check_text_fields(ctx.config, tts_text=text, prompt_text=prompt_text, instruct_text=instruct)
         prompt_wav = job.get("prompt_wav")
         if (prompt_wav or job.get("source_wav")) and not ctx.backend.can_clone:
-            raise InputError(f"the {ctx.model_label} cannot use prompt audio (no speech tokenizer/speaker encoder)")
+            raise InputError(f"the {ctx.model_label} cannot use prompt audio ({ctx.clone_blocker})")
         if job.get("source_wav") is None:  # voice conversion has no LLM
             seconds = audio_seconds(prompt_wav) if isinstance(prompt_wav, bytes) else 0.0
             ctx.budget.check(text=text, voice=job.get("voice"), prompt_text=prompt_text,  # type: ignore[arg-type]
