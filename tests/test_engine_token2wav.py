@@ -346,15 +346,15 @@ def test_native_bf16_batched_equals_one_at_a_time(modules, monkeypatch: pytest.M
         assert eng.compute is not None and eng.compute.native
         return eng
 
-    from vocalis.token2wav.estimator import _ChunkRun
+    from vocalis.token2wav.chunk_run import ChunkRun
 
-    attention_batched, mixed = _ChunkRun._attention_batched, []
+    attention_batched, mixed = ChunkRun._attention_batched, []
 
     def spy(self, i, q, k, v):  # the two-part attention of requests at different offsets
         mixed.append(len(self.caches))
         return attention_batched(self, i, q, k, v)
 
-    monkeypatch.setattr(_ChunkRun, "_attention_batched", spy)
+    monkeypatch.setattr(ChunkRun, "_attention_batched", spy)
     eng = engine()
     together = _drive(eng, [_make(eng, s) for s in streaming], [s[2] for s in streaming], [s[5] for s in streaming])
     assert eng.stats.rows > eng.stats.steps and mixed and max(mixed) >= 2

@@ -8,8 +8,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from vocalis.token2wav.chunk_run import ChunkRun
 from vocalis.token2wav.compute import ComputeWeights
-from vocalis.token2wav.estimator import EstimatorCache, _ChunkRun
+from vocalis.token2wav.estimator_cache import EstimatorCache
 from vocalis.models.flow.transformer import SelfAttention
 
 D, H, E, CHUNK = 16, 2, 8, 4  # width, heads, head width, block-causal block (frames)
@@ -68,7 +69,7 @@ def _check(specs: list[tuple[str | None, int, int, bool]], n: int, seed: int, bf
     if bf16:
         compute = ComputeWeights(torch.bfloat16, packed=False)
         compute.reduced_attention = True  # as on an AMX CPU, whatever this one is
-    run = _ChunkRun(caches, lens, keeps, CHUNK, compute=compute)
+    run = ChunkRun(caches, lens, keeps, CHUNK, compute=compute)
     with torch.inference_mode():
         got = run.attention(attn, x, torch.zeros(x.shape)).float()  # zero residual: the attention alone
         for r, (start, m) in enumerate(zip(starts, lens)):

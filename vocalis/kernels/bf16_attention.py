@@ -8,7 +8,7 @@ a tile's limits are skipped and the rest weighted exactly 0.
 
 Math: scores q k^T in fp32, scaled, softmax in fp32 (exp to ~1e-7 relative), weights rounded to bf16 before
 p v (fp32 accumulation), normalized by the sum of the rounded weights, output rounded to bf16; the log-sum-exp
-of the scaled scores (for `token2wav.estimator._merge`). A query with no visible key: zeros, log-sum-exp -1e10.
+of the scaled scores (for `token2wav.attention.merge`). A query with no visible key: zeros, log-sum-exp -1e10.
 Runs where `bf16_gemm.available()` (same kernel, same conditions) and the head size is even, at most 64.
 Legend: B batch rows, H heads, n queries, L keys, E head size.
 """

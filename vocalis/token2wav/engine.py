@@ -51,7 +51,7 @@ from vocalis.precision.layers import CastLinear
 from vocalis.token2wav.compute import ComputeWeights
 from vocalis.token2wav.config import Token2WavConfig
 from vocalis.token2wav.encoder import EncoderCache, EncoderRow, EncoderStreamer
-from vocalis.token2wav.estimator import EstimatorCache
+from vocalis.token2wav.estimator_cache import EstimatorCache
 from vocalis.token2wav.hift import HiftBody
 from vocalis.token2wav.hift_stream import HiftStreamer
 from vocalis.token2wav.solver import TimeTerms, solve_chunk

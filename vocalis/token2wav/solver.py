@@ -8,8 +8,10 @@ import torch
 from vocalis.errors import InputError
 from vocalis.models.flow.cfm import CausalConditionalCFM, cosine_time_grid
 from vocalis.models.flow.estimator import CausalConditionalDecoder
+from vocalis.token2wav.chunk_run import ChunkRun
 from vocalis.token2wav.compute import ComputeWeights
-from vocalis.token2wav.estimator import EstimatorCache, _ChunkRun, estimator_chunk
+from vocalis.token2wav.estimator import estimator_chunk
+from vocalis.token2wav.estimator_cache import EstimatorCache
 
 
 def time_terms(est: CausalConditionalDecoder, t: torch.Tensor) -> list[torch.Tensor]:
@@ -92,7 +94,7 @@ def solve_chunk(
     t = t_span[0]
     dt = t_span[1] - t_span[0]
     for step in range(1, len(t_span)):
-        run = _ChunkRun([per_step[step - 1] for per_step in caches], lens, keeps, chunk, cache_dtype, compute)
+        run = ChunkRun([per_step[step - 1] for per_step in caches], lens, keeps, chunk, cache_dtype, compute)
         step_terms = time_terms(estimator, t) if terms is None else terms.get(n_timesteps, step, t)
         v = estimator_chunk(estimator, x.repeat_interleave(2, dim=0), mask_in, mu_in, step_terms, spks_in,
                             cond_in, run).view(num, 2, *x.shape[1:])

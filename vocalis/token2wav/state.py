@@ -11,7 +11,7 @@ import torch
 
 from vocalis.frontend.prompt import FlowPrompt
 from vocalis.token2wav.encoder import EncoderCache
-from vocalis.token2wav.estimator import EstimatorCache
+from vocalis.token2wav.estimator_cache import EstimatorCache
 from vocalis.token2wav.voice_cache import VoicePrefix
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from vocalis.frontend.prompt import FlowPrompt
 from vocalis.token2wav.encoder import EncoderCache
-from vocalis.token2wav.estimator import EstimatorCache
+from vocalis.token2wav.estimator_cache import EstimatorCache
 
 
 @dataclass(eq=False)
