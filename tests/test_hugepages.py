@@ -1,5 +1,6 @@
 """`huge_pages.to_huge_pages` moves long-lived tensors onto 2 MiB pages in place, values and addresses unchanged;
-the engine applies it to the decoder's weights and KV cache; `VOCALIS_HUGE_PAGES=0` turns it off."""
+the engine applies it to the decoder's weights and KV cache unless `EngineConfig.huge_pages` is off
+(VOCALIS_HUGE_PAGES=0)."""
 
 from __future__ import annotations
 
@@ -51,10 +52,27 @@ def test_tensor_moves_onto_huge_pages_in_place(mib: int) -> None:
     assert _huge_kb_at(ptr + (mib << 19)) >= HUGE_PAGE >> 10
 
 
-def test_switched_off(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("VOCALIS_HUGE_PAGES", "0")
-    t = torch.randn(8 << 18)
-    assert to_huge_pages([t]) == 0
+@pytest.mark.parametrize(("field", "env", "moved"), [(True, None, True), (False, None, False), (True, "0", False)])
+def test_engine_moves_its_tensors_only_when_asked(field: bool, env: str | None, moved: bool,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """`EngineConfig.huge_pages` (or VOCALIS_HUGE_PAGES=0 over it) decides whether the engine hands its decoder
+    weights and KV cache to `to_huge_pages` at all."""
+    from vocalis.config import PRESETS
+    from vocalis.engine import model_runner
+    from vocalis.engine.config import EngineConfig
+    from vocalis.engine.llm_engine import LLMEngine
+    from vocalis.models.speech_lm import Qwen2LM
+
+    handed: list[torch.Tensor] = []
+    monkeypatch.setattr(model_runner, "to_huge_pages", lambda tensors: handed.extend(tensors) or 0)
+    if env is None:
+        monkeypatch.delenv("VOCALIS_HUGE_PAGES", raising=False)
+    else:
+        monkeypatch.setenv("VOCALIS_HUGE_PAGES", env)
+    lm = Qwen2LM(PRESETS["tiny"].llm).eval().requires_grad_(False)
+    engine = LLMEngine(lm, EngineConfig(num_kv_blocks=8, huge_pages=field))
+    assert engine.config.huge_pages is moved
+    assert any(t is engine.runner.k_cache for t in handed) is moved
 
 
 def test_ranges_merge_frames() -> None:

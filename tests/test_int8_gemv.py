@@ -29,6 +29,7 @@ from vocalis.kernels import cpu
 from vocalis.kernels.cpu import has_amx
 from vocalis.models.speech_lm import Qwen2LM
 from vocalis.precision import int8_linear as int8_gemv
+from vocalis.precision.config import INT8_GRAIN_BYTES
 from vocalis.precision.int8_linear import (
     Int8Linear,
     fuse,
@@ -53,12 +54,11 @@ def _close(y: torch.Tensor, ref: torch.Tensor) -> None:
 @pytest.mark.parametrize(("n", "k"), [(128, 64), (70, 10), (200, 4864 // 8), (6564 // 16, 96)])
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("split", [False, True])
-def test_kernel_equals_quantized_reference(n: int, k: int, bias: bool, split: bool,
-                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    if split:  # every panel its own share of the thread pool (the default runs these small weights on one)
-        monkeypatch.setattr(int8_gemv, "GRAIN_BYTES", 0)
+def test_kernel_equals_quantized_reference(n: int, k: int, bias: bool, split: bool) -> None:
     g = torch.Generator().manual_seed(n + k)
-    w = quantize_weight(torch.randn(n, k, generator=g), torch.randn(n, generator=g) if bias else None)
+    # split: every panel its own share of the thread pool (the default grain runs these small weights on one)
+    w = quantize_weight(torch.randn(n, k, generator=g), torch.randn(n, generator=g) if bias else None,
+                        grain_bytes=0 if split else INT8_GRAIN_BYTES)
     for m in (1, 2, 5, 7, 16, 23):
         x = torch.randn(m, k, generator=g) * torch.rand(m, 1, generator=g) * 4
         _close(int8_linear(x, w), int8_linear_reference(x, w))

@@ -24,6 +24,7 @@ from vocalis.frontend.prompt_cv3 import frontend_for
 from vocalis.frontend.request import AudioChunk, Mode, SynthesisRequest
 from vocalis.frontend.voice import Voice, check_voice_name
 from vocalis.model_dir import LoadedModel, load_model
+from vocalis.precision.config import KernelConfig
 from vocalis.runtime.async_engine import AsyncEngine
 from vocalis.runtime.backends import Runtime, apply_backend, resolve
 from vocalis.runtime.sync import BlockingEngine
@@ -77,19 +78,20 @@ class TTS:
     @classmethod
     def load(cls, path: str | Path | None = None, device: str | torch.device = "cpu", *, backend: str = "torch",
              precision: str = "fp32", engine: EngineConfig | None = None,
-             token2wav: Token2WavConfig | None = None) -> TTS:
+             token2wav: Token2WavConfig | None = None, kernels: KernelConfig | None = None) -> TTS:
         """A model directory (official CosyVoice2 or Vocalis layout), or None for the built-in model.
 
         backend: torch | onnx | tensorrt | compile | vllm | auto; precision: fp32 | bf16 | fp16 | int8 | auto
         (see `vocalis.runtime.backends`; an unavailable choice raises InputError saying what to install).
+        kernels: which native CPU kernels the backend may use (default: all that run here).
         """
         dev = torch.device(device)
-        resolve(backend, precision, dev)  # fail fast, before loading
+        resolve(backend, precision, dev, kernels)  # fail fast, before loading
         model = load_model(path).to(dev)
         if model.kind == "cosyvoice3" and resolve(backend, precision, dev)[0] in ("onnx", "tensorrt"):
             raise InputError(f"the {backend} backend exports CosyVoice 2's flow and vocoder; a CosyVoice 3 model runs "
                              "with --backend torch (or compile)")  # at load, not as a failed export later
-        runtime = apply_backend(model, backend, precision, dev)
+        runtime = apply_backend(model, backend, precision, dev, kernels=kernels)
         return cls(model, engine, token2wav, runtime)
 
     # ---- the engine ------------------------------------------------------------------------------------

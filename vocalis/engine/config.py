@@ -1,10 +1,14 @@
-"""Runtime knobs of the LLM engine (never architecture): KV paging, batching budgets, prefix caching."""
+"""Runtime knobs of the LLM engine (never architecture): KV paging, batching budgets, prefix caching, and which
+fast paths may run. The environment's switches are read here and nowhere else (`with_env_overrides`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 
 MiB = 1 << 20
+FUSED_DECODE_KINDS = ("int8", "fp32", "bf16")  # the weight kinds `decode_stack` has a native step for
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,8 +24,14 @@ class EngineConfig:
     enable_prefix_caching: share the KV of identical full prompt blocks (a saved voice's [sos] + prompt text).
     pack_weights: on CPU, fuse the LLM's q/k/v and gate/up fp32 weights into one tensor each, in place (the
         modules keep views with the same values; see `packed_weights`).
-    cuda_graphs: on a CUDA device, replay decode steps as captured CUDA graphs (`decode_graphs`); the
-        environment can turn them off with VOCALIS_CUDA_GRAPHS=0 (to measure what they give).
+    cuda_graphs: on a CUDA device, replay decode steps as captured CUDA graphs (`decode_graphs`).
+    fused_decode: the weight kinds (of FUSED_DECODE_KINDS) whose decode steps of a few rows may run as one native
+        call (`decode_stack`, on CPU where it applies); a kind left out runs every step op by op.
+    huge_pages: move the decoder's weights and the KV cache onto transparent huge pages (`kernels.huge_pages`).
+
+    Environment overrides, applied by `with_env_overrides` when the engine is built (to measure what a fast path
+    gives without changing code): VOCALIS_CUDA_GRAPHS=0, VOCALIS_INT8_FUSED=0, VOCALIS_FP32_FUSED=0,
+    VOCALIS_BF16_FUSED=0 and VOCALIS_HUGE_PAGES=0 turn the matching path off.
     """
 
     block_size: int = 16
@@ -33,6 +43,8 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     pack_weights: bool = True
     cuda_graphs: bool = True
+    fused_decode: tuple[str, ...] = FUSED_DECODE_KINDS
+    huge_pages: bool = True
 
     def __post_init__(self) -> None:
         if self.block_size < 1:
@@ -43,3 +55,18 @@ class EngineConfig:
             raise ValueError("max_num_seqs and max_num_batched_tokens must be >= 1")
         if self.max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
+        unknown = set(self.fused_decode) - set(FUSED_DECODE_KINDS)
+        if unknown:
+            raise ValueError(f"fused_decode kinds must be of {FUSED_DECODE_KINDS}, got {sorted(unknown)}")
+
+    def with_env_overrides(self, environ: Mapping[str, str] | None = None) -> EngineConfig:
+        """This config with the environment's switches (see the class doc) applied; `environ` stands in for
+        `os.environ`. A switch only turns a path off: an unset variable leaves its field as it is."""
+        env = os.environ if environ is None else environ
+
+        def off(name: str) -> bool:
+            return env.get(name, "1") == "0"
+
+        return replace(self, cuda_graphs=self.cuda_graphs and not off("VOCALIS_CUDA_GRAPHS"),
+                       huge_pages=self.huge_pages and not off("VOCALIS_HUGE_PAGES"),
+                       fused_decode=tuple(k for k in self.fused_decode if not off(f"VOCALIS_{k.upper()}_FUSED")))

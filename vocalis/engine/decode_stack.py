@@ -12,8 +12,8 @@ sums); fp32 rounding differs (summation order in RMSNorm and attention, a polyno
 rounding to int8 may flip by one step: outputs agree to ~1e-3 of their scale, not bit for bit (see the tests).
 
 Used by `ModelRunner` when the kernel is built, every layer's weights are int8-packed (`packed_weights`), the
-cache is fp32 and head_dim a multiple of 16; `VOCALIS_INT8_FUSED=0` turns it off (the per-op path remains for
-prefill, larger batches and every other precision).
+cache is fp32 and head_dim a multiple of 16, unless the engine's `EngineConfig.fused_decode` leaves "int8" out
+(VOCALIS_INT8_FUSED=0); the per-op path remains for prefill, larger batches and every other precision.
 
 fp32 weights get the same step (the native `F32DecodeStack`: the same phases, work claiming, attention, norm
 and rotary code; the GEMVs are FMA dot products over 64-channel panels). It lives in the int8 kernel's
@@ -25,13 +25,13 @@ compiled with the AVX-512 vector pieces (decode_math.cpp, int8_gemv.cpp) or the 
 int8_gemv_avx2.cpp: 8-wide vectors, int16 products with exact int32 sums, row tiles of up to 4). A panel is 64 rows of a weight in its usual (out, in) layout, one contiguous
 run, read from `packed_weights`' storage, which the per-op path (prefill, > 4 rows) shares: no copy. Rounding
 differs from the per-op path only in summation order (and the polynomial exp in softmax and SiLU).
-`VOCALIS_FP32_FUSED=0` turns the fp32 step off.
+Leaving "fp32" out of `fused_decode` (VOCALIS_FP32_FUSED=0) turns the fp32 step off.
 
 bf16 weights (the bf16 backend's `CastLinear` layers, packed by `packed_weights` in bf16) get it too
 (`BF16DecodeStack`): the same panels at half the bytes, each weight widened to fp32 in registers, the input rows
 rounded to bf16 first as `CastLinear` rounds them; fp32 sums. Why: op by op, a bf16 batch-1 step decoded at
 ~0.34 of its bandwidth limit (11 tok/s, slower than fp32's fused 16), every Linear costing two casts and a GEMM
-call. `VOCALIS_BF16_FUSED=0` turns it off.
+call. Leaving "bf16" out of `fused_decode` (VOCALIS_BF16_FUSED=0) turns it off.
 
 Every step also runs the final RMSNorm and the speech head (`forward_logits`) where the head is the stack's
 kind: int8 packed for the kernel, or fp32 / bf16 (out, in) rows.
@@ -42,12 +42,12 @@ Legend: M rows, D hidden, L layers, S cache slots, Hkv key/value heads, Dh head 
 from __future__ import annotations
 
 import logging
-import os
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 import torch
 from torch import nn
 
+from vocalis.engine.config import FUSED_DECODE_KINDS
 from vocalis.precision import int8_linear as int8_gemv
 from vocalis.precision.layers import CastLinear
 from vocalis.precision.int8_linear import Int8Linear, Int8Weight
@@ -100,12 +100,12 @@ class FusedDecodeStack:
 Int8DecodeStack = FusedDecodeStack  # the name before fp32 weights had the step too
 
 
-def decode_stack(llm: Qwen2LM, packed: Sequence[PackedLayer | None],
-                 cache_dtype: torch.dtype) -> FusedDecodeStack | None:
-    """The fused stack for `llm` (int8, fp32 or bf16 weights), or None where it does not apply (see the module
-    doc; logged at debug)."""
+def decode_stack(llm: Qwen2LM, packed: Sequence[PackedLayer | None], cache_dtype: torch.dtype,
+                 kinds: Collection[str] = FUSED_DECODE_KINDS) -> FusedDecodeStack | None:
+    """The fused stack for `llm` (int8, fp32 or bf16 weights), or None where it does not apply or its kind is
+    not in `kinds` (see the module doc; logged at debug)."""
     kind = _kind(packed)
-    reason = _unsupported(llm, packed, cache_dtype, kind)
+    reason = _unsupported(llm, packed, cache_dtype, kind) if kind in kinds else f"{kind} not in fused_decode"
     if reason is not None:
         log.debug("fused %s decode step off: %s", kind, reason)
         return None
@@ -191,9 +191,6 @@ def _dense_stack(llm: Qwen2LM, packed: Sequence[PackedLayer | None], ext: object
 def _unsupported(llm: Qwen2LM, packed: Sequence[PackedLayer | None], cache_dtype: torch.dtype,
                  kind: str) -> str | None:
     dense = kind != "int8"  # fp32 or bf16: what the fp32 step needs, the bf16 one needs too
-    switch = f"VOCALIS_{kind.upper()}_FUSED"
-    if os.environ.get(switch, "1") == "0":
-        return f"{switch}=0"
     if not dense and (not packed or any(pk is None or not isinstance(pk.qkv_t, Int8Weight) for pk in packed)):
         return "not every layer is int8-, fp32- or bf16-packed"
     q = llm.config.qwen

@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 
 class LLMEngine(EngineFront):
     def __init__(self, llm: SpeechLM, config: EngineConfig | None = None) -> None:
-        self.config = cfg = config or EngineConfig()
+        self.config = cfg = (config or EngineConfig()).with_env_overrides()
         self.llm = llm
         self.family = family_of(llm)  # InputError here, at load, for a module the engine cannot drive
         self.ids = self.family.ids
@@ -38,7 +38,8 @@ class LLMEngine(EngineFront):
         num_blocks = cfg.num_kv_blocks or self._blocks_for_budget()
         self.max_model_len = min(cfg.max_model_len, llm.config.qwen.max_position_embeddings,
                                  num_blocks * cfg.block_size)
-        self.runner = ModelRunner(llm, num_blocks, cfg.block_size, self.max_model_len, packed, cfg.cuda_graphs)
+        self.runner = ModelRunner(llm, num_blocks, cfg.block_size, self.max_model_len, packed, cfg.cuda_graphs,
+                                  cfg.fused_decode, cfg.huge_pages)
         self.block_manager = BlockManager(num_blocks, cfg.block_size, cfg.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, cfg.max_num_seqs, cfg.max_num_batched_tokens,
                                    self.family.stop_ids)

@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
+from vocalis.engine.config import FUSED_DECODE_KINDS
 from vocalis.engine.decode_graphs import DecodeGraphs
 from vocalis.kernels.huge_pages import to_huge_pages
 from vocalis.engine.id_space import IdSpace
@@ -81,9 +81,12 @@ class StepInputs:
 
 class ModelRunner:
     def __init__(self, llm: SpeechLM, num_blocks: int, block_size: int, max_positions: int,
-                 packed: Sequence[PackedLayer | None] | None = None, cuda_graphs: bool = True) -> None:
+                 packed: Sequence[PackedLayer | None] | None = None, cuda_graphs: bool = True,
+                 fused_decode: Collection[str] = FUSED_DECODE_KINDS, huge_pages: bool = True) -> None:
         """packed: fused weights per layer (`packed_weights.pack_llm`); None or a None entry: call the modules.
-        cuda_graphs: replay decode steps as CUDA graphs when the model is on a CUDA device."""
+        cuda_graphs: replay decode steps as CUDA graphs when the model is on a CUDA device.
+        fused_decode: the weight kinds whose few-row decode steps may run as one native call (`decode_stack`).
+        huge_pages: move the decoder's weights and the KV cache onto huge pages (`kernels.huge_pages`)."""
         q = llm.config.qwen
         self.llm = llm
         self.block_size = block_size
@@ -108,12 +111,10 @@ class ModelRunner:
                                         q.rope_theta, self.dtype)  # (max_positions, Dh)
         half = q.head_dim // 2
         self._sin_signed = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)  # see _rope
-        # int8 or fp32 decode steps of a few rows: the whole layer stack in one native call (int8_decode; off with
-        # VOCALIS_INT8_FUSED=0 / VOCALIS_FP32_FUSED=0), else None
-        self.fused_decode = decode_stack(llm, self.packed, self.dtype)
-        graphs = cuda_graphs and self.device.type == "cuda" and os.environ.get("VOCALIS_CUDA_GRAPHS", "1") != "0"
-        self.graphs = DecodeGraphs(self) if graphs else None
-        on_huge = to_huge_pages(self._long_lived_tensors())
+        # int8, fp32 or bf16 decode steps of a few rows: the whole layer stack in one native call, else None
+        self.fused_decode = decode_stack(llm, self.packed, self.dtype, fused_decode)
+        self.graphs = DecodeGraphs(self) if cuda_graphs and self.device.type == "cuda" else None
+        on_huge = to_huge_pages(self._long_lived_tensors()) if huge_pages else 0
         if on_huge:
             log.info("decoder weights and KV cache: %.0f MiB on huge pages", on_huge / 2**20)
         log.info("KV cache: %d blocks x %d positions (%.1f MiB)", num_blocks, block_size,

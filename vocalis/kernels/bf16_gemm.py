@@ -13,14 +13,14 @@ GELU is the exact erf form with erf to ~2e-7.
 
 The kernel lives in the native extension (`build.extension()`, compiled once per machine); `available()`
 says whether it runs here (the extension builds and the CPU has AMX tiles, where the tile kernel is the fast one).
-`VOCALIS_BF16_GEMM=0` turns it off (torch's oneDNN GEMM instead).
+Whether to use it where it runs is the caller's choice (`precision.config.KernelConfig.bf16_gemm`,
+VOCALIS_BF16_GEMM=0: torch's oneDNN GEMM instead).
 Legend: M rows, K in features, N out features.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass
 
 import torch
@@ -48,11 +48,11 @@ class PackedWeight:
 
 
 def available() -> bool:
-    """Whether the bf16 tile kernel runs here (decided once): AMX CPU, the native extension built, not turned off,
-    and a small GEMM through it agrees with torch's (else logged, and the caller keeps torch's ops)."""
+    """Whether the bf16 tile kernel runs here (decided once): AMX CPU, the native extension built, and a small
+    GEMM through it agrees with torch's (else logged, and the caller keeps torch's ops)."""
     global _available
     if _available is None:
-        ext = None if os.environ.get("VOCALIS_BF16_GEMM", "1") == "0" or not has_amx() else build.extension()
+        ext = build.extension() if has_amx() else None
         _available = ext is not None and bool(ext.bf16_usable())
         if _available and not _agrees():
             log.warning("native bf16 GEMM disagrees with torch's on a small check; using torch's ops")

@@ -8,8 +8,8 @@ ms on glibc's defaults). So only the tensors that live as long as the engine are
 built: MADV_COLLAPSE (Linux 6.1+) copies the pages under a range into huge pages in place, at the same addresses,
 so views, packed layouts and pointers a native kernel already holds stay valid.
 
-Where the kernel cannot (THP mode `never`, an older kernel, not Linux) nothing changes. `VOCALIS_HUGE_PAGES=0`
-turns it off. Untouched pages cannot be collapsed (the KV cache before use); MADV_HUGEPAGE makes them fault in
+Where the kernel cannot (THP mode `never`, an older kernel, not Linux) nothing changes. Whether to move them at
+all is the caller's choice (the LLM engine's `EngineConfig.huge_pages`, VOCALIS_HUGE_PAGES=0). Untouched pages cannot be collapsed (the KV cache before use); MADV_HUGEPAGE makes them fault in
 as huge pages later.
 """
 
@@ -34,8 +34,8 @@ _THP_MODE = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
 
 def _madvise() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
-    """libc's madvise, or None where collapsing cannot apply (not Linux, turned off, THP mode `never`)."""
-    if not sys.platform.startswith("linux") or os.environ.get("VOCALIS_HUGE_PAGES", "1") == "0":
+    """libc's madvise, or None where collapsing cannot apply (not Linux, THP mode `never`)."""
+    if not sys.platform.startswith("linux"):
         return None
     try:
         if "[never]" in _THP_MODE.read_text():

@@ -21,8 +21,8 @@ to u8; int32 accumulation; y = acc * sx * sw + bias. Finer than fbgemm's per-ten
 The extension is compiled by `torch.utils.cpp_extension.load_inline` (gcc + ninja) into torch's extension
 cache dir, once per machine (`kernels.build`); it also holds the fused decode steps (kernels/csrc/int8_decode.cpp).
 When the int8 kernel cannot be used (a CPU with neither AVX2 nor AVX-512 VNNI, AVX-512 without VNNI,
-`VOCALIS_INT8_KERNEL=0`, no compiler, a build error), `available()` is False, one log line says why, and the int8
-backend keeps torch's dynamic quantization. The fp32 fused step needs only the extension: `fp32_unavailable_reason()`.
+turned off by the caller: `KernelConfig.int8_kernel`, VOCALIS_INT8_KERNEL=0; no compiler, a build error),
+`available()` is False, one log line says why, and the int8 backend keeps torch's dynamic quantization. The fp32 fused step needs only the extension: `fp32_unavailable_reason()`.
 
 Legend: M rows, K in features, N out features, P = ceil(N / 64) panels, K4 = ceil(K / 4).
 """
@@ -30,7 +30,6 @@ Legend: M rows, K in features, N out features, P = ceil(N / 64) panels, K4 = cei
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass, replace
 from types import ModuleType
 
@@ -38,14 +37,12 @@ import torch
 from torch import nn
 
 from vocalis.kernels import bf16_gemm, build, cpu
+from vocalis.precision.config import INT8_GRAIN_BYTES
 from vocalis.precision.module_swap import swap_modules
 
 log = logging.getLogger(__name__)
 
 PANEL = 64  # output channels per panel; fused parts must be whole panels
-# weight bytes each thread gets at least: smaller GEMMs run on the calling thread alone, as waking a pool thread
-# costs more than it saves for the ~1 MB q/k/v and o projections (see the measurements in the module doc)
-GRAIN_BYTES = int(os.environ.get("VOCALIS_INT8_GRAIN_BYTES", str(2 << 20)))
 _NO_BIAS = torch.empty(0)  # the kernel's "no bias" (its binding takes tensors only)
 _logged = False  # whether the int8 kernel's own reason (no VNNI, switched off) was logged
 
@@ -55,11 +52,12 @@ def extension() -> ModuleType | None:
     return build.extension()
 
 
-def unavailable_reason() -> str | None:
-    """Why the int8 kernel (and with it the int8 fused decode step) cannot run here (None: it can)."""
+def unavailable_reason(enabled: bool = True) -> str | None:
+    """Why the int8 kernel (and with it the int8 fused decode step) cannot run here (None: it can); enabled=False
+    (the caller's `KernelConfig.int8_kernel`) says it is turned off."""
     global _logged
-    if os.environ.get("VOCALIS_INT8_KERNEL", "1") == "0":
-        reason: str | None = "VOCALIS_INT8_KERNEL=0"
+    if not enabled:
+        reason: str | None = "turned off (KernelConfig.int8_kernel, VOCALIS_INT8_KERNEL=0)"
     elif build.extension() is None:
         return build.unavailable_reason()  # logged by the build
     elif build.isa() == "avx512" and not cpu.features().at_least("avx512_vnni"):
@@ -72,9 +70,9 @@ def unavailable_reason() -> str | None:
     return reason
 
 
-def available() -> bool:
-    """Whether the int8 kernel (and with it the int8 fused decode step) can run here."""
-    return unavailable_reason() is None
+def available(enabled: bool = True) -> bool:
+    """Whether the int8 kernel (and with it the int8 fused decode step) can run here, and is not turned off."""
+    return unavailable_reason(enabled) is None
 
 
 def fp32_unavailable_reason() -> str | None:
@@ -105,6 +103,7 @@ class Int8Weight:
     # many-row products (prefill) on AMX CPUs (`with_amx_copy`); None elsewhere
     amx: torch.Tensor | None = None
     layout: str = "avx512"  # the kernel it is packed for: "avx512" (VNNI, int8_gemv.cpp) or "avx2"
+    grain_bytes: int = INT8_GRAIN_BYTES  # weight bytes each thread gets at least when the kernel splits the GEMV
 
 
 def layout() -> str:
@@ -112,7 +111,8 @@ def layout() -> str:
     return "avx2" if build.isa() == "avx2" else "avx512"
 
 
-def quantize_weight(weight: torch.Tensor, bias: torch.Tensor | None = None, order: str | None = None) -> Int8Weight:
+def quantize_weight(weight: torch.Tensor, bias: torch.Tensor | None = None, order: str | None = None,
+                    grain_bytes: int = INT8_GRAIN_BYTES) -> Int8Weight:
     """(N, K) float weight [+ (N,) bias] -> packed per-channel symmetric int8, in `order` (default: `layout()`)."""
     order = layout() if order is None else order
     n, k = weight.shape
@@ -135,7 +135,7 @@ def quantize_weight(weight: torch.Tensor, bias: torch.Tensor | None = None, orde
         return out
 
     return Int8Weight(packed, pad(scale), corr.to(torch.int32), None if bias is None else pad(bias), n, k,
-                      layout=order)
+                      layout=order, grain_bytes=grain_bytes)
 
 
 def int8_linear(x: torch.Tensor, w: Int8Weight) -> torch.Tensor:
@@ -143,7 +143,7 @@ def int8_linear(x: torch.Tensor, w: Int8Weight) -> torch.Tensor:
     ext = extension()
     assert ext is not None, "int8 kernel unavailable"
     assert ext.isa == w.layout, f"weight packed for the {w.layout} kernel, this one is {ext.isa}"
-    return ext.int8_linear(x, w.w, w.scale, w.corr, _NO_BIAS if w.bias is None else w.bias, w.n, GRAIN_BYTES)
+    return ext.int8_linear(x, w.w, w.scale, w.corr, _NO_BIAS if w.bias is None else w.bias, w.n, w.grain_bytes)
 
 
 def int8_linear_reference(x: torch.Tensor, w: Int8Weight) -> torch.Tensor:
@@ -195,7 +195,7 @@ def fuse(weights: list[Int8Weight]) -> tuple[Int8Weight, list[Int8Weight]] | Non
         torch.cat([w.corr for w in weights]),
         torch.cat([w.bias if w.bias is not None else torch.zeros_like(w.scale) for w in weights]) if biased
         else None,
-        sum(w.n for w in weights), weights[0].k, layout=weights[0].layout)
+        sum(w.n for w in weights), weights[0].k, layout=weights[0].layout, grain_bytes=weights[0].grain_bytes)
     views, start = [], 0
     for w in weights:
         p = w.w.shape[0]
@@ -209,10 +209,10 @@ def fuse(weights: list[Int8Weight]) -> tuple[Int8Weight, list[Int8Weight]] | Non
 class Int8Linear(nn.Module):
     """`nn.Linear` with its weight packed for the int8 kernel; any leading dims, fp32 in and out."""
 
-    def __init__(self, linear: nn.Linear) -> None:
+    def __init__(self, linear: nn.Linear, grain_bytes: int = INT8_GRAIN_BYTES) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.packed = quantize_weight(linear.weight, linear.bias)
+        self.packed = quantize_weight(linear.weight, linear.bias, grain_bytes=grain_bytes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = int8_linear(x.reshape(-1, self.in_features).float(), self.packed)
@@ -223,6 +223,6 @@ class Int8Linear(nn.Module):
                 f"({self.packed.layout} kernel)")
 
 
-def int8_linears(module: nn.Module) -> int:
+def int8_linears(module: nn.Module, grain_bytes: int = INT8_GRAIN_BYTES) -> int:
     """Replace every fp32 `nn.Linear` below `module` by an `Int8Linear` (in place); returns how many."""
-    return swap_modules(module, lambda m: type(m) is nn.Linear, Int8Linear)
+    return swap_modules(module, lambda m: type(m) is nn.Linear, lambda m: Int8Linear(m, grain_bytes))

@@ -57,13 +57,14 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
 
 from vocalis.errors import InputError
 from vocalis.kernels import cpu
+from vocalis.precision.config import KernelConfig
 from vocalis.precision.dynamic_int8 import quantize_estimator_int8
 from vocalis.precision.layers import cast_hift_convs, cast_linears, quantize_linears_int8
 
@@ -82,12 +83,14 @@ _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 @dataclass(frozen=True, slots=True)
 class Runtime:
-    """What was chosen and applied. `notes` says what each part runs in."""
+    """What was chosen and applied. `notes` says what each part runs in; `kernels` which native kernels may run
+    (environment overrides applied), for the engines built over the model."""
 
     backend: str
     precision: str
     device: str
     notes: tuple[str, ...] = ()
+    kernels: KernelConfig = field(default_factory=KernelConfig)
 
     def describe(self) -> str:
         return f"backend {self.backend}, precision {self.precision} on {self.device}" + (
@@ -110,7 +113,7 @@ def importable(name: str) -> bool:
     return importlib.util.find_spec(name) is not None
 
 
-def _auto_cpu_precision() -> str:
+def _auto_cpu_precision(kernels: KernelConfig) -> str:
     """int8 on CPUs with AMX tiles where our int8 kernel runs (its LLM int8, estimator and HiFT convs bf16: the
     fastest form there, ~2x bf16's end to end); int8 on AVX2 CPUs (no AVX-512) where our AVX2 int8 kernel runs
     (the LLM, which dominates there, decodes ~3x faster than fp32's fused step at batch 1; see docs/benchmarks.md);
@@ -120,13 +123,15 @@ def _auto_cpu_precision() -> str:
     if has_amx() or build.isa() == "avx2":
         from vocalis.precision.int8_linear import available
 
-        if available():  # builds the kernel on first use (once per machine)
+        if available(kernels.int8_kernel):  # builds the kernel on first use (once per machine)
             return "int8"
     return "bf16" if native_bf16_cpu() else "fp32"
 
 
-def resolve(backend: str, precision: str, device: str | torch.device = "cpu") -> tuple[str, str]:
-    """Validate and resolve `auto`; raises InputError for an unknown or unavailable choice."""
+def resolve(backend: str, precision: str, device: str | torch.device = "cpu",
+            kernels: KernelConfig | None = None) -> tuple[str, str]:
+    """Validate and resolve `auto` (which reads `kernels`, environment overrides applied); raises InputError for an
+    unknown or unavailable choice."""
     dev = torch.device(device)
     if backend not in BACKENDS:
         raise InputError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
@@ -139,7 +144,7 @@ def resolve(backend: str, precision: str, device: str | torch.device = "cpu") ->
         elif backend in ("onnx", "vllm"):  # their own precision sets: fp32/int8 (ONNX Runtime), fp32/bf16 (vLLM)
             precision = "bf16" if backend == "vllm" and native_bf16_cpu() else "fp32"
         else:
-            precision = _auto_cpu_precision()
+            precision = _auto_cpu_precision((kernels or KernelConfig()).with_env_overrides())
     if backend == "auto":
         backend = "tensorrt" if cuda and importable("tensorrt") else "torch"
     if backend == "onnx":
@@ -197,13 +202,15 @@ def make_llm_engine(model: LoadedModel, config: EngineConfig | None = None,
 
 def apply_backend(model: object, backend: str = "torch", precision: str = "fp32",
                   device: str | torch.device = "cpu", onnx_dir: str | None = None,
-                  flow_int8: bool | None = None, hift_reduced: bool | None = None) -> Runtime:
+                  flow_int8: bool | None = None, hift_reduced: bool | None = None,
+                  kernels: KernelConfig | None = None) -> Runtime:
     """Resolve the choice and apply it to `model` (a `LoadedModel`, modules already on `device`) in place.
 
     flow_int8 (precision int8, torch backend): quantize the flow estimator's Linear layers too; None: unless the
     CPU has AMX tiles, where bf16 is the estimator's faster form (see the module notes).
     hift_reduced (precision bf16 or int8 on the CPU, not onnx): run HiFT's body convs in bf16 (`cast_hift_convs`);
     None: on CPUs with AMX tiles, where they run ~1.9x faster (elsewhere fp32 convs are as fast).
+    kernels: which native kernels may run (default all; the environment's overrides are applied here).
 
     Apply once, after loading and before any synthesis; a model so changed is not for saving (its estimator
     may be a wrapper and its Linear weights reduced). The caller keeps the returned `Runtime` and hands it to
@@ -211,7 +218,8 @@ def apply_backend(model: object, backend: str = "torch", precision: str = "fp32"
     carry it.
     """
     requested = (backend, precision)
-    backend, precision = resolve(backend, precision, device)
+    kernels = (kernels or KernelConfig()).with_env_overrides()
+    backend, precision = resolve(backend, precision, device, kernels)
     llm, flow, hift = model.llm, model.flow, model.hift  # type: ignore[attr-defined]
     estimator = flow.decoder.estimator
     notes: list[str] = []
@@ -242,8 +250,8 @@ def apply_backend(model: object, backend: str = "torch", precision: str = "fp32"
         from vocalis.precision.int8_linear import available, int8_linears
         from vocalis.precision.int8_linear import layout as int8_layout
 
-        if available():
-            n_llm = int8_linears(llm)
+        if available(kernels.int8_kernel):
+            n_llm = int8_linears(llm, kernels.int8_grain_bytes)
             notes.append(f"{n_llm} LLM Linear layers int8 (our {int8_layout()} kernel)")
         else:
             n_llm = quantize_linears_int8(llm)
@@ -264,7 +272,7 @@ def apply_backend(model: object, backend: str = "torch", precision: str = "fp32"
     if backend == "compile":
         flow.decoder.estimator = torch.compile(estimator)
         notes.append("flow estimator under torch.compile (full passes; the cached streaming path is eager)")
-    runtime = Runtime(backend, precision, str(torch.device(device)), tuple(notes))
+    runtime = Runtime(backend, precision, str(torch.device(device)), tuple(notes), kernels)
     if "auto" in requested:
         log.info("auto picked %s", runtime.describe())
     else:
