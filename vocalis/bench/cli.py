@@ -3,8 +3,8 @@
 Each side runs in its own process (so each has its own peak RSS and neither warms the other's caches): the
 reference path (`Qwen2LM.generate`, `inference.token2wav.Token2Wav`, `Synthesizer` one request at a time, fp32)
 and the engine at every requested precision. Reported: LLM prefill and decode tokens/s at each batch, the
-machine's memory bandwidth (streaming-read probes interleaved with the batch-1 decode, see `bench_measure` /
-`bench_bandwidth`), the decode limit it implies for the precision and the fraction reached, token2wav RTF,
+machine's memory bandwidth (streaming-read probes interleaved with the batch-1 decode, see `bench.engine_side` /
+`bench.bandwidth`), the decode limit it implies for the precision and the fraction reached, token2wav RTF,
 end-to-end RTF and first-chunk latency (single-stream: medians of `e2e_repeats` requests on each side), audio
 seconds per second at each concurrency, peak RSS; a JSON file and a PNG plot.
 
@@ -30,7 +30,7 @@ from vocalis.errors import InputError
 
 log = logging.getLogger(__name__)
 
-PARTS = ("llm", "token2wav", "e2e")  # as bench_measure.PARTS (not imported here: it pulls in torch)
+PARTS = ("llm", "token2wav", "e2e")  # as bench.scenario.PARTS (not imported here: it pulls in torch)
 QUICK = {"batches": (1, 4), "concurrency": (1, 4), "decode_tokens": 6, "b1_decode_tokens": 8, "b1_segments": 2,
          "b1_warmup_tokens": 1, "e2e_repeats": 1, "tokens": 40, "prompt_tokens": 30, "text_words": 6}
 TARGETS = {
@@ -66,10 +66,10 @@ def _side_env() -> dict[str, str]:
 
 
 def run(cfg: Any) -> dict[str, Any]:
-    """cfg: a `bench_measure.BenchConfig`."""
+    """cfg: a `bench.scenario.BenchConfig`."""
     import torch
 
-    from vocalis.bench.measure import measure_bandwidth
+    from vocalis.bench.bandwidth import measure_bandwidth
 
     load_before = os.getloadavg()
     bandwidth = measure_bandwidth()
@@ -77,12 +77,14 @@ def run(cfg: Any) -> dict[str, Any]:
     reference = _side("reference", cfg, None)
     engines = {p: _side("engine", cfg, p) for p in cfg.precisions}
     load_after = os.getloadavg()
+    from vocalis.engine.config import EngineConfig
+
     report = {
         "machine": {"cpus": os.cpu_count(), "threads": cfg.threads, "torch": torch.__version__,
                     "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "default (unset)"),
                     # torch's CPU tensors on transparent huge pages (the bandwidth probe's numpy buffer always is)
                     "thp_mem_alloc_enable": os.environ.get("THP_MEM_ALLOC_ENABLE", "0"),
-                    "vocalis_huge_pages": os.environ.get("VOCALIS_HUGE_PAGES", "1"),
+                    "huge_pages": EngineConfig().with_env_overrides().huge_pages,
                     "processor": platform.processor() or platform.machine(), **bandwidth,
                     "device": cfg.device,
                     "device_name": torch.cuda.get_device_name(cfg.device) if cfg.device.startswith("cuda") else None,
@@ -254,7 +256,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> Any:
-    from vocalis.bench.measure import BenchConfig
+    from vocalis.bench.scenario import BenchConfig
 
     kw: dict[str, Any] = dict(QUICK) if args.quick else {}
     kw.update(preset=args.preset, backend=args.backend, threads=args.threads, device=args.device,
@@ -326,7 +328,9 @@ def _side_main(argv: list[str]) -> int:
     parser.add_argument("--_precision")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
-    from vocalis.bench.measure import BenchConfig, run_engine, run_reference
+    from vocalis.bench.engine_side import run_engine
+    from vocalis.bench.reference_side import run_reference
+    from vocalis.bench.scenario import BenchConfig
 
     cfg = BenchConfig.from_json(json.loads(args._config))
     result = run_reference(cfg) if args._side == "reference" else run_engine(cfg, args._precision)

@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vocalis.errors import VocalisError
 from vocalis.frontend.request import AudioChunk, SynthesisRequest
@@ -37,15 +37,18 @@ from vocalis.serve.backend import (
 )
 from vocalis.tts import TTS
 
+if TYPE_CHECKING:
+    from vocalis.runtime.backends import Runtime
+
 log = logging.getLogger(__name__)
 
 
 class ReferenceTTS(TTS):
     """`TTS` whose requests run on the reference `Synthesizer`, one at a time in the caller's thread."""
 
-    def __init__(self, model: LoadedModel) -> None:
-        super().__init__(model)
-        self.synth = Synthesizer(model)
+    def __init__(self, model: LoadedModel, runtime: Runtime | None = None) -> None:
+        super().__init__(model, runtime=runtime)
+        self.synth = Synthesizer(model, runtime=runtime)
 
     def run(self, request: SynthesisRequest, *, stream: bool = True) -> Iterator[AudioChunk]:
         return self.synth.run(request, stream=stream)
