@@ -36,7 +36,7 @@ def serve_side(args: argparse.Namespace) -> None:
     import torch
     import uvicorn
 
-    from vocalis.bench.measure import BenchConfig, bench_voice, build, fixed_length_engine, fixed_length_generate
+    from vocalis.bench.scenario import BenchConfig, bench_voice, build, fixed_length_engine, fixed_length_generate
     from vocalis.serve.app import create_app
     from vocalis.serve.config import ServeConfig
     from vocalis.tts import TTS
@@ -103,7 +103,7 @@ async def _one(client: Any, url: str, text: str, drop: bool) -> dict[str, Any]:
 async def _round(url: str, args: argparse.Namespace, r: int, rng: random.Random) -> dict[str, Any]:
     import httpx
 
-    from vocalis.bench.measure import BenchConfig, bench_text
+    from vocalis.bench.scenario import BenchConfig, bench_text
 
     cfg = BenchConfig(tokens=args.tokens)
     limits = httpx.Limits(max_connections=args.clients + 4)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from vocalis.bench.bandwidth import BandwidthProbe, copy_gbps, decode_fraction, read_gbps, spread
-from vocalis.bench.measure import kv_bytes_per_position, llm_bytes_per_token
+from vocalis.bench.decode_bytes import kv_bytes_per_position, llm_bytes_per_token
 from vocalis.config import PRESETS
 
 

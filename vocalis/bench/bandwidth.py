@@ -195,3 +195,12 @@ def decode_fraction(segments: Sequence[tuple[int, float]], probes: Sequence[floa
         "segment_fractions": per_segment,
         "segment_fraction_spread": spread(per_segment),
     }
+
+
+def measure_bandwidth(mib: int = 256, repeats: int = 5) -> dict[str, float]:
+    """numpy copy bandwidth, bytes read + written per second (the STREAM "copy" convention), 1 and 2 threads;
+    best of `repeats` (the machine's figure for the report header; the decode limit uses `bench_bandwidth`'s probes)."""
+    a = np.ones(mib * 2**20 // 4, dtype=np.float32)
+    b = np.empty_like(a)
+    one, two = (max(copy_gbps(a, b, threads) for _ in range(repeats)) for threads in (1, 2))
+    return {"copy_gbps_1_thread": one, "copy_gbps_2_threads": two, "copy_gbps": max(one, two)}

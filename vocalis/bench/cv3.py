@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from vocalis.bench.measure import BenchConfig, peak_rss_mib
+from vocalis.bench.scenario import BenchConfig, peak_rss_mib
 from vocalis.config import CV3_PRESETS, TOKEN_RATE, CosyVoice3Config, StreamConfig
 from vocalis.engine.config import EngineConfig
 from vocalis.engine.llm_engine import LLMEngine
