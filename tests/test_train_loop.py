@@ -76,19 +76,48 @@ def test_loss_goes_down(task: str, steps: int, extra: tuple[str, ...], corpus: P
 
 
 def test_hift_warmup_without_critic(corpus: Path, tmp_path: Path) -> None:
-    """hift.adversarial=none: the generator learns from mel + F0 alone; the discriminator is never stepped."""
+    """hift.adversarial=none: the generator learns from mel + F0 alone, and no discriminator is built or saved."""
     out = tmp_path / "hift-warm"
     train(_config("hift", corpus, out, "trainer.max_steps=8", "optim.lr=3e-3", "hift.adversarial=none", *HIFT))
     losses = _losses(out)
     assert sum(losses[-3:]) / 3 < 0.85 * sum(losses[:3]) / 3, losses
     record = json.loads((out / "train_log.jsonl").read_text().splitlines()[-1])
-    assert record["grad_norm_generator"] > 0 and record["grad_norm_discriminator"] == 0
+    assert record["grad_norm_generator"] > 0 and "grad_norm_discriminator" not in record
     assert not any(k.startswith("d_") for k in record)
-    # same seed, same initial critic: after 1 step and after 8 it is still that initial critic
-    train(_config("hift", corpus, tmp_path / "hift-warm1", "trainer.max_steps=1", "hift.adversarial=none", *HIFT))
-    after_8 = _weights(checkpoint_path(out, 8), "discriminator")
-    after_1 = _weights(checkpoint_path(tmp_path / "hift-warm1", 1), "discriminator")
-    assert all(torch.equal(after_8[k], after_1[k]) for k in after_8)
+    state = load_checkpoint(checkpoint_path(out, 8))
+    assert list(state["models"]) == ["hift"] and list(state["optimizers"]) == ["generator"]
+
+
+def test_hift_critic_free_resume(corpus: Path, tmp_path: Path) -> None:
+    """A critic-free run resumes bit-identically, also from a checkpoint that still holds an idle critic (as
+    written before critic-free runs dropped it); a GAN run may resume from a critic-free checkpoint (fresh critic)."""
+    from vocalis.train.discriminators import DiscriminatorConfig, HiFTDiscriminator
+
+    warm = ["optim.lr=3e-3", "hift.adversarial=none", "trainer.save_every=3", *HIFT]
+    train(_config("hift", corpus, tmp_path / "whole", "trainer.max_steps=6", *warm))
+    train(_config("hift", corpus, tmp_path / "split", "trainer.max_steps=3", *warm))
+    legacy = tmp_path / "legacy"
+    (legacy / "checkpoints").mkdir(parents=True)
+    state = load_checkpoint(checkpoint_path(tmp_path / "split", 3))
+    critic = HiFTDiscriminator(DiscriminatorConfig(periods=(2, 3), period_channels=(4, 8, 16), spec_channels=4))
+    state["models"]["discriminator"] = critic.state_dict()
+    for part in ("optimizers", "schedulers", "scalers"):
+        state[part] = {"discriminator": state[part]["generator"], **state[part]}
+    torch.save(state, checkpoint_path(legacy, 3))
+    for run in ("split", "legacy"):
+        train(_config("hift", corpus, tmp_path / run, "trainer.max_steps=6", "trainer.resume=auto", *warm))
+    whole = _weights(checkpoint_path(tmp_path / "whole", 6), "hift")
+    for run in ("split", "legacy"):
+        resumed = _weights(checkpoint_path(tmp_path / run, 6), "hift")
+        assert all(torch.equal(whole[k], resumed[k]) for k in whole), run
+    assert _losses(tmp_path / "split")[-3:] == _losses(tmp_path / "whole")[-3:]
+
+    gan = tmp_path / "gan"
+    (gan / "checkpoints").mkdir(parents=True)
+    torch.save(load_checkpoint(checkpoint_path(tmp_path / "whole", 6)), checkpoint_path(gan, 6))
+    summary = train(_config("hift", corpus, gan, "trainer.max_steps=7", "trainer.resume=auto", "optim.lr=3e-3", *HIFT))
+    assert summary["step"] == 7
+    assert sorted(load_checkpoint(checkpoint_path(gan, 7))["models"]) == ["discriminator", "hift"]
 
 
 def test_accumulation_of_two_equals_a_batch_twice_as_large(equal_corpus: Path, tmp_path: Path) -> None:

@@ -68,6 +68,10 @@ class Task(abc.ABC):
     def micro_step(self, batch: Batch, ctx: StepContext) -> dict[str, float]:
         """Forward + backward (+ update at boundaries) on one micro-batch; returns scalar metrics."""
 
+    def optional_parts(self) -> frozenset[str]:
+        """Modules (and optimizer groups of the same name) a resumed checkpoint may lack; they start fresh."""
+        return frozenset()
+
     def checkpointed_layers(self) -> Iterable[nn.Module]:
         """Repeated blocks whose activations gradient checkpointing recomputes."""
         return ()

@@ -5,6 +5,9 @@ Per micro-batch, one generator forward, then (as the official recipe) the discri
 then the generator turn and its update, each with its own optimizer, scheduler and grad scaler. During the
 generator turn the discriminator is frozen (requires_grad off, called outside DDP), so its gradients come only
 from its own turn and are never synchronised twice.
+
+With `hift.adversarial=none` (the critic-free warm-up) there is no discriminator at all: no module, optimizer group
+or checkpoint entry. A GAN run resumed from such a checkpoint starts its critic fresh.
 """
 
 from __future__ import annotations
@@ -47,21 +50,30 @@ class HiFTTask(Task):
         hift, self.model_config = build_part(config, "hift")
         assert isinstance(hift, HiFTGenerator)
         c = config.hift
-        disc = HiFTDiscriminator(DiscriminatorConfig(periods=c.periods, period_channels=c.period_channels,
-                                                     spec_channels=c.spec_channels))
         self.losses = HiFTLossConfig(mel_weight=c.mel_weight, feature_weight=c.feature_weight,
                                      tpr_weight=c.tpr_weight, f0_weight=c.f0_weight,
                                      adversarial=c.adversarial,  # type: ignore[arg-type]
                                      extra_mel_ffts=tuple(c.extra_mel_ffts), stft_weight=c.stft_weight,
                                      stft_resolutions=tuple(tuple(r) for r in c.stft_resolutions))
         self.discriminator_lr = c.discriminator_lr
-        self.modules = {"hift": hift, "discriminator": disc}
+        self.modules: dict[str, nn.Module] = {"hift": hift}
         self.generator: nn.Module = hift  # DDP-wrapped when distributed
-        self.critic: nn.Module = disc  # DDP-wrapped when distributed
+        self.critic: nn.Module | None = None  # DDP-wrapped when distributed
+        if self.losses.adversarial != "none":
+            # Critic-free runs build none: it would only add ~40 M idle parameters to memory and every checkpoint.
+            disc = HiFTDiscriminator(DiscriminatorConfig(periods=c.periods, period_channels=c.period_channels,
+                                                         spec_channels=c.spec_channels))
+            self.modules["discriminator"] = self.critic = disc
 
     def groups(self) -> dict[str, list[nn.Parameter]]:
-        return {"discriminator": list(self.modules["discriminator"].parameters()),
-                "generator": list(self.modules["hift"].parameters())}
+        out = {"generator": list(self.modules["hift"].parameters())}
+        if "discriminator" in self.modules:
+            out = {"discriminator": list(self.modules["discriminator"].parameters()), **out}
+        return out
+
+    def optional_parts(self) -> frozenset[str]:
+        # A GAN run may resume from its critic-free warm-up: the critic then starts fresh.
+        return frozenset({"discriminator"})
 
     def group_lr(self, group: str, config: TrainConfig) -> float:
         if group == "discriminator" and self.discriminator_lr is not None:
@@ -70,7 +82,8 @@ class HiFTTask(Task):
 
     def wrap(self, wrap: Wrap) -> None:
         self.generator = wrap(self.generator)
-        self.critic = wrap(self.critic)
+        if self.critic is not None:
+            self.critic = wrap(self.critic)
 
     def checkpointed_layers(self):
         hift = self.modules["hift"]
@@ -81,11 +94,12 @@ class HiFTTask(Task):
         mel = batch.mel.transpose(1, 2)  # (B, 80, T)
         with ctx.autocast():
             fake = generator_forward(self.generator, mel, ctx.generator)  # wav (B, 480 T), f0 (B, T)
-        if self.losses.adversarial == "none":  # warm-up: no critic turn (its optimizer state stays untouched)
+        if self.losses.adversarial == "none":  # warm-up: no critic at all
             d_logs: dict[str, float] = {}
             with ctx.autocast():
                 g_loss, g_logs = reconstruction_losses(fake, batch.audio, batch.f0, self.losses)
         else:
+            assert self.critic is not None
             with ctx.autocast():
                 d_loss, d_logs = discriminator_loss(self.critic, batch.audio, fake.wav, self.losses)
             ctx.backward(d_loss, "discriminator")

@@ -150,9 +150,16 @@ class Trainer:
         self.resumed_from = path
         if state.get("task") != self.config.task:
             raise InputError(f"{path} is a {state.get('task')!r} checkpoint, this run trains {self.config.task!r}")
+        fresh = (self.task.optional_parts() & set(self.task.modules)) - set(state["models"])
+        if fresh:
+            log.info("%s holds no %s: starting %s fresh", path, ", ".join(sorted(fresh)),
+                     "them" if len(fresh) > 1 else "it")
         for name, module in self.task.modules.items():
-            load_strict(module, state["models"][name], f"{path}:{name}")
+            if name not in fresh:
+                load_strict(module, state["models"][name], f"{path}:{name}")
         for name, g in self.groups.items():
+            if name in fresh:
+                continue
             if name in state.get("optimizers", {}):  # absent with DeepSpeed: its own checkpoint holds them
                 g.optimizer.load_state_dict(state["optimizers"][name])
             g.scheduler.load_state_dict(state["schedulers"][name])
