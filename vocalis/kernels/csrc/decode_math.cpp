@@ -1,6 +1,7 @@
 // The vector pieces of the fused decode step (int8_decode.cpp), AVX-512: RMSNorm of a row, an int8 panel's
 // scale-out, the dense (fp32 / bf16) panel GEMV, bf16 rounding of input rows, and attention's and SiLU's loops.
-// decode_math_avx2.cpp defines the same functions for AVX2 + FMA; int8_decode.cpp holds what is not ISA-bound.
+// decode_math_avx2.cpp defines the same functions for AVX2 + FMA; int8_decode.cpp and decode_{weights,operands}.cpp
+// hold what is not ISA-bound.
 #include <immintrin.h>
 
 #include <cmath>

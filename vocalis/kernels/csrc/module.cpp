@@ -1,0 +1,34 @@
+// The extension's Python module: the int8 GEMV, the fused decode stacks of the three weight kinds
+// (int8_decode.cpp) and, in the avx512 set, the estimator's bf16 kernels. Last in every source set (kernels/build.py).
+template <typename Stack>
+void bind_stack(pybind11::module_& m, const char* name) {
+  pybind11::class_<Stack>(m, name)
+      .def(pybind11::init<std::vector<torch::Tensor>, int64_t, int64_t, int64_t, int64_t, int64_t, double>())
+      .def("num_layers", &Stack::num_layers)
+      .def("max_rows", &Stack::max_rows)
+      .def("set_grace_ns", &Stack::set_grace_ns)
+      .def("set_head", &Stack::set_head)
+      .def("has_head", &Stack::has_head)
+      .def("forward", &Stack::forward, pybind11::call_guard<pybind11::gil_scoped_release>())
+      .def("forward_logits", &Stack::forward_logits, pybind11::call_guard<pybind11::gil_scoped_release>());
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  // both release the GIL while they run (as torch's own ops do): a decode step holds no Python state, and the
+  // token2wav thread can run Python meanwhile
+  m.def("int8_linear", &int8_linear, "y = x @ dequant(w).T + bias through the int8 kernel (int8_gemv*.cpp)",
+        pybind11::call_guard<pybind11::gil_scoped_release>());
+  bind_stack<DecodeStack<Int8Operand>>(m, "DecodeStack");  // int8 weights
+  bind_stack<DecodeStack<F32Operand>>(m, "F32DecodeStack");  // fp32 weights
+  bind_stack<DecodeStack<BF16Operand>>(m, "BF16DecodeStack");  // bf16 weights
+#ifdef __AVX512F__  // the estimator's bf16 kernels are AVX-512 only (the avx2 build has none)
+  bf16gemm::bind(m);  // the estimator's bf16 GEMM (bf16_gemm.cpp)
+  bf16attn::bind(m);  // and its bf16 attention (bf16_attention.cpp)
+  bf16block::bind(m);  // and a whole transformer block of it (bf16_block.cpp)
+#endif
+#ifdef __AVX512F__  // which source set this module was built from (build.py)
+  m.attr("isa") = "avx512";
+#else
+  m.attr("isa") = "avx2";
+#endif
+}
