@@ -19,6 +19,11 @@ SAMPLES_PER_MEL_FRAME = SAMPLE_RATE // MEL_RATE  # 480
 PROMPT_SAMPLE_RATE_16K = 16000  # speech tokenizer and speaker encoder input rate
 MAX_PROMPT_SECONDS = 30.0  # speech tokenizer limit
 ENDOFPROMPT_TOKEN = "<|endofprompt|>"
+# What the LLM reads text as: Qwen2 BPE ids (the official model) or the built-in model's phone ids.
+TEXT_FRONTENDS = ("bpe", "phones")
+# The phone frontend's vocabularies (`vocalis.frontend.phones`: NUM_TEXT_IDS, NUM_LABELS; a test checks they agree).
+PHONE_TEXT_IDS = 67
+PHONE_LABELS = 114  # 25 Hz phone-state labels: the phone-based model's speech ids
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,6 +208,14 @@ class ModelConfig:
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     sample_rate: int = SAMPLE_RATE
     spk_embed_dim: int = 192
+    text_frontend: str = "bpe"  # TEXT_FRONTENDS; "phones": text ids from `vocalis.frontend.phones.text_ids`
+
+    def __post_init__(self) -> None:
+        if self.text_frontend not in TEXT_FRONTENDS:
+            raise ValueError(f"text_frontend must be one of {', '.join(TEXT_FRONTENDS)}, not {self.text_frontend!r}")
+        if self.text_frontend == "phones" and self.llm.qwen.vocab_size < PHONE_TEXT_IDS:
+            raise ValueError(f"a phones model needs a text vocabulary of >= {PHONE_TEXT_IDS} ids, "
+                             f"this one has {self.llm.qwen.vocab_size}")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -284,10 +297,21 @@ def builtin_config() -> ModelConfig:
     )
 
 
+def phone_config(config: ModelConfig) -> ModelConfig:
+    """`config` reading phones: the phone set as its text vocabulary, the 25 Hz phone-state labels as its speech
+    vocabulary (docs/builtin-model.md); every other shape unchanged."""
+    qwen = dataclasses.replace(config.llm.qwen, vocab_size=PHONE_TEXT_IDS)
+    llm = dataclasses.replace(config.llm, qwen=qwen, speech_token_size=PHONE_LABELS)
+    flow = dataclasses.replace(config.flow, vocab_size=PHONE_LABELS)
+    return dataclasses.replace(config, llm=llm, flow=flow, text_frontend="phones")
+
+
 PRESETS: dict[str, ModelConfig] = {
     "cosyvoice2-0.5b": ModelConfig(),
     "tiny": tiny_config(),
     "builtin": builtin_config(),
+    "tiny-phones": phone_config(tiny_config()),
+    "builtin-phones": phone_config(builtin_config()),  # the phone-based built-in model (the ladder's L2 on)
 }
 
 

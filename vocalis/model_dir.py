@@ -22,16 +22,17 @@ import torch
 from vocalis.checkpoint import load_strict, read_safetensors, read_torch_state_dict, write_safetensors
 from vocalis.config import PRESETS, ModelConfig
 from vocalis.errors import ModelLoadError
+from vocalis.frontend.phones import PhoneTokenizer
 from vocalis.frontend.speaker import CampplusSpeakerEncoder, SpeakerEncoder
 from vocalis.frontend.speech_tokenizer import OnnxSpeechTokenizer, SpeechTokenizer
 from vocalis.frontend.tokenizer import TextTokenizer
+from vocalis.frontend.voice import Voice, voice_from_spk2info
 from vocalis.models.flow.flow import CausalMaskedDiffWithXvec
 from vocalis.models.hift.generator import HiFTGenerator
 from vocalis.models.hift.generator import prepare_official_state_dict as prepare_hift_state_dict
 from vocalis.models.speech_lm import Qwen2LM
 from vocalis.models.speech_lm import prepare_official_state_dict as prepare_llm_state_dict
 from vocalis.official_yaml import model_config_from_official, read_official_yaml, read_qwen_config
-from vocalis.frontend.voice import Voice, voice_from_spk2info
 
 log = logging.getLogger(__name__)
 _SAFE_FILE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")
@@ -56,7 +57,7 @@ class LoadedModel:
     llm: Qwen2LM
     flow: CausalMaskedDiffWithXvec
     hift: HiFTGenerator
-    tokenizer: TextTokenizer | None  # None: a directory without tokenizer files (token-level use only)
+    tokenizer: TextTokenizer | PhoneTokenizer | None  # None: a directory without tokenizer files (token-level use only)
     speech_tokenizer: SpeechTokenizer | None = None
     speaker_encoder: SpeakerEncoder | None = None
     voices: dict[str, Voice] = field(default_factory=dict)
@@ -112,6 +113,13 @@ def speaker_encoder_of(directory: Path) -> SpeakerEncoder | None:
     return CampplusSpeakerEncoder(spk) if spk.is_file() else None
 
 
+def _text_tokenizer(config: ModelConfig, tokenizer_dir: Path) -> TextTokenizer | PhoneTokenizer | None:
+    """What the LLM reads text with: the phone frontend when the config says so, else the BPE files (if any)."""
+    if config.text_frontend == "phones":
+        return PhoneTokenizer()
+    return TextTokenizer.from_dir(tokenizer_dir) if (tokenizer_dir / "vocab.json").is_file() else None
+
+
 def _frontend_models(directory: Path, config: ModelConfig) -> tuple[SpeechTokenizer | None, SpeakerEncoder | None]:
     return _speech_tokenizer(directory, config), speaker_encoder_of(directory)
 
@@ -157,8 +165,7 @@ def load_vocalis(directory: Path) -> LoadedModel:
     speech_tokenizer, speaker_encoder = _frontend_models(directory, config)
     voices = {v.name: v for v in (Voice.load(p) for p in sorted((directory / "voices").glob("*.safetensors")))}
     return LoadedModel(
-        config, llm, flow, hift, TextTokenizer.from_dir(tok_dir) if (tok_dir / "vocab.json").is_file() else None,
-        speech_tokenizer, speaker_encoder, voices,
+        config, llm, flow, hift, _text_tokenizer(config, tok_dir), speech_tokenizer, speaker_encoder, voices,
         meta.get("kind", "vocalis"), directory,
     )
 
@@ -175,7 +182,7 @@ def random_model(preset: str = "tiny", seed: int = 0) -> LoadedModel:
         embedding = torch.randn(config.spk_embed_dim)
     _eval(llm, flow, hift)
     voice = Voice("default", "", (), (), torch.zeros(0, config.flow.output_size), embedding)
-    return LoadedModel(config, llm, flow, hift, TextTokenizer.from_dir(BUNDLED_TOKENIZER), voices={"default": voice},
+    return LoadedModel(config, llm, flow, hift, _text_tokenizer(config, BUNDLED_TOKENIZER), voices={"default": voice},
                        kind="random")
 
 
@@ -215,7 +222,7 @@ def save_vocalis(model: LoadedModel, out: Path, tokenizer_src: Path, frontend_sr
     (tmp / VOCALIS_JSON).write_text(json.dumps(meta, indent=2), encoding="utf-8")
     for name, module in (("llm", model.llm), ("flow", model.flow), ("hift", model.hift)):
         write_safetensors(module.state_dict(), tmp / f"{name}.safetensors")
-    for fname in _TOKENIZER_FILES:
+    for fname in _TOKENIZER_FILES if model.config.text_frontend == "bpe" else ():
         if (tokenizer_src / fname).is_file():
             shutil.copy2(tokenizer_src / fname, tmp / "tokenizer" / fname)
     if frontend_src is not None:

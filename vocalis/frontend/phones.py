@@ -11,7 +11,8 @@ lexicon and trees ship as `vocalis/assets/builtin/` (built by `vocalis.corpus.fe
 Symbols (`TEXT_SYMBOLS`, ids = positions): `<pad>`, `<unk>`, the word boundary `|`, punctuation `, . ? ! ; : -`,
 then `UNITS`: `pau`, 24 consonants, 16 vowels x stress 0/1 (`ax0`, `ow1`). The 25 Hz speech labels of the built-in
 model are (unit, begin/inside) pairs: `label_id(unit, inside) = 2 * UNITS.index(unit) + inside` (`NUM_LABELS`).
-The official CosyVoice 2 model keeps its BPE text path; nothing here is used by it.
+The official CosyVoice 2 model keeps its BPE text path; nothing here is used by it. A model reads phones when its
+config says `text_frontend = "phones"`; the loader then gives it a `PhoneTokenizer` instead of the BPE files.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import json
 import lzma
 import re
+from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
 from typing import NamedTuple
@@ -168,3 +170,27 @@ def g2p(text: str) -> list[str]:
 def text_ids(text: str) -> list[int]:
     """Text -> ids of `TEXT_SYMBOLS` (the built-in model's text vocabulary)."""
     return [TEXT_IDS.get(s, UNK_ID) for s in g2p(text)]
+
+
+class PhoneTokenizer:
+    """The text tokenizer of a model whose `config.text_frontend` is "phones": `TextTokenizer`'s methods over
+    `text_ids`. Text reaches it normalised (digits written out), as it reaches the BPE tokenizer."""
+
+    endofprompt_id = None  # no instructions: the phone set has no `<|endofprompt|>`
+
+    def encode(self, text: str) -> list[int]:
+        return text_ids(text)
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+        """Symbols separated by spaces (`<pad>` dropped with `skip_special_tokens`)."""
+        return " ".join(TEXT_SYMBOLS[i] for i in ids if not (skip_special_tokens and i == TEXT_IDS["<pad>"]))
+
+    def count(self, text: str) -> int:
+        """Phone ids of `text`: the length measure the sentence splitter uses."""
+        return len(self.encode(text))
+
+    def token_to_id(self, token: str) -> int | None:
+        return TEXT_IDS.get(token)
+
+    def __len__(self) -> int:
+        return NUM_TEXT_IDS

@@ -16,6 +16,7 @@ from vocalis.config import ENDOFPROMPT_TOKEN, MAX_PROMPT_SECONDS, PROMPT_SAMPLE_
 from vocalis.errors import InputError
 from vocalis.frontend import audio as audio_fe
 from vocalis.frontend import text as text_fe
+from vocalis.frontend.phones import PhoneTokenizer
 from vocalis.frontend.request import Mode, SynthesisRequest
 from vocalis.frontend.tokenizer import TextTokenizer
 from vocalis.frontend.voice import Voice
@@ -48,7 +49,8 @@ class Frontend:
         self.sample_rate = model.config.sample_rate
 
     @property
-    def tokenizer(self) -> TextTokenizer:
+    def tokenizer(self) -> TextTokenizer | PhoneTokenizer:
+        """The BPE tokenizer, or for a phones model (`config.text_frontend`) the phone frontend (`PhoneTokenizer`)."""
         if self.model.tokenizer is None:
             raise InputError(f"the {self.model.describe()} has no text tokenizer files, so it cannot read text")
         return self.model.tokenizer
@@ -117,6 +119,8 @@ class Frontend:
         if request.mode is Mode.ZERO_SHOT:
             return list(voice.prompt_text_ids), list(voice.prompt_speech_ids)
         if request.mode is Mode.INSTRUCT:
+            if self.tokenizer.endofprompt_id is None:
+                raise InputError(f"the {self.model.describe()} reads phones and takes no instructions")
             instruct = request.instruct.strip()
             if not instruct.endswith(ENDOFPROMPT_TOKEN):
                 instruct += ENDOFPROMPT_TOKEN

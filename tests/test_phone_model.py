@@ -1,0 +1,89 @@
+"""A model directory that reads phones (`config.text_frontend = "phones"`, the built-in model's design): the
+loader gives it the phone frontend, `TTS` speaks with it on the engine, and a `default` voice holding true
+phone-state labels needs no speech tokenizer. The BPE default is unchanged."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from vocalis import config as cfg
+from vocalis.errors import InputError
+from vocalis.frontend import phones
+from vocalis.frontend.phones import PhoneTokenizer
+from vocalis.frontend.tokenizer import TextTokenizer
+from vocalis.frontend.voice import Voice
+from vocalis.model_dir import BUNDLED_TOKENIZER, load_model, random_model, save_vocalis
+from vocalis.tts import TTS
+
+PROMPT_TEXT = "Hello there."
+
+
+def _phone_model_dir(path: Path) -> tuple[Path, Voice]:
+    """A random `tiny-phones` directory whose `default` voice has a transcript and true labels (no ONNX files)."""
+    model = random_model("tiny-phones")
+    labels = [phones.label_id(u, inside) for u in ("pau", "hh", "ax0", "l", "ow1", "pau") for inside in (False, True)]
+    gen = torch.Generator().manual_seed(0)
+    voice = Voice("default", PROMPT_TEXT, tuple(phones.text_ids(PROMPT_TEXT)), tuple(labels),
+                  torch.randn(2 * len(labels), model.config.flow.output_size, generator=gen),
+                  torch.randn(model.config.spk_embed_dim, generator=gen))
+    model.voices = {"default": voice}
+    save_vocalis(model, path, tokenizer_src=BUNDLED_TOKENIZER)
+    return path, voice
+
+
+def test_phone_vocabularies_agree_with_the_frontend() -> None:
+    assert (cfg.PHONE_TEXT_IDS, cfg.PHONE_LABELS) == (phones.NUM_TEXT_IDS, phones.NUM_LABELS)
+    c = cfg.PRESETS["builtin-phones"]
+    assert c.text_frontend == "phones" and c.llm.qwen.vocab_size == phones.NUM_TEXT_IDS
+    assert c.llm.speech_token_size == c.flow.vocab_size == phones.NUM_LABELS
+    assert c.hift == cfg.PRESETS["builtin"].hift  # the L1 vocoder fits both
+    with pytest.raises(ValueError, match="text_frontend"):
+        cfg.ModelConfig(text_frontend="chars")
+
+
+def test_model_dir_round_trips_its_text_frontend(tmp_path: Path) -> None:
+    path, voice = _phone_model_dir(tmp_path / "phones")
+    meta = json.loads((path / "vocalis.json").read_text())
+    assert meta["config"]["text_frontend"] == "phones"
+    assert not any((path / "tokenizer").iterdir())  # no BPE files beside a phone model
+    loaded = load_model(path)
+    assert loaded.config == cfg.PRESETS["tiny-phones"]
+    assert isinstance(loaded.tokenizer, PhoneTokenizer) and len(loaded.tokenizer) == phones.NUM_TEXT_IDS
+    assert loaded.voices["default"].prompt_speech_ids == voice.prompt_speech_ids
+    assert loaded.speech_tokenizer is None
+
+    # the BPE default: written, read back, and a vocalis.json from before the field existed
+    save_vocalis(random_model("tiny"), tmp_path / "bpe", tokenizer_src=BUNDLED_TOKENIZER)
+    meta = json.loads((tmp_path / "bpe" / "vocalis.json").read_text())
+    assert meta["config"]["text_frontend"] == "bpe"
+    del meta["config"]["text_frontend"]
+    (tmp_path / "bpe" / "vocalis.json").write_text(json.dumps(meta))
+    old = load_model(tmp_path / "bpe")
+    assert old.config.text_frontend == "bpe" and isinstance(old.tokenizer, TextTokenizer)
+
+
+def test_tts_reads_phones_on_the_engine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path, voice = _phone_model_dir(tmp_path / "phones")
+    with TTS.load(path) as tts:
+        engine = tts.engine.llm
+        seen: list[tuple[list[int], list[int], list[int]]] = []
+        make_request = engine.make_request
+
+        def record(text_ids, prompt_text_ids=(), prompt_speech_ids=(), *args, **kwargs):
+            seen.append((list(text_ids), list(prompt_text_ids), list(prompt_speech_ids)))
+            return make_request(text_ids, prompt_text_ids, prompt_speech_ids, *args, **kwargs)
+
+        monkeypatch.setattr(engine, "make_request", record)
+        wav = tts.synthesize("Hello 42.", seed=0)
+        assert wav.ndim == 1 and wav.size > 0 and np.isfinite(wav).all()
+        # the normaliser writes the digits out before the phone frontend reads them
+        assert seen == [(phones.text_ids("Hello forty two."), phones.text_ids(PROMPT_TEXT),
+                         list(voice.prompt_speech_ids))]
+        assert phones.text_ids("Hello forty two.")[-1] == phones.TEXT_IDS["."]
+        with pytest.raises(InputError, match="reads phones"):
+            tts.synthesize("Hello.", instruct="Speak slowly.")
