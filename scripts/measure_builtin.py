@@ -19,8 +19,10 @@ The ladder of the phone-based built-in model (docs/builtin-model.md) is measured
 cmu_us_slt_arctic_hts, speaking the 50 held-out WordNet sentences (`vocalis.corpus.sentences.heldout_wordnet`):
 
     python scripts/measure_builtin.py --voices slt --rows L1 --hift vocalis/assets/builtin/ladder/L1/hift.safetensors
+    python scripts/measure_builtin.py --voices slt --rows L2 --hift ... --flow RUN/gates/L2/flow.safetensors
 
   L1  teacher mel -> our HiFT (vocoder alone): WER <= 1.15x the teacher's
+  L2  the teacher's true 25 Hz labels (its own alignment) -> our flow -> our HiFT: WER <= 1.3x the teacher's
 
 Needs festival with the three voices, pocketsphinx and resemblyzer (`pip install -e '.[eval]'` and
 `pip install --no-deps resemblyzer webrtcvad-wheels`).
@@ -50,23 +52,52 @@ def load16(path: Path) -> np.ndarray:
 
 # ---- the ladder (--voices slt) ---------------------------------------------------------------------------
 
-GATES = {"L1": 1.15}
+GATES = {"L1": 1.15, "L2": 1.3}
+ROWS = {"L1": "teacher mel -> our HiFT", "L2": "true labels -> our flow -> our HiFT"}
 
 
-def load_hift(path: Path | None):  # -> HiFTGenerator
-    """The built-in preset's HiFT with weights from `path` (fp16 gate weights are cast to fp32)."""
+def _load_part(module, path: Path | None, flag: str, rows: str):  # -> the module, in eval mode
+    """`module` with weights from `path` (fp16 gate weights are cast to fp32)."""
     import torch
     from safetensors.torch import load_file
 
     from vocalis.checkpoint import load_strict
+
+    if path is None:
+        sys.exit(f"measure_builtin --voices slt --rows {rows}: give the weights with {flag}")
+    load_strict(module, {k: v.to(torch.float32) for k, v in load_file(str(path)).items()}, str(path))
+    return module.eval()
+
+
+def load_hift(path: Path | None, rows: str = "L1"):  # -> HiFTGenerator
+    """The built-in preset's HiFT."""
     from vocalis.config import PRESETS
     from vocalis.models.hift.generator import HiFTGenerator
 
-    hift = HiFTGenerator(PRESETS["builtin"].hift)
-    if path is None:
-        sys.exit("measure_builtin --voices slt --rows L1: give the HiFT weights with --hift")
-    load_strict(hift, {k: v.to(torch.float32) for k, v in load_file(str(path)).items()}, str(path))
-    return hift.eval()
+    return _load_part(HiFTGenerator(PRESETS["builtin-phones"].hift), path, "--hift", rows)
+
+
+def load_flow(path: Path | None):  # -> CausalMaskedDiffWithXvec
+    """The phone-based built-in preset's flow (114 label ids)."""
+    from vocalis.config import PRESETS
+    from vocalis.models.flow.flow import CausalMaskedDiffWithXvec
+
+    return _load_part(CausalMaskedDiffWithXvec(PRESETS["builtin-phones"].flow), path, "--flow", "L2")
+
+
+def labels_to_wav(flow, hift, labels: list[int], seed: int):  # -> (N,) float32 tensor at 24 kHz
+    """L2: 25 Hz labels -> the flow's mel (no prompt, the zero x-vector it was trained with) -> HiFT."""
+    import torch
+
+    token = torch.tensor([labels], dtype=torch.int64)
+    empty = torch.zeros(1, 0, dtype=torch.int64)
+    no_len = torch.zeros(1, dtype=torch.int64)
+    with torch.inference_mode():
+        mel = flow.inference(token, torch.tensor([len(labels)]), empty, no_len,
+                             torch.zeros(1, 0, flow.config.output_size), no_len,
+                             torch.zeros(1, flow.config.spk_embed_dim), streaming=False, finalize=True)
+        wav, _ = hift.inference(mel, generator=torch.Generator().manual_seed(seed))  # mel (1, 80, 2 T)
+    return wav[0]
 
 
 def _weights_step(path: Path) -> int | None:
@@ -81,7 +112,7 @@ def measure_ladder(args: argparse.Namespace) -> int:
     import torch
 
     from vocalis.config import SAMPLE_RATE
-    from vocalis.corpus.phone_corpus import speak_batch
+    from vocalis.corpus.phone_corpus import speak_batch, utterance_record
     from vocalis.corpus.sentences import heldout_wordnet
     from vocalis.eval.asr import PocketsphinxTranscriber
     from vocalis.eval.wer import EditCounts, word_counts
@@ -94,27 +125,36 @@ def measure_ladder(args: argparse.Namespace) -> int:
     if todo:
         speak_batch("slt", todo)
     asr = PocketsphinxTranscriber()
-    teacher, rows, figures = EditCounts(0, 0, 0, 0), [], {"sentences": len(texts), "voice": "cmu_us_slt_arctic_hts"}
+    teacher, figures = EditCounts(0, 0, 0, 0), {"sentences": len(texts), "voice": "cmu_us_slt_arctic_hts"}
     hyps_teacher = [asr(load16(out / f"teacher-{i:03d}.wav"), 16000) for i in range(len(texts))]
     for text, hyp in zip(texts, hyps_teacher):
         teacher += word_counts(text, hyp, "en")
     figures["wer_teacher"] = teacher.rate
-    if "L1" in args.rows:
-        hift = load_hift(args.hift)
+    rows = [{"text": text, "teacher_asr": hyp} for text, hyp in zip(texts, hyps_teacher)]
+    hift = load_hift(args.hift, " ".join(args.rows))
+    flow = load_flow(args.flow) if "L2" in args.rows else None
+    for rung in args.rows:
         counts, start, audio_s = EditCounts(0, 0, 0, 0), time.perf_counter(), 0.0
         for i, text in enumerate(texts):
-            wav24 = load_wav(out / f"teacher-{i:03d}.wav", SAMPLE_RATE, max_seconds=None)
-            mel = prompt_mel(wav24).transpose(0, 1).unsqueeze(0)  # (1, 80, T)
-            with torch.inference_mode():
-                voc, _ = hift.inference(mel, generator=torch.Generator().manual_seed(args.seed))
-            sf.write(str(out / f"L1-{i:03d}.wav"), voc[0].numpy(), SAMPLE_RATE)
-            audio_s += voc.shape[-1] / SAMPLE_RATE
-            hyp = asr(load16(out / f"L1-{i:03d}.wav"), 16000)
+            teacher_wav = out / f"teacher-{i:03d}.wav"
+            if rung == "L1":
+                mel = prompt_mel(load_wav(teacher_wav, SAMPLE_RATE, max_seconds=None)).transpose(0, 1)  # (80, T)
+                with torch.inference_mode():
+                    voc, _ = hift.inference(mel.unsqueeze(0), generator=torch.Generator().manual_seed(args.seed))
+                wav = voc[0]
+            else:  # the teacher's own alignment of this sentence, as the corpus labels it
+                wav = labels_to_wav(flow, hift, utterance_record(f"{i:03d}", text, teacher_wav)["labels"], args.seed)
+            sf.write(str(out / f"{rung}-{i:03d}.wav"), wav.numpy(), SAMPLE_RATE)
+            audio_s += wav.shape[-1] / SAMPLE_RATE
+            hyp = asr(load16(out / f"{rung}-{i:03d}.wav"), 16000)
             counts += word_counts(text, hyp, "en")
-            rows.append({"text": text, "teacher_asr": hyps_teacher[i], "L1_asr": hyp})
-        figures["L1"] = {"wer": counts.rate, "ratio": counts.rate / teacher.rate if teacher.rate else None,
-                         "gate": GATES["L1"], "vocoder_rtf": (time.perf_counter() - start) / max(audio_s, 1e-9),
+            rows[i][f"{rung}_asr"] = hyp
+        figures[rung] = {"wer": counts.rate, "ratio": counts.rate / teacher.rate if teacher.rate else None,
+                         "gate": GATES[rung],
+                         "vocoder_rtf" if rung == "L1" else "rtf": (time.perf_counter() - start) / max(audio_s, 1e-9),
                          "weights": args.hift.name, "step": _weights_step(args.hift)}
+        if rung == "L2":
+            figures[rung].update(flow_weights=args.flow.name, flow_step=_weights_step(args.flow))
     print(f"| rung ({len(texts)} held-out WordNet sentences, festival SLT) | WER | x teacher | gate | passes |")
     print("|---|---|---|---|---|")
     print(f"| teacher (festival cmu_us_slt_arctic_hts) | {teacher.rate:.1%} | 1.00 | | |")
@@ -122,7 +162,7 @@ def measure_ladder(args: argparse.Namespace) -> int:
         r = figures[rung]
         ratio = f"{r['ratio']:.2f}" if r["ratio"] is not None else "-"
         ok = r["ratio"] is not None and r["ratio"] <= r["gate"]
-        print(f"| {rung} teacher mel -> our HiFT | {r['wer']:.1%} | {ratio} | <= {r['gate']} | {'yes' if ok else 'no'} |")
+        print(f"| {rung} {ROWS[rung]} | {r['wer']:.1%} | {ratio} | <= {r['gate']} | {'yes' if ok else 'no'} |")
     if args.json:
         args.json.write_text(json.dumps({"figures": figures, "rows": rows}, indent=1), encoding="utf-8")
     return 0
@@ -140,8 +180,9 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--voices", choices=("all", "slt"), default="all",
                     help="all: the three festival teachers (the original measurement); slt: the ladder rows")
-    ap.add_argument("--rows", nargs="+", default=["L1"], choices=("L1",), help="with --voices slt: rungs to measure")
-    ap.add_argument("--hift", type=Path, help="with --voices slt: HiFT weights (.safetensors, fp16 or fp32) for L1")
+    ap.add_argument("--rows", nargs="+", default=["L1"], choices=tuple(GATES), help="with --voices slt: rungs to measure")
+    ap.add_argument("--hift", type=Path, help="with --voices slt: HiFT weights (.safetensors, fp16 or fp32), every row")
+    ap.add_argument("--flow", type=Path, help="with --voices slt: flow weights (.safetensors) for L2")
     args = ap.parse_args()
     if args.voices == "slt":
         return measure_ladder(args)

@@ -16,10 +16,13 @@ Stages (each a `vocalis` command, printed before it runs):
   labels  python -m vocalis.train.phone_labels: prep with text ids = phones, speech ids = the 25 Hz labels
           (RUN/prep_labels: the flow's and LLM's data from L2 on)
   hift    L1: vocalis train hift on prep: mel (4 windows) + multi-resolution STFT + F0 losses, no critic
-  gate    (--gate L1) the newest HiFT checkpoint -> fp16 weights in RUN/gates/L1; measure them with
+  flow    L2: vocalis train flow on prep_labels (speech ids = the true labels) at the builtin-phones preset; only
+          once the committed L1 figures pass their gate (or with --only flow: a rehearsal)
+  gate    (--gate L1 | L2) the newest HiFT | flow checkpoint -> fp16 weights in RUN/gates/<rung>; measure them with
           scripts/measure_builtin.py --voices slt --rows L1 --hift RUN/gates/L1/hift.safetensors --json
-          RUN/gates/L1/figures.json; when the figure improves, --gate L1 --install copies the folder to
-          vocalis/assets/builtin/ladder/L1 (commit it). On a new machine the hift stage starts from those weights.
+          RUN/gates/L1/figures.json (L2: --rows L2 --hift <the L1 weights> --flow RUN/gates/L2/flow.safetensors);
+          when the figure improves, --gate <rung> --install copies the folder to vocalis/assets/builtin/ladder/<rung>
+          (commit it). On a new machine the hift and flow stages start from those weights.
 """
 
 from __future__ import annotations
@@ -86,6 +89,38 @@ HIFT_L1 = ["model.preset=builtin", "hift.adversarial=none", "hift.extra_mel_ffts
            "data.segment_frames=51"]
 
 
+# L2: the flow as a decoder with given durations: true 25 Hz labels in, the teacher's mel out (one voice, zero
+# x-vectors). The first attempt's flow settings, at the phone vocabulary.
+FLOW_L2 = ["model.preset=builtin-phones", "optim.lr=5e-4", "scheduler.name=noam_hold", "scheduler.warmup_steps=200",
+           "scheduler.hold_steps=30000", "scheduler.decay_rate=1.0", "data.max_frames_in_batch=3000"]
+PARTS = {"L1": "hift", "L2": "flow"}
+
+
+def passes(rung: str) -> bool:
+    """The committed figures of `rung` pass its gate (the rung above may train)."""
+    import json
+
+    path = LADDER / rung / "figures.json"
+    if not path.is_file():
+        return False
+    r = json.loads(path.read_text(encoding="utf-8"))["figures"].get(rung, {})
+    return r.get("ratio") is not None and r["ratio"] <= r["gate"]
+
+
+def labels_stage(run: Path) -> None:
+    """RUN/prep_labels with zero x-vectors of the flow's size (prep's are CAM++-sized zeros: no speaker encoder)."""
+    import json
+
+    from vocalis.config import PRESETS
+    from vocalis.train.phone_labels import attach_labels
+
+    dim = PRESETS["builtin-phones"].flow.spk_embed_dim
+    summary = run / "prep_labels" / "summary.json"
+    if summary.is_file() and json.loads(summary.read_text(encoding="utf-8")).get("embedding_dim") == dim:
+        return
+    log(f"labels: {attach_labels(run / 'prep', run / 'corpus' / 'labels.jsonl', run / 'prep_labels', embedding_dim=dim)}")
+
+
 def make_base(run: Path) -> Path:
     from vocalis.model_dir import BUNDLED_TOKENIZER, random_model, save_vocalis
 
@@ -150,9 +185,10 @@ def main() -> int:
     ap.add_argument("--utterances", type=int, default=4000, help="corpus size (~3 s each)")
     ap.add_argument("--workers", type=int, default=1, help="corpus and prepare processes")
     ap.add_argument("--hift-steps", type=int, default=100000)
+    ap.add_argument("--flow-steps", type=int, default=100000)
     ap.add_argument("--device", default="cpu", help="cpu or cuda (every trainer)")
     ap.add_argument("--only", nargs="*", help="run only these stages")
-    ap.add_argument("--gate", choices=("L1",), help="write the rung's fp16 weights to RUN/gates/<rung> and stop")
+    ap.add_argument("--gate", choices=tuple(PARTS), help="write the rung's fp16 weights to RUN/gates/<rung> and stop")
     ap.add_argument("--install", action="store_true",
                     help="with --gate: copy RUN/gates/<rung> (weights + figures.json) into vocalis/assets/builtin/ladder")
     ap.add_argument("--pid-file", type=Path, help="the running trainer's pid is written here (for SIGSTOP/SIGCONT)")
@@ -160,11 +196,12 @@ def main() -> int:
     run: Path = args.run.resolve()
     run.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    if args.gate == "L1":
+    if args.gate is not None:
         if args.install:
-            install_gate(run, "L1")
+            install_gate(run, args.gate)
         else:
-            save_gate(run / "hift", run / "gates" / "L1")
+            part = PARTS[args.gate]
+            save_gate(run / part, run / "gates" / args.gate, part)
         return 0
 
     if stage(run, "corpus", args.only):
@@ -178,13 +215,16 @@ def main() -> int:
                 "--no-speaker-embeddings", pid_file=args.pid_file)
         mark(run, "prep")
     if stage(run, "labels", args.only):
-        from vocalis.train.phone_labels import attach_labels
-
-        log(f"labels: {attach_labels(run / 'prep', run / 'corpus' / 'labels.jsonl', run / 'prep_labels')}")
+        labels_stage(run)
         mark(run, "labels")
     if args.only is None or "hift" in args.only:
         vocalis("train", "hift", "--data", str(run / "prep"),
                 *train_args(run / "hift", args.hift_steps, args.device, HIFT_L1 + start_from_ladder(run, "L1", "hift")),
+                pid_file=args.pid_file)
+    if (args.only is None and passes("L1")) or (args.only is not None and "flow" in args.only):
+        labels_stage(run)  # a run labelled before the flow's x-vector size was known
+        vocalis("train", "flow", "--data", str(run / "prep_labels"),
+                *train_args(run / "flow", args.flow_steps, args.device, FLOW_L2 + start_from_ladder(run, "L2", "flow")),
                 pid_file=args.pid_file)
     return 0
 

@@ -59,3 +59,36 @@ def test_a_new_machine_starts_from_the_committed_rung(tmp_path: Path, monkeypatc
     assert all(v.dtype == torch.float32 for v in state.values()) and set(state) == set(hift.state_dict())
     save_atomic({"models": {"hift": state}, "step": 100}, checkpoint_path(run / "hift", 100))
     assert recipe.start_from_ladder(run, "L1", "hift") == []  # a run with checkpoints resumes instead
+
+
+def test_l2_gate_flow_weights_decode_true_labels(tmp_path: Path, monkeypatch) -> None:
+    """L2: the flow's newest checkpoint -> fp16 gate weights -> measure_builtin's labels -> flow -> HiFT path; the
+    recipe trains the flow only once the committed L1 figures pass."""
+    import json
+
+    from vocalis.frontend.phones import NUM_LABELS
+    from vocalis.models.flow.flow import CausalMaskedDiffWithXvec
+
+    recipe, measure = _script("train_builtin"), _script("measure_builtin")
+    torch.manual_seed(0)
+    flow = CausalMaskedDiffWithXvec(PRESETS["builtin-phones"].flow)
+    save_atomic({"models": {"flow": flow.state_dict()}, "step": 100}, checkpoint_path(tmp_path / "flow", 100))
+    path = recipe.save_gate(tmp_path / "flow", tmp_path / "gates" / "L2", "flow")
+    hift_path = recipe.save_gate(_hift_run(tmp_path / "hift"), tmp_path / "gates" / "L1")
+    labels = torch.randint(0, NUM_LABELS, (20,)).tolist()
+    wav = measure.labels_to_wav(measure.load_flow(path), measure.load_hift(hift_path), labels, seed=0)
+    assert wav.shape == (2 * 20 * 480,) and torch.isfinite(wav).all()
+
+    monkeypatch.setattr(recipe, "LADDER", tmp_path / "ladder")
+    assert not recipe.passes("L1")
+    (tmp_path / "ladder" / "L1").mkdir(parents=True)
+    for ratio, ok in ((4.0, False), (1.1, True)):
+        figures = {"figures": {"L1": {"wer": 0.3, "ratio": ratio, "gate": 1.15}}}
+        (tmp_path / "ladder" / "L1" / "figures.json").write_text(json.dumps(figures))
+        assert recipe.passes("L1") is ok
+
+
+def _hift_run(run: Path) -> Path:
+    save_atomic({"models": {"hift": HiFTGenerator(PRESETS["builtin"].hift).state_dict()}, "step": 100},
+                checkpoint_path(run, 100))
+    return run

@@ -6,7 +6,9 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 
+from vocalis.errors import InputError
 from vocalis.frontend.phones import NUM_LABELS, text_ids
 from vocalis.train.data import DataConfig, ShardDataset, resolve_shards
 from vocalis.train.phone_labels import attach_labels
@@ -40,3 +42,14 @@ def test_labels_replace_the_ids_and_reach_the_flow_batches(tmp_path: Path) -> No
     assert batch.mel.shape == (1, 60, 80)  # 2 mel frames per 25 Hz label
     llm = next(iter(ShardDataset(resolve_shards([str(tmp_path / "out")]), DataConfig(min_frames=1), "llm")))
     assert llm.text_token[0].tolist() == text_ids("A quiet room.")
+    assert batch.embedding.shape == (1, 192)  # as prepared
+
+    # the flow's x-vector size: zeros (no speaker encoder) are resized, real embeddings are never
+    summary = attach_labels(prep, tmp_path / "labels.jsonl", tmp_path / "out256", embedding_dim=256)
+    assert summary["embedding_dim"] == 256
+    batch = next(iter(ShardDataset(resolve_shards([str(tmp_path / "out256")]), DataConfig(min_frames=1), "flow")))
+    assert batch.embedding.shape == (1, 256) and not batch.embedding.any()
+    real = _row("a", 61) | {"embedding": [0.5] * 192}
+    write_shard([real], prep / "shards" / "shard-000000.parquet")
+    with pytest.raises(InputError, match="256-d"):
+        attach_labels(prep, tmp_path / "labels.jsonl", tmp_path / "bad", embedding_dim=256)

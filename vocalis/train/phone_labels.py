@@ -4,7 +4,8 @@
 BPE and its speech ids empty. `attach_labels` rewrites each shard with `text_token` = `labels.jsonl`'s `text_ids`
 (`vocalis.frontend.phones`) and `speech_token` = its `labels` (the teacher's alignment), dropping rows without
 labels or with fewer than 2 mel frames per label, and writes a `data.list` for `vocalis train flow|llm`. Audio
-is dropped unless `keep_audio` (the flow and LLM do not read it).
+is dropped unless `keep_audio` (the flow and LLM do not read it). With `embedding_dim`, x-vectors prepared without
+a speaker encoder (zeros) become zeros of that size, the flow's (the built-in model's is resemblyzer-sized).
 
     python -m vocalis.train.phone_labels PREPARED LABELS_JSONL OUT
 """
@@ -30,7 +31,8 @@ def read_labels(path: Path) -> dict[str, dict[str, list[int]]]:
     return out
 
 
-def attach_labels(prepared: Path, labels_jsonl: Path, out: Path, keep_audio: bool = False) -> dict[str, int]:
+def attach_labels(prepared: Path, labels_jsonl: Path, out: Path, keep_audio: bool = False,
+                  embedding_dim: int | None = None) -> dict[str, int]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -46,6 +48,11 @@ def attach_labels(prepared: Path, labels_jsonl: Path, out: Path, keep_audio: boo
                 dropped += 1
                 continue
             row["text_token"], row["speech_token"] = lab["text_ids"], lab["labels"]
+            if embedding_dim is not None and len(row["embedding"]) != embedding_dim:
+                if any(row["embedding"]):
+                    raise InputError(f"{shard}: {row['utt']} has a {len(row['embedding'])}-d speaker embedding, "
+                                     f"not {embedding_dim}-d: prepare with the model's own speaker encoder")
+                row["embedding"] = [0.0] * embedding_dim
             if not keep_audio:
                 row["audio"] = b""
             rows.append(row)
@@ -61,6 +68,8 @@ def attach_labels(prepared: Path, labels_jsonl: Path, out: Path, keep_audio: boo
         raise InputError(f"no utterance of {prepared} has labels in {labels_jsonl}")
     (out / "data.list").write_text("\n".join(shards) + "\n", encoding="utf-8")
     summary = {"utterances": kept, "dropped": dropped, "shards": len(shards)}
+    if embedding_dim is not None:
+        summary["embedding_dim"] = embedding_dim
     (out / "summary.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
     return summary
 
