@@ -26,7 +26,8 @@ def _speak(args: argparse.Namespace) -> int:
     if args.prompt_text and not args.prompt_wav:
         raise VocalisError("--prompt-text needs --prompt-wav")
     start = time.perf_counter()
-    tts = TTS.load(args.model, device=args.device, backend=args.backend, precision=args.precision)
+    tts = TTS.load(args.model, device=args.device, backend=args.backend, precision=args.precision,
+                   flow_steps=args.flow_steps)
     if tts.model.kind == "random":
         log.warning(
             "no trained model is installed: using the tiny preset with RANDOM weights, so the output is noise, not "
@@ -145,6 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--precision", default="fp32", help="fp32, bf16, fp16 (GPU), int8 (CPU) or auto")
     sp.add_argument("--backend", default="torch",
                     help="torch, onnx, tensorrt (GPU), compile, vllm (needs VOCALIS_VLLM_PYTHON) or auto")
+    sp.add_argument("--flow-steps", type=_positive_int, metavar="N",
+                    help="Euler steps of the flow: fewer is faster, the mel coarser (default: the model's, 10)")
     sp.set_defaults(func=_speak)
 
     cv = sub.add_parser("convert", help="official CosyVoice2 directory -> Vocalis directory (safetensors + json)")

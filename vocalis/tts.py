@@ -7,6 +7,7 @@ Calls from several threads or tasks at once batch together (LLM steps and token2
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator
 from pathlib import Path
@@ -77,13 +78,15 @@ class TTS:
 
     @classmethod
     def load(cls, path: str | Path | None = None, device: str | torch.device = "cpu", *, backend: str = "torch",
-             precision: str = "fp32", engine: EngineConfig | None = None,
+             precision: str = "fp32", engine: EngineConfig | None = None, flow_steps: int | None = None,
              token2wav: Token2WavConfig | None = None, kernels: KernelConfig | None = None) -> TTS:
         """A model directory (official CosyVoice2 or Vocalis layout), or None for the built-in model.
 
         backend: torch | onnx | tensorrt | compile | vllm | auto; precision: fp32 | bf16 | fp16 | int8 | auto
         (see `vocalis.runtime.backends`; an unavailable choice raises InputError saying what to install).
         kernels: which native CPU kernels the backend may use (default: all that run here).
+        flow_steps: Euler steps of the flow, a speed/quality setting (default: the model's, 10 for CosyVoice 2; the
+        mel error of fewer is in docs/benchmarks.md); it sets `flow_steps` of the token2wav config in use.
         """
         dev = torch.device(device)
         resolve(backend, precision, dev, kernels)  # fail fast, before loading
@@ -92,7 +95,10 @@ class TTS:
             raise InputError(f"the {backend} backend exports CosyVoice 2's flow and vocoder; a CosyVoice 3 model runs "
                              "with --backend torch (or compile)")  # at load, not as a failed export later
         runtime = apply_backend(model, backend, precision, dev, kernels=kernels)
-        return cls(model, engine, token2wav, runtime)
+        tts = cls(model, engine, token2wav, runtime)
+        if flow_steps is not None:
+            tts.token2wav_config = dataclasses.replace(tts.token2wav_config, flow_steps=flow_steps)
+        return tts
 
     # ---- the engine ------------------------------------------------------------------------------------
     @property

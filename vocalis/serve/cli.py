@@ -45,6 +45,8 @@ def add_serve_commands(sub: argparse._SubParsersAction) -> None:
                     help="comma-separated browser origins (https://app.example) that may call the API ('*': any)")
     sv.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     sv.add_argument("--device", default="cpu", help="cpu or cuda")
+    sv.add_argument("--flow-steps", type=int, metavar="N",
+                    help="Euler steps of the flow: fewer is faster, the mel coarser (default: the model's, 10)")
     sv.add_argument("--no-web-page", action="store_true", help="do not serve the web page at /")
     sv.add_argument("--ray", action="store_true", help="run as a Ray Serve deployment (needs ray[serve])")
     sv.add_argument("--replicas", type=int, default=1, help="Ray Serve replicas (with --ray)")
@@ -104,9 +106,13 @@ def serve_command(args: argparse.Namespace) -> int:
         import uvicorn  # noqa: F401
     except ImportError:
         raise InputError("serving needs the serve extra: pip install 'vocalis[serve]'") from None
+    if args.flow_steps is not None and args.flow_steps < 1:
+        raise InputError(f"--flow-steps must be at least 1, got {args.flow_steps}")
     config = serve_config(args)
     backend_opts = {"max_queue": args.max_queue}  # the app's deadlines apply the queue and request timeouts
     if args.ray:
+        if args.flow_steps is not None:
+            raise InputError("--flow-steps is not supported with --ray yet (the replicas load the model's default)")
         from vocalis.serve.ray_app import run_ray
 
         return run_ray(args.model, config, backend_opts, host=args.host, port=args.port, replicas=args.replicas,
@@ -119,7 +125,7 @@ def serve_command(args: argparse.Namespace) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
-    tts = TTS.load(args.model, device=args.device)
+    tts = TTS.load(args.model, device=args.device, flow_steps=args.flow_steps)
     if tts.model.kind == "random":
         log.warning("no trained model is installed: the built-in model has RANDOM weights and makes noise")
     app = create_app(EngineBackend(tts, **backend_opts), config)

@@ -38,6 +38,9 @@ class Token2WavConfig:
     norms, residual stream and Euler state (`token2wav.compute.ComputeWeights`); at fp32 and int8 the modules run
     as they are.
     "modules" always calls the modules as they are (fp32 activations between the reduced-weight GEMMs).
+    flow_steps: Euler steps of every flow solve (streaming chunks, voice prefixes, whole passes), a speed/quality
+    setting: the flow's cost is proportional to it, and fewer steps land the mel further from the model's own
+    count (mel error against 10 steps: docs/benchmarks.md). None: the model's `cfm.n_timesteps` (10 for CosyVoice 2).
     """
 
     final_attention: str = "causal"
@@ -46,6 +49,7 @@ class Token2WavConfig:
     cache_dtype: str | None = "bf16"
     max_cache_mib: int | None = None
     compute: str = "auto"
+    flow_steps: int | None = None
 
     def __post_init__(self) -> None:
         if self.final_attention not in FINAL_ATTENTION:
@@ -58,3 +62,6 @@ class Token2WavConfig:
             raise ValueError(f"compute must be 'auto' or 'modules', got {self.compute!r}")
         if self.max_cache_mib is not None and self.max_cache_mib < 0:
             raise ValueError("max_cache_mib must be >= 0 (or None for a quarter of the device memory)")
+        if self.flow_steps is not None and (isinstance(self.flow_steps, bool) or not isinstance(self.flow_steps, int)
+                                            or self.flow_steps < 1):
+            raise ValueError(f"flow_steps must be >= 1 (or None for the model's own count), got {self.flow_steps!r}")

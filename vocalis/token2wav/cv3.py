@@ -103,13 +103,15 @@ class CV3Token2WavEngine:
 
     def __init__(self, flow: CausalMaskedDiffWithDiT, hift: CausalHiFTGenerator,
                  config: Token2WavConfig | None = None, stream: StreamConfig | None = None) -> None:
-        """config: only `max_batch` applies (the CV2 engine's cache knobs have no CV3 counterpart yet)."""
+        """config: only `max_batch` and `flow_steps` apply (the CV2 engine's cache knobs have no CV3 counterpart
+        yet)."""
         self.flow = flow
         self.hift = hift
         self.config = config or Token2WavConfig()
         self.stream = stream or StreamConfig()
         self.ratio = flow.config.token_mel_ratio
-        self.n_timesteps = flow.config.cfm.n_timesteps
+        steps = self.config.flow_steps
+        self.n_timesteps = flow.config.cfm.n_timesteps if steps is None else steps
         self.chunk_frames = flow.estimator.config.static_chunk_size
 
     # ---- requests -----------------------------------------------------------------------------------

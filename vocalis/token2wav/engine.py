@@ -10,11 +10,11 @@ needs 3 look-ahead tokens after its hop; when the input has ended and no full ho
 final chunk. HiFT holds back 8 mel frames / 3840 samples and cross-fades the seam, as the reference does.
 
 Cost. Non-final chunks use the streaming (block-causal) flow incrementally: only the new tokens go through the
-encoder and only the new frames through the 10 Euler steps, reading earlier chunks' keys/values from caches
-(`token2wav.encoder`, `token2wav.estimator`), so a request's flow work is linear in its length. A voice's prompt
-prefix (its first 25 * floor((P - 3) / 25) tokens, which neither look ahead into nor share an attention block
-with generated tokens) is computed once per voice and shared: every request of that voice reads the same
-read-only keys/values (`EstimatorCache.prefix`, `EncoderCache.prefix`) and stores only its own frames.
+encoder and only the new frames through the Euler steps (`flow_steps`, default 10), reading earlier chunks'
+keys/values from caches (`token2wav.encoder`, `token2wav.estimator`), so a request's flow work is linear in its
+length. A voice's prompt prefix (its first 25 * floor((P - 3) / 25) tokens, which neither look ahead into nor share
+an attention block with generated tokens) is computed once per voice and shared: every request of that voice reads
+the same read-only keys/values (`EstimatorCache.prefix`, `EncoderCache.prefix`) and stores only its own frames.
 A prefix is reference-counted by the live requests using it: it stays while one does, and once idle it is kept
 only among the `voice_cache_size` most recently used (a saved voice's next request skips it again).
 
@@ -95,7 +95,8 @@ class Token2WavEngine:
         est = flow.decoder.estimator
         self.estimator = getattr(est, "torch_module", getattr(est, "_orig_mod", est))
         self.encoder = EncoderStreamer(flow)
-        self.n_timesteps = flow.config.cfm.n_timesteps
+        steps = self.config.flow_steps
+        self.n_timesteps = flow.config.cfm.n_timesteps if steps is None else steps
         self.cache_dtype = {None: None, "bf16": torch.bfloat16, "fp16": torch.float16}[self.config.cache_dtype]
         self.compute = self._compute_weights()
         self.time_terms = TimeTerms(self.estimator)
