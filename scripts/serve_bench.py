@@ -44,7 +44,7 @@ def serve_side(args: argparse.Namespace) -> None:
     cfg = BenchConfig(preset=args.preset, threads=args.threads, tokens=args.tokens)
     torch.set_num_threads(args.threads)
     precision = None if args._serve == "threaded" else args.precision
-    model, described = build(cfg, precision)
+    model, runtime, described = build(cfg, precision)
     model.voices["bench"] = bench_voice(model, cfg)
     opts = {"max_queue": 4 * args.clients}
     if args._serve == "threaded":
@@ -59,7 +59,7 @@ def serve_side(args: argparse.Namespace) -> None:
         class BenchTTS(TTS):
             engine_type = fixed_length_engine(cfg.tokens)
 
-        backend = EngineBackend(BenchTTS(model), **opts)
+        backend = EngineBackend(BenchTTS(model, runtime=runtime), **opts)
     print(f"server: {args._serve}: {described}", file=sys.stderr, flush=True)
     # throughput, not timeouts: no request is timed out however long it waits
     app = create_app(backend, ServeConfig(queue_timeout_s=3600.0, request_timeout_s=3600.0))

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -35,24 +35,27 @@ from vocalis.frontend.request import Mode, SynthesisRequest
 from vocalis.frontend.voice import Voice
 from vocalis.model_dir import LoadedModel
 
+if TYPE_CHECKING:
+    from vocalis.runtime.backends import Runtime
+
 log = logging.getLogger(__name__)
 
 
 def run_engine(cfg: BenchConfig, precision: str) -> dict[str, Any]:
-    model, runtime = build(cfg, precision)
+    model, runtime, described = build(cfg, precision)
     voice = bench_voice(model, cfg)
-    out: dict[str, Any] = {"runtime": runtime, "bytes_per_token": llm_bytes_per_token(model.config.llm, precision)}
+    out: dict[str, Any] = {"runtime": described, "bytes_per_token": llm_bytes_per_token(model.config.llm, precision)}
     if "llm" in cfg.parts:
-        out.update(_engine_llm(cfg, model, voice, precision, out["bytes_per_token"]))
+        out.update(_engine_llm(cfg, model, runtime, voice, precision, out["bytes_per_token"]))
     if "token2wav" in cfg.parts:
         out["token2wav"] = _engine_token2wav(cfg, model, voice, precision)
     if "e2e" in cfg.parts:
-        out["e2e"] = asyncio.run(_engine_e2e(cfg, model, voice))
+        out["e2e"] = asyncio.run(_engine_e2e(cfg, model, runtime, voice))
     out["peak_rss_mib"] = peak_rss_mib()
     return out
 
 
-def _engine_llm(cfg: BenchConfig, model: LoadedModel, voice: Voice, precision: str,
+def _engine_llm(cfg: BenchConfig, model: LoadedModel, runtime: Runtime | None, voice: Voice, precision: str,
                 bytes_per_token: int) -> dict[str, Any]:
     from vocalis.bench.bandwidth import probe_for, spread
     from vocalis.engine.config import EngineConfig
@@ -62,8 +65,8 @@ def _engine_llm(cfg: BenchConfig, model: LoadedModel, voice: Voice, precision: s
     tok = model.tokenizer
     assert tok is not None
     out: dict[str, Any] = {"llm": {}}
-    # ours, or vLLM's worker with the vllm backend (make_llm_engine reads the model's runtime)
-    eng = make_llm_engine(model, EngineConfig(enable_prefix_caching=False, max_num_seqs=max(cfg.batches)))
+    # ours, or vLLM's worker with the vllm backend
+    eng = make_llm_engine(model, EngineConfig(enable_prefix_caching=False, max_num_seqs=max(cfg.batches)), runtime)
     eng.generate([eng.make_request([5, 6], params=SamplingParams(min_len=2, max_len=2))])  # warm-up
     kv = kv_bytes_per_position(model.config.llm, precision)
     for b in cfg.batches:
@@ -176,7 +179,7 @@ def _t2w_run(cfg: BenchConfig, t2w: Any, prompt: Any, tokens: list[int], streami
     return time.perf_counter() - start
 
 
-async def _engine_e2e(cfg: BenchConfig, model: LoadedModel, voice: Voice) -> dict[str, Any]:
+async def _engine_e2e(cfg: BenchConfig, model: LoadedModel, runtime: Runtime | None, voice: Voice) -> dict[str, Any]:
     from vocalis.engine.config import EngineConfig
     from vocalis.runtime.backends import make_llm_engine
     from vocalis.token2wav.engine import Token2WavEngine
@@ -184,7 +187,7 @@ async def _engine_e2e(cfg: BenchConfig, model: LoadedModel, voice: Voice) -> dic
     FixedLengthEngine = fixed_length_engine(cfg.tokens)
 
     top = max(cfg.concurrency)
-    engine = FixedLengthEngine(model, make_llm_engine(model, EngineConfig(max_num_seqs=max(top, 1))),
+    engine = FixedLengthEngine(model, make_llm_engine(model, EngineConfig(max_num_seqs=max(top, 1)), runtime),
                                Token2WavEngine(model.flow, model.hift))  # the engines' defaults otherwise
     results: dict[str, Any] = {}
     with engine:

@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 def run_reference(cfg: BenchConfig) -> dict[str, Any]:
     from vocalis.reference.synthesizer import Synthesizer
 
-    model, runtime = build(cfg, None)
+    model, _, runtime = build(cfg, None)
     voice = bench_voice(model, cfg)
     synth = Synthesizer(model)
     text_ids = model.tokenizer.encode(bench_text(cfg, 0))  # type: ignore[union-attr]

@@ -12,7 +12,7 @@ import dataclasses
 import resource
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -22,6 +22,9 @@ from vocalis.frontend.voice import Voice
 from vocalis.model_dir import LoadedModel, random_model
 from vocalis.reference.decode import generate
 from vocalis.reference.sampling import make_sampler
+
+if TYPE_CHECKING:
+    from vocalis.runtime.backends import Runtime
 
 WORDS = ("the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "seven", "bright", "birds",
          "sing", "near", "old", "river", "banks")
@@ -101,16 +104,18 @@ def forced_sampler(sampling: SamplingConfig, generator: torch.Generator | None, 
     return sample
 
 
-def build(cfg: BenchConfig, precision: str | None) -> tuple[LoadedModel, str]:
+def build(cfg: BenchConfig, precision: str | None) -> tuple[LoadedModel, Runtime | None, str]:
+    """The side's model, the `Runtime` its engines run on (None: plain torch) and a line describing it."""
     torch.set_num_threads(cfg.threads)
     model = random_model(cfg.preset, seed=cfg.seed).to(cfg.device)
     if precision is None:
-        return model, f"reference path, fp32 torch, {cfg.device}"
+        return model, None, f"reference path, fp32 torch, {cfg.device}"
     if precision == "fp32" and cfg.backend == "torch":
-        return model, f"backend torch, precision fp32, {cfg.device}"
+        return model, None, f"backend torch, precision fp32, {cfg.device}"
     from vocalis.runtime.backends import apply_backend
 
-    return model, apply_backend(model, cfg.backend, precision, cfg.device).describe()
+    runtime = apply_backend(model, cfg.backend, precision, cfg.device)
+    return model, runtime, runtime.describe()
 
 
 def device_generator(cfg: BenchConfig, seed: int) -> torch.Generator:
