@@ -55,8 +55,8 @@ def worker(threads: int, work: Path) -> None:
         if cmd[0] == "export":
             reply = _export(models, voice, cfg, bench_text, work)
         else:
-            model, runtime = models[cmd[1]]
-            out = _engine_llm(cfg, model, voice, cmd[1], llm_bytes_per_token(model.config.llm, cmd[1]))
+            model, rt, runtime = models[cmd[1]]
+            out = _engine_llm(cfg, model, rt, voice, cmd[1], llm_bytes_per_token(model.config.llm, cmd[1]))
             reply = {"runtime": runtime, "prefill_tps": out["llm"][str(BATCH)]["prefill_tps"],
                      "tps": {b: out["llm"][b]["decode_tps"] for b in out["llm"]},
                      "read_gbps": out["decode_b1"]["read_gbps_spread"]["median"]}
