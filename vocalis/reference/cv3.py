@@ -26,6 +26,7 @@ from vocalis.models.cv3.flow import CausalMaskedDiffWithDiT
 from vocalis.models.cv3.hift import CausalHiFTGenerator
 from vocalis.models.cv3.speech_lm import CosyVoice3LM, IdsLike
 from vocalis.models.qwen2 import KVCache
+from vocalis.reference.decode import bistream_loop
 from vocalis.reference.sampling import SampleFn, make_sampler
 from vocalis.token2wav.cv3_schedule import FlowCall, schedule_calls
 
@@ -108,67 +109,14 @@ def generate_bistream(
     `max_len` bounds the ids after the text ended (default: max_token_text_ratio x the text ids received).
     """
     c = lm.config
-    n_text, n_speech = c.mix_ratio
-    fill, eos = c.fill_token, c.eos_token
     extra = list(range(c.speech_token_size, c.num_speech_rows))
-    while_text = [i for i in extra if i != fill]  # masked while text arrives
-    after_text = [i for i in extra if i != eos]  # masked after the task id
     choose = sample_fn or make_sampler(sampling or SamplingConfig(), generator)
     system, transcript = split_system(lm, prompt_text_ids)
-    lm_input = torch.cat((lm.embed_speech([c.sos_token]), lm.embed_text(system)), dim=1)  # (1, T, D) to feed next
-    text_cache = lm.embed_text(transcript)  # (1, Nt, D) text not yet fed
-    prompt_speech = lm.embed_speech(prompt_speech_ids)  # (1, P, D) prompt speech not yet fed
-    num_prompt = prompt_speech.shape[1]
-    next_fill_index = (num_prompt // n_speech + 1) * n_speech - num_prompt
-    cache: KVCache | None = None
-    out: list[int] = []  # generated ids, fill ids included (they count for the fill schedule)
-    num_text = 0
-    for piece in text_pieces:
-        piece_emb = lm.embed_text(piece)
-        num_text += piece_emb.shape[1]
-        text_cache = torch.cat((text_cache, piece_emb), dim=1)
-        while prompt_speech.shape[1] > 0 and text_cache.shape[1] >= n_text:
-            lm_input = torch.cat((lm_input, text_cache[:, :n_text], prompt_speech[:, :n_speech]), dim=1)
-            text_cache, prompt_speech = text_cache[:, n_text:], prompt_speech[:, n_speech:]
-        if prompt_speech.shape[1] > 0:
-            continue  # [wait] more text needed to lay out the prompt speech
-        after_fill = bool(out) and out[-1] == fill
-        if after_fill or (not out and num_prompt == 0):
-            if text_cache.shape[1] < n_text:
-                continue  # [wait] a fill (or the bare start) must be followed by a full text block
-            block, text_cache = text_cache[:, :n_text], text_cache[:, n_text:]
-            lm_input = block if after_fill else torch.cat((lm_input, block), dim=1)
-        while True:
-            logp, cache = lm.step(lm_input, cache)  # (1, V)
-            if len(out) == next_fill_index:
-                top = fill  # [forced] the block already holds n_speech speech ids
-            else:
-                logp[0, while_text] = float("-inf")
-                top = choose(logp[0], out)
-            if top == fill:
-                next_fill_index = len(out) + n_speech + 1
-            out.append(top)
-            if top == fill:
-                break
-            yield top
-            lm_input = lm.speech_embedding.weight[top].reshape(1, 1, -1)
-
-    # [official] after a fill break `lm_input` still holds the input already in the cache, so it is fed once more
-    # here; prompt speech not yet laid out (the text ran out first) is dropped
-    lm_input = torch.cat((lm_input, text_cache, lm.embed_speech([c.task_id_token])), dim=1)
-    limit = lm.length_bounds(num_text)[1] if max_len is None else max_len
-    num_yielded = sum(1 for t in out if t < c.speech_token_size)
-    while num_yielded < limit:
-        logp, cache = lm.step(lm_input, cache)
-        logp[0, after_text] = float("-inf")
-        top = choose(logp[0], out)
-        out.append(top)
-        if top == eos:
-            return
-        yield top
-        num_yielded += 1
-        lm_input = lm.speech_embedding.weight[top].reshape(1, 1, -1)
-    log.warning("bistream decoding stopped at %d speech tokens without eos", num_yielded)
+    start = torch.cat((lm.embed_speech([c.sos_token]), lm.embed_text(system)), dim=1)  # (1, T, D)
+    yield from bistream_loop(lm, start, transcript, prompt_speech_ids, text_pieces, choose,
+                             masked_while_text=[i for i in extra if i != c.fill_token],
+                             masked_after_text=[i for i in extra if i != c.eos_token],
+                             task=lm.embed_speech([c.task_id_token]), max_len=max_len)
 
 
 class VocoderStream:

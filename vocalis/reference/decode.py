@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 import torch
 
@@ -80,11 +81,36 @@ def generate_bistream(
     the non-prompt text tokens received); the official code has no bound there.
     """
     c = lm.config
+    choose = sample_fn or make_sampler(sampling or SamplingConfig(), generator)
+    # eos must wait for the end of the text, and the unused special id is never valid; masking them (where the
+    # official code raises on the latter) keeps a user's stream alive. After the task id only speech or eos.
+    yield from bistream_loop(lm, lm.special_embedding(SOS_ROW), prompt_text_ids, prompt_speech_ids, text_pieces,
+                             choose, masked_while_text=[c.eos_token, c.speech_token_size + 1],
+                             masked_after_text=list(range(c.speech_token_size + 1, c.num_speech_rows)),
+                             task=lm.special_embedding(TASK_ID_ROW), max_len=max_len)
+
+
+def bistream_loop(
+    lm: Any,
+    start: torch.Tensor,
+    transcript_ids: IdsLike,
+    prompt_speech_ids: IdsLike,
+    text_pieces: Iterable[IdsLike],
+    choose: SampleFn,
+    *,
+    masked_while_text: list[int],
+    masked_after_text: list[int],
+    task: torch.Tensor,
+    max_len: int | None,
+) -> Iterator[int]:
+    """The official `inference_bistream` loop, shared by both model families (`lm`: a `Qwen2LM` or a
+    `CosyVoice3LM`; they differ only in the start input `start` (1, T, D), the task embedding `task` (1, 1, D)
+    and which extra ids are masked while text arrives and after the task id)."""
+    c = lm.config
     n_text, n_speech = c.mix_ratio
     fill, eos = c.fill_token, c.eos_token
-    choose = sample_fn or make_sampler(sampling or SamplingConfig(), generator)
-    lm_input = lm.special_embedding(SOS_ROW)  # (1, T, D): embeddings to feed next (see final phase)
-    text_cache = lm.embed_text(prompt_text_ids)  # (1, Nt, D) text not yet fed
+    lm_input = start  # (1, T, D): embeddings to feed next (see final phase)
+    text_cache = lm.embed_text(transcript_ids)  # (1, Nt, D) text not yet fed
     prompt_speech = lm.embed_speech(prompt_speech_ids)  # (1, P, D) prompt speech not yet fed
     num_prompt = prompt_speech.shape[1]
     next_fill_index = (num_prompt // n_speech + 1) * n_speech - num_prompt
@@ -101,9 +127,9 @@ def generate_bistream(
         if prompt_speech.shape[1] > 0:
             continue  # [wait] more text needed to lay out the prompt speech
         after_fill = bool(out) and out[-1] == fill
-        if after_fill or (not out and lm_input.shape[1] == 1):
+        if after_fill or (not out and num_prompt == 0):
             if text_cache.shape[1] < n_text:
-                continue  # [wait] a fill (or a bare sos) must be followed by a full text block
+                continue  # [wait] a fill (or the bare start) must be followed by a full text block
             block, text_cache = text_cache[:, :n_text], text_cache[:, n_text:]
             lm_input = block if after_fill else torch.cat((lm_input, block), dim=1)
         while True:
@@ -111,10 +137,7 @@ def generate_bistream(
             if len(out) == next_fill_index:
                 top = fill  # [forced] the block already holds n_speech speech ids
             else:
-                # eos must wait for the end of the text, and the unused special id is never valid; masking
-                # them (where the official code raises on the latter) keeps a user's stream alive
-                logp[0, eos] = float("-inf")
-                logp[0, c.speech_token_size + 1] = float("-inf")
+                logp[0, masked_while_text] = float("-inf")
                 top = choose(logp[0], out)
             if top == fill:
                 next_fill_index = len(out) + n_speech + 1
@@ -127,12 +150,12 @@ def generate_bistream(
     # [official] `lm_input` is not cleared after a fill break, so the last speech embedding (already in the
     # cache) is fed once more here; remaining prompt speech (text ran out before it was laid out) is
     # dropped. Both match `inference_bistream` exactly.
-    lm_input = torch.cat((lm_input, text_cache, lm.special_embedding(TASK_ID_ROW)), dim=1)
+    lm_input = torch.cat((lm_input, text_cache, task), dim=1)
     limit = lm.length_bounds(num_text)[1] if max_len is None else max_len
     num_yielded = sum(1 for t in out if t < c.speech_token_size)
     while num_yielded < limit:
         logp, cache = lm.step(lm_input, cache)
-        logp[0, c.speech_token_size + 1 :] = float("-inf")  # only speech or eos may follow the task id
+        logp[0, masked_after_text] = float("-inf")
         top = choose(logp[0], out)
         out.append(top)
         if top == eos:
