@@ -29,6 +29,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Self
 
 import numpy as np
@@ -89,6 +90,8 @@ class AsyncEngine:
         """Build the LLM engine (ours, or vLLM's when `runtime`, what `apply_backend` returned, is the vllm
         backend's) and the batched token2wav engine of the model's family (CosyVoice 2 or 3) over a loaded model's
         modules; InputError for modules neither runs."""
+        if runtime is not None and not runtime.kernels.bf16_gemm:
+            token2wav_config = replace(token2wav_config or Token2WavConfig(), native_kernels=False)
         token2wav = token2wav_for(model.flow, model.hift, token2wav_config, stream)
         return cls(model, make_llm_engine(model, config, runtime), token2wav, grouping)
 

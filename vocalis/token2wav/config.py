@@ -41,6 +41,8 @@ class Token2WavConfig:
     flow_steps: Euler steps of every flow solve (streaming chunks, voice prefixes, whole passes), a speed/quality
     setting: the flow's cost is proportional to it, and fewer steps land the mel further from the model's own
     count (mel error against 10 steps: docs/benchmarks.md). None: the model's `cfm.n_timesteps` (10 for CosyVoice 2).
+    native_kernels: let the incremental estimator run its bf16 GEMMs on the native kernel where the CPU has one
+    (AMX); False keeps torch's GEMMs (the runtime's `KernelConfig.bf16_gemm`, VOCALIS_BF16_GEMM=0, sets it).
     """
 
     final_attention: str = "causal"
@@ -50,6 +52,7 @@ class Token2WavConfig:
     max_cache_mib: int | None = None
     compute: str = "auto"
     flow_steps: int | None = None
+    native_kernels: bool = True
 
     def __post_init__(self) -> None:
         if self.final_attention not in FINAL_ATTENTION:

@@ -117,7 +117,7 @@ class Token2WavEngine:
                 and ComputeWeights.supports(self.estimator):
             dtype = dtypes.pop()
             # decided here, at load, so a first use of the native kernels (built once per machine) is no request's
-            native = bf16_gemm.serves(dtype, self.flow.input_embedding.weight.device)
+            native = self.config.native_kernels and bf16_gemm.serves(dtype, self.flow.input_embedding.weight.device)
             if native:
                 log.info("token2wav estimator (incremental path): native bf16 kernels, one call per transformer block")
             return ComputeWeights(dtype, native=native)
