@@ -150,3 +150,24 @@ def test_extra_native_specials_shift_like_the_official_tokenizer(qwen_dir: Path,
     assert tok.token_to_id("<|object_ref_start|>") == base + 3
     assert tok.endofprompt_id == base + 4
     assert tok.encode("<|endofprompt|>") == [base + 4]
+
+
+def test_cosyvoice3_specials_land_on_the_official_ids(tmp_path: Path, cv3_dir: Path) -> None:
+    """A vocabulary of Qwen2's real size (151643 BPE entries + its 3 specials) with CosyVoice 3's special tokens: every
+    one on the id the official CosyVoice3Tokenizer gave it (the fixture's table), and the fixture's encode example."""
+    table = json.loads((cv3_dir / "reference" / "tiny_config.json").read_text())["special_tokens"]
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {c: i for i, c in enumerate(sorted(alphabet))}
+    vocab.update({f"w{i}": i for i in range(len(vocab), 151643)})  # w<i> is one entry, id i (ids >= 256)
+    (tmp_path / "vocab.json").write_text(json.dumps(vocab), encoding="utf-8")
+    (tmp_path / "merges.txt").write_text("#version: 0.2\n", encoding="utf-8")
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(_config(151643)))
+    tok = TextTokenizer.from_dir(tmp_path, family="cosyvoice3")
+    assert {t: tok.token_to_id(t) for t in table["ids"]} == table["ids"]
+    assert len(tok) == table["tokenizer_len_cosyvoice3"]
+    assert tok.endofprompt_id == table["ids"]["<|endofprompt|>"]
+    assert len(TextTokenizer.from_dir(tmp_path)) == table["tokenizer_len_cosyvoice2"]  # the CosyVoice 2 family
+    specials = [table["ids"][t] for t in ("[AA1]", "<|endofsystem|>", "[iǎng]", "[breath]")]
+    assert tok.encode("[AA1]<|endofsystem|>[iǎng] [breath]") == [*specials[:3], vocab["\u0120"], specials[3]]  # Ġ: " "
+    with pytest.raises(ValueError, match="unknown model family"):
+        TextTokenizer.from_dir(tmp_path, family="cosyvoice1")

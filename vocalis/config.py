@@ -19,6 +19,7 @@ SAMPLES_PER_MEL_FRAME = SAMPLE_RATE // MEL_RATE  # 480
 PROMPT_SAMPLE_RATE_16K = 16000  # speech tokenizer and speaker encoder input rate
 MAX_PROMPT_SECONDS = 30.0  # speech tokenizer limit
 ENDOFPROMPT_TOKEN = "<|endofprompt|>"
+ENDOFSYSTEM_TOKEN = "<|endofsystem|>"  # CosyVoice 3 only
 # What the LLM reads text as: Qwen2 BPE ids (the official model) or the built-in model's phone ids.
 TEXT_FRONTENDS = ("bpe", "phones")
 # The phone frontend's vocabularies (`vocalis.frontend.phones`: NUM_TEXT_IDS, NUM_LABELS; a test checks they agree).

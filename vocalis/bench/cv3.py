@@ -42,7 +42,7 @@ def random_cv3_model(config: CosyVoice3Config, seed: int = 0) -> LoadedModel:
     llm, flow, hift = build_cv3_modules(config)
     for m in (llm, flow, hift):
         m.eval().requires_grad_(False)
-    return LoadedModel(config, llm, flow, hift, TextTokenizer.from_dir(BUNDLED_TOKENIZER),  # type: ignore[arg-type]
+    return LoadedModel(config, llm, flow, hift, TextTokenizer.from_dir(BUNDLED_TOKENIZER, family=CV3_KIND),  # type: ignore[arg-type]
                        kind=CV3_KIND)
 
 
