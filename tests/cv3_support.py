@@ -30,10 +30,13 @@ def state_dict_shapes(sd: dict[str, torch.Tensor]) -> dict[str, tuple[int, ...]]
     return {k: tuple(v.shape) for k, v in sd.items()}
 
 
-def make_cv3_model_dir(directory: Path, cv3_dir: Path, long_spoken: bool = True) -> Path:
+def make_cv3_model_dir(directory: Path, cv3_dir: Path, long_spoken: bool = True, clone: bool = False) -> Path:
     """The compat_cv3 folder as a servable model directory: the bundled (small) Qwen tokenizer in
     `CosyVoice-BlankEN/` (the fixture has none) and a `spk2info.pt` with an sft speaker `default` (embedding only)
     and a zero-shot one `zs` (the ref_stream prompt). Large files are links.
+
+    clone: also a tiny `speech_tokenizer_v3.onnx` (ids below the fixture's speech vocabulary) and `campplus.onnx`
+    (`tiny_assets.write_frontend_onnx`; needs the onnx package), so voices can be made from audio.
 
     long_spoken: the speech head's 200 stop rows are zeroed, so with top-k sampling the random LLM rarely stops
     before max_len (20 speech ids per text id) and a short text spans several stream chunks; left as they are,
@@ -55,6 +58,11 @@ def make_cv3_model_dir(directory: Path, cv3_dir: Path, long_spoken: bool = True)
         (qwen / p.name).symlink_to(p)
     for p in BUNDLED_TOKENIZER.iterdir():
         shutil.copy(p, qwen / p.name)
+    if clone:
+        from tiny_assets import write_frontend_onnx
+
+        speech_rows = torch.load(cv3_dir / "llm.pt", weights_only=True)["speech_embedding.weight"].shape[0] - 200
+        write_frontend_onnx(directory, speech_vocab=speech_rows, tokenizer_file="speech_tokenizer_v3.onnx")
     ref = cv3_reference(cv3_dir, "ref_stream")
     torch.save({"default": {"embedding": ref["embedding"]},
                 "zs": {"prompt_text": torch.tensor([ZS_PROMPT_TEXT_IDS]), "speech_token": ref["prompt_token"],

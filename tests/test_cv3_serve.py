@@ -1,12 +1,14 @@
 """`vocalis serve` with a CosyVoice 3 model, on a real server on 127.0.0.1: the compat_cv3 folder made servable
-(`cv3_support.make_cv3_model_dir`: a tokenizer, an sft and a zero-shot speaker). The OpenAI speech route, whole
-and streamed, equals the batch-1 reference path for the same seed (sft, zero-shot, instruct, a saved voice made
-from speech ids), also with requests batched together, and so does the WebSocket route with text in pieces
-(bi-streaming); what a CosyVoice 3 model cannot do yet (voices from audio) is a clean 400, never a traceback."""
+(`cv3_support.make_cv3_model_dir`: a tokenizer, an sft and a zero-shot speaker, tiny v3 speech tokenizer and CAM++
+ONNX files). The OpenAI speech route, whole and streamed, equals the batch-1 reference path for the same seed (sft,
+zero-shot, instruct, a saved voice made from speech ids, voices made from audio), also with requests batched
+together, and so does the WebSocket route with text in pieces (bi-streaming); bad input is a clean 400, never a
+traceback."""
 
 from __future__ import annotations
 
 import base64
+import io
 import json
 import logging
 import signal
@@ -23,7 +25,9 @@ from cv3_support import cv3_reference, make_cv3_model_dir, reference_audio
 from serve_support import decode_audio, free_port, serve, wait_healthy
 from tiny_assets import write_voice_like_wav
 
+from vocalis.frontend.audio import load_wav, mel_spectrogram
 from vocalis.frontend.voice import Voice
+from vocalis.official_yaml import read_official_yaml
 from vocalis.tts import TTS
 
 PCM_ATOL = 1e-4  # int16 on the wire: 1.5e-5 of rounding on top of the engine == reference margin
@@ -31,7 +35,8 @@ PCM_ATOL = 1e-4  # int16 on the wire: 1.5e-5 of rounding on top of the engine ==
 
 @pytest.fixture(scope="module")
 def model_dir(cv3_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_cv3_model_dir(tmp_path_factory.mktemp("cv3") / "Fun-CosyVoice3-tiny", cv3_dir)
+    pytest.importorskip("onnx")  # the tiny frontend ONNX files are exported through it
+    return make_cv3_model_dir(tmp_path_factory.mktemp("cv3") / "Fun-CosyVoice3-tiny", cv3_dir, clone=True)
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +48,7 @@ def tts(model_dir: Path):
 
 @pytest.fixture(scope="module")
 def voices_dir(cv3_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A voices folder holding one saved voice made from speech ids (CosyVoice 3 cannot make one from audio yet)."""
+    """A voices folder holding one saved voice made from speech ids."""
     folder = tmp_path_factory.mktemp("voices")
     ref = cv3_reference(cv3_dir, "ref_flow")
     Voice("mine", "Hello world.", (9906, 1879, 13), tuple(ref["prompt_token"][0].tolist()), ref["prompt_feat"][0],
@@ -166,24 +171,44 @@ def test_cosyvoice_routes_and_formats(client) -> None:
     assert mp3.status_code == 200 and len(decode_audio("mp3", mp3.content)) > 0
 
 
-def test_what_cv3_cannot_do_is_a_clean_400(client, clip: bytes, caplog: pytest.LogCaptureFixture) -> None:
+def test_voices_from_audio_equal_the_reference(client, tts: TTS, clip: bytes, cv3_dir: Path) -> None:
+    """The v3 speech tokenizer and CAM++ make a voice from a clip in every route that takes one; its audio is the
+    reference path's for the voice the frontend makes of the same clip."""
+    voice = tts.frontend.make_voice(io.BytesIO(clip), "hello")
+    frames = 2 * len(voice.prompt_speech_ids)
+    assert frames and voice.prompt_mel.shape == (frames, 80)
+    # the prompt mel is the official feature extractor's, as the yaml gives it (CosyVoice 3: fmax null)
+    fe = read_official_yaml(cv3_dir / "cosyvoice3.yaml")["feat_extractor"]
+    wav24k = load_wav(io.BytesIO(clip), fe["sampling_rate"])
+    mel = mel_spectrogram(wav24k, fe["sampling_rate"], fe["n_fft"], fe["hop_size"], fe["num_mels"], fe["fmin"],
+                          fe["fmax"], fe["win_size"])
+    torch.testing.assert_close(voice.prompt_mel, mel.T[:frames], rtol=0, atol=0)
+    want = _reference(tts, "Hi.", voice, 4, True)
     b64 = base64.b64encode(clip).decode()
-    wav = ("p.wav", clip, "audio/wav")
-    cases = [
-        client.post("/v1/audio/speech", json={"input": "Hi.", "ref_audio": b64, "ref_text": "hello"}),
-        client.post("/v1/audio/voices", data={"name": "new", "text": "hello"}, files={"audio": wav}),
-        client.post("/inference_zero_shot", data={"tts_text": "Hi.", "prompt_text": "hello"}, files={"prompt_wav": wav}),
-        client.post("/inference_cross_lingual", data={"tts_text": "Hi."}, files={"prompt_wav": wav}),
-        client.post("/inference_vc", data={"spk_id": "zs"}, files={"source_wav": wav}),
-    ]
-    for r in cases:
-        assert r.status_code == 400, r.text
-        assert "v3 speech tokenizer is not supported yet" in r.json()["error"]["message"], r.text
+    _close(_speech(client, input="Hi.", ref_audio=b64, ref_text="hello", seed=4), want, "ref_audio")
+    r = client.post("/v1/audio/voices", data={"name": "new", "text": "hello"}, files={"audio": ("p.wav", clip)})
+    assert r.status_code == 201, r.text
+    try:
+        _close(_speech(client, input="Hi.", voice="new", seed=4), want, "voice made from audio")
+    finally:
+        assert client.delete("/v1/audio/voices/new").json()["deleted"] is True
+    zs = client.post("/inference_zero_shot", data={"tts_text": "Hi.", "prompt_text": "hello", "seed": "4"},
+                     files={"prompt_wav": ("p.wav", clip)})
+    assert zs.status_code == 200, zs.text
+    _close(decode_audio("pcm", zs.content), want, "inference_zero_shot")
+    for path, data, files in [("/inference_cross_lingual", {"tts_text": "Hi."}, {"prompt_wav": ("p.wav", clip)}),
+                              ("/inference_vc", {"spk_id": "zs"}, {"source_wav": ("s.wav", clip)})]:
+        r = client.post(path, data=data, files=files)
+        assert r.status_code == 200 and len(decode_audio("pcm", r.content)) > 0, (path, r.text)
+
+
+def test_bad_input_is_a_clean_400(client, caplog: pytest.LogCaptureFixture) -> None:
     for body, needle in [({"input": "Hi.", "voice": "nobody"}, "unknown voice"),
                          ({"input": "Hi.", "voice": "default", "response_format": "aac"}, "aac"),
-                         ({"input": "", "voice": "default"}, "input")]:
+                         ({"input": "", "voice": "default"}, "input"),
+                         ({"input": "Hi.", "ref_audio": base64.b64encode(b"junk").decode()}, "audio")]:
         r = client.post("/v1/audio/speech", json=body)
-        assert r.status_code == 400 and needle in r.json()["error"]["message"], r.text
+        assert r.status_code in (400, 415) and needle in r.json()["error"]["message"], r.text
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
 
 

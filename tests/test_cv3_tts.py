@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 from cv3_support import cv3_reference, make_cv3_model_dir, reference_audio
+from tiny_assets import write_voice_like_wav
 
 from vocalis.config import StreamConfig
 from vocalis.engine.config import EngineConfig
@@ -155,6 +156,9 @@ def test_text_in_pieces_equals_the_reference(tts: TTS, ref, mode: str) -> None:
     assert worst <= 1e-4
 
 
-def test_what_cv3_cannot_do_fails_clearly(tts: TTS, ref, cv3_dir: Path) -> None:
+def test_what_cv3_cannot_do_fails_clearly(tts: TTS, ref, cv3_dir: Path, tmp_path: Path) -> None:
     with pytest.raises(InputError, match="backend torch"):
         TTS.load(cv3_dir, backend="onnx")
+    # this directory has no speech_tokenizer_v3.onnx / campplus.onnx (test_cv3_serve clones with tiny ones)
+    with pytest.raises(InputError, match="speech_tokenizer_v3.onnx|campplus.onnx"):
+        tts.add_voice("p", write_voice_like_wav(tmp_path / "p.wav", 1.0), "hello")

@@ -36,11 +36,12 @@ class _TinySpeaker(nn.Module):
         return self.proj(fbank.mean(dim=1))
 
 
-def write_frontend_onnx(directory: Path, speech_vocab: int = 6561) -> None:
+def write_frontend_onnx(directory: Path, speech_vocab: int = 6561, tokenizer_file: str = SPEECH_TOKENIZER_ONNX) -> None:
+    """`tokenizer_file` (CosyVoice 3: speech_tokenizer_v3.onnx, the same signature) and campplus.onnx."""
     torch.manual_seed(5)
     torch.onnx.export(
         _TinySpeechTokenizer(speech_vocab), (torch.randn(1, 128, 64), torch.tensor([64], dtype=torch.int32)),
-        str(directory / SPEECH_TOKENIZER_ONNX), input_names=["feats", "feats_length"], output_names=["indices"],
+        str(directory / tokenizer_file), input_names=["feats", "feats_length"], output_names=["indices"],
         dynamic_axes={"feats": {2: "T"}, "indices": {1: "N"}}, dynamo=False,
     )
     torch.onnx.export(

@@ -49,9 +49,7 @@ def read_cosyvoice3_config(directory: Path) -> CosyVoice3Config:
 def load_cosyvoice3(directory: Path):  # -> vocalis.model_dir.LoadedModel
     """An unchanged official CosyVoice 3 directory as a `LoadedModel` of kind "cosyvoice3" (modules in eval mode).
 
-    The text tokenizer is loaded when `CosyVoice-BlankEN/` has tokenizer files (with the CosyVoice 2 specials for
-    now; CosyVoice 3's extra specials are a front-end step still to come); the speech tokenizer (v3 ONNX) is not
-    wired yet, so prompts from audio need their speech ids from elsewhere.
+    The text tokenizer (with CosyVoice 3's special tokens) is loaded when `CosyVoice-BlankEN/` has tokenizer files.
     """
     from vocalis.model_dir import LoadedModel, speaker_encoder_of  # model_dir imports this module lazily
 
@@ -62,7 +60,7 @@ def load_cosyvoice3(directory: Path):  # -> vocalis.model_dir.LoadedModel
     if (qwen_dir / "vocab.json").is_file():
         from vocalis.frontend.tokenizer import TextTokenizer
 
-        tokenizer = TextTokenizer.from_dir(qwen_dir)
+        tokenizer = TextTokenizer.from_dir(qwen_dir, family=CV3_KIND)
         if tokenizer.endofprompt_id != config.llm.endofprompt_id:  # the LM splits prompts where the frontend ends them
             config = dataclasses.replace(
                 config, llm=dataclasses.replace(config.llm, endofprompt_id=tokenizer.endofprompt_id))
@@ -74,8 +72,11 @@ def load_cosyvoice3(directory: Path):  # -> vocalis.model_dir.LoadedModel
     load_strict(hift, prepare_hift_state_dict(read_torch_state_dict(directory / "hift.pt")), "hift.pt")
     for m in (llm, flow, hift):
         m.eval().requires_grad_(False)
-    if (directory / CV3_SPEECH_TOKENIZER_ONNX).is_file():
-        log.warning("%s: the v3 speech tokenizer is not supported yet; prompts need speech ids", directory)
+    speech_tokenizer = None
+    if (directory / CV3_SPEECH_TOKENIZER_ONNX).is_file():  # the v2 file's interface: feats (1, 128, T), lengths
+        from vocalis.frontend.speech_tokenizer import OnnxSpeechTokenizer
+
+        speech_tokenizer = OnnxSpeechTokenizer(directory / CV3_SPEECH_TOKENIZER_ONNX)
     voices = {}
     spk2info = directory / "spk2info.pt"
     if spk2info.is_file():
@@ -86,5 +87,5 @@ def load_cosyvoice3(directory: Path):  # -> vocalis.model_dir.LoadedModel
         except Exception as exc:  # a corrupt optional file is reported, not fatal
             raise ModelLoadError(f"cannot read {spk2info}: {exc}") from exc
         voices = {str(k): voice_from_spk2info(str(k), v) for k, v in info.items()}
-    return LoadedModel(config, llm, flow, hift, tokenizer, None, speaker_encoder_of(directory), voices,  # type: ignore[arg-type]
+    return LoadedModel(config, llm, flow, hift, tokenizer, speech_tokenizer, speaker_encoder_of(directory), voices,  # type: ignore[arg-type]
                        CV3_KIND, directory)

@@ -225,9 +225,10 @@ def mel_spectrogram(
     return log_mel if batched else log_mel[0]
 
 
-def prompt_mel(wav24k: np.ndarray | torch.Tensor) -> torch.Tensor:
-    """Flow prompt mel of 24 kHz audio (N,) -> (T, 80) time-major, T = N // 480 (50 Hz)."""
-    return mel_spectrogram(wav24k).transpose(0, 1)
+def prompt_mel(wav24k: np.ndarray | torch.Tensor, fmax: float | None = PROMPT_FMAX) -> torch.Tensor:
+    """Flow prompt mel of 24 kHz audio (N,) -> (T, 80) time-major, T = N // 480 (50 Hz). `fmax` is the flow's: 8 kHz
+    for CosyVoice 2, None (Nyquist) for CosyVoice 3."""
+    return mel_spectrogram(wav24k, fmax=fmax).transpose(0, 1)
 
 
 # ---------------------------------------------------------------------------------------------------

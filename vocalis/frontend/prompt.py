@@ -43,6 +43,9 @@ class FlowPrompt:
 class Frontend:
     """Request preparation over a `LoadedModel`'s tokenizer, speech tokenizer and speaker encoder (stateless)."""
 
+    speech_tokenizer_file = "speech_tokenizer_v2.onnx"  # what a model directory of this family holds for it
+    prompt_mel_fmax: float | None = audio_fe.PROMPT_FMAX  # the flow's mel (its training features)
+
     def __init__(self, model: LoadedModel, max_text_chars: int = 20000) -> None:
         self.model = model
         self.max_text_chars = max_text_chars
@@ -64,7 +67,7 @@ class Frontend:
         if self.model.speech_tokenizer is None:
             raise InputError(
                 f"the {self.model.describe()} has no speech tokenizer, so it cannot use prompt or source audio; "
-                "use a model directory with speech_tokenizer_v2.onnx"
+                f"use a model directory with {self.speech_tokenizer_file}"
             )
         return tuple(self.model.speech_tokenizer.tokenize(wav16k))
 
@@ -83,7 +86,7 @@ class Frontend:
         speech_ids = self.speech_tokens(wav16k)
         embedding = torch.as_tensor(self.model.speaker_encoder.embed(wav16k)).float().reshape(-1)
         wav24k = audio_fe.load_wav(prompt_wav, self.sample_rate, max_seconds=MAX_PROMPT_SECONDS)
-        mel, speech_ids = audio_fe.align_prompt(audio_fe.prompt_mel(wav24k), speech_ids)
+        mel, speech_ids = audio_fe.align_prompt(audio_fe.prompt_mel(wav24k, self.prompt_mel_fmax), speech_ids)
         if not speech_ids:
             raise InputError("the prompt recording is too short to give any speech tokens")
         text_ids: tuple[int, ...] = ()

@@ -8,8 +8,8 @@
 
 A transcript or instruction already holding `<|endofprompt|>` is taken as it is. The system part goes in the prompt
 text (not the text, where the official examples write it for cross-lingual): the rows fed are the same, the LLM's
-prefix cache shares it between requests, and the length bounds count the spoken text only. The flow's prompt and
-voice conversion are as for CosyVoice 2 (`Frontend`).
+prefix cache shares it between requests, and the length bounds count the spoken text only. Voices from audio and
+voice conversion are as for CosyVoice 2 (`Frontend`), with the v3 speech tokenizer and a mel without an upper edge.
 """
 
 from __future__ import annotations
@@ -22,6 +22,9 @@ CV3_SYSTEM_PROMPT = "You are a helpful assistant."
 
 
 class CV3Frontend(Frontend):
+    speech_tokenizer_file = "speech_tokenizer_v3.onnx"
+    prompt_mel_fmax = None  # CosyVoice 3's feature extractor has no upper mel edge
+
     def system_ids(self) -> list[int]:
         """Ids of the system part every CosyVoice 3 prompt starts with."""
         return self.tokenizer.encode(CV3_SYSTEM_PROMPT + ENDOFPROMPT_TOKEN)

@@ -137,9 +137,10 @@ class ModelFacts:
     @property
     def clone_blocker(self) -> str:
         """Why voices cannot be made from audio (when `can_clone` is false), for the 400 answer."""
-        if self.tts.model.kind == "cosyvoice3":
-            return "CosyVoice 3's v3 speech tokenizer is not supported yet; use voices made from speech ids"
-        return "no speech tokenizer/speaker encoder"
+        missing = [what for what, part in (("speech tokenizer", self.tts.model.speech_tokenizer),
+                                           ("speaker encoder", self.tts.model.speaker_encoder)) if part is None]
+        return f"no {' or '.join(missing)} in the model directory ({self.tts.frontend.speech_tokenizer_file}, " \
+               "campplus.onnx)"
 
     @property
     def describe(self) -> str:
