@@ -88,3 +88,18 @@ def test_key_pieces_equal_one_sequence() -> None:
     want, want_lse = bf16_attention.attend(q, whole_k, whole_v, limits)
     torch.testing.assert_close(out, want, rtol=0, atol=0)
     torch.testing.assert_close(lse, want_lse, rtol=0, atol=0)
+
+
+def test_native_false_takes_torchs_kernel() -> None:
+    """The estimator's `attend` with native=False (`Token2WavConfig.native_kernels` off) runs torch's CPU attention
+    kernel on the same bf16 inputs, not ours; by default ours."""
+    from vocalis.token2wav.attention import attend
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 10, 64, generator=g).bfloat16() for _ in range(3))
+    out, lse = attend(q, k, v, None, native=False)
+    torch_out, torch_lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v)
+    assert torch.equal(out, torch_out) and torch.equal(lse, torch_lse)
+    ours, ours_lse = bf16_attention.attend(q, k, v, None, True)
+    default_out, default_lse = attend(q, k, v, None)
+    assert torch.equal(default_out, ours) and torch.equal(default_lse, ours_lse)

@@ -39,6 +39,8 @@ class ChunkRun:
         self.caches = caches
         self.cache_dtype = cache_dtype
         self.compute = compute
+        # our bf16 attention kernel runs unless the compute weights were told to keep off the native kernels
+        self._native = compute is None or compute.native is not False
         self.lens = lens
         self.keeps = keeps
         self.chunk = chunk
@@ -189,13 +191,14 @@ class ChunkRun:
         if _one_call(q):
             bias = self._whole_bias(start, n, q)
             out, _ = attend(q, keys, values, None if bias is None else bias.expand(rows, -1, -1, -1),
-                            self._mask[1], heads_first=False)
+                            self._mask[1], heads_first=False, native=self._native)
             return out  # (2R, n, H, E)
         result = q.new_empty(rows, n, h, e)  # the output projection's layout
         a = start
         while a < start + n:  # one piece per block: every query in it sees the keys up to its block's end
             end = min((a // self.chunk + 1) * self.chunk, start + n)
-            out, _ = attend(q[:, :, a - start : end - start], keys[:, :, :end], values[:, :, :end], None)
+            out, _ = attend(q[:, :, a - start : end - start], keys[:, :, :end], values[:, :, :end], None,
+                            native=self._native)
             result[:, a - start : end - start] = out.transpose(1, 2)
             a = end
         return result
@@ -221,7 +224,7 @@ class ChunkRun:
         uniform = self._uniform(starts, n)
         own_k, own_v = (self._own_uniform if uniform else self._own)(i, k, v, starts, firsts)  # (2R, H, L, E)
         bias = self._own_bias(rows, n, own_k.shape[2], starts, firsts, uniform, q)
-        out, lse = attend(q, own_k, own_v, bias, self._mask[1])  # (2R, H, n, E), (2R, H, n)
+        out, lse = attend(q, own_k, own_v, bias, self._mask[1], native=self._native)  # (2R, H, n, E), (2R, H, n)
         groups: dict[int, list[int]] = {}
         for r, c in enumerate(self.caches):
             if c.prefix is not None:
@@ -234,7 +237,7 @@ class ChunkRun:
             every = len(reqs) == len(self.caches)
             q5 = q.view(-1, 2, h, n, e)  # (R, 2, H, n, E)
             qg = (q5 if every else q5[reqs]).permute(1, 2, 0, 3, 4).reshape(2, h, -1, e)  # (2, H, R_g * n, E)
-            out_p, lse_p = attend(qg, pk, pv, None)
+            out_p, lse_p = attend(qg, pk, pv, None, native=self._native)
             out_p = out_p.view(2, h, len(reqs), n, e).permute(2, 0, 1, 3, 4)  # (R_g, 2, H, n, E)
             lse_p = lse_p.view(2, h, len(reqs), n).permute(2, 0, 1, 3)  # (R_g, 2, H, n)
             if every:
