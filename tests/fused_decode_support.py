@@ -21,7 +21,8 @@ dense_kernel = pytest.mark.skipif(int8_gemv.fp32_unavailable_reason() is not Non
                                   reason=f"kernel extension unavailable: {int8_gemv.fp32_unavailable_reason()}")
 
 # requests of different lengths: paged contexts that end mid-block, mixed prefill + decode steps
-TEXTS = [[40, 41, 42], [50, 51, 52, 53, 54], [60], [70, 71], [80, 81, 82, 83, 84, 85, 86], [90]]
+TEXTS = [[40, 41, 42], [50, 51, 52, 53, 54], [60], [70, 71], [80, 81, 82, 83, 84, 85, 86], [90],
+         *([100 + 10 * i + j for j in range(1 + i % 5)] for i in range(10))]  # 16 in all: tiles of rows
 
 
 def tiny_lm(hidden: int, heads: int, kv_heads: int, intermediate: int) -> Qwen2LM:
@@ -43,7 +44,7 @@ def run_steps(lm: Qwen2LM, texts: list[list[int]], fused: bool, max_rows: int | 
               ) -> tuple[list[list[int]], list[tuple[bool, torch.Tensor]]]:
     """Greedy tokens per request and (step ran fused, log-probs) per step. `native`: the expected class name of
     the fused stack's native object; `head`: whether the stack is expected to run the final norm and head too;
-    `max_rows` None: the native kernel's own limit (6 rows AVX-512, 4 AVX2)."""
+    `max_rows` None: the native kernel's own limit (16 rows, in tiles of 6 (AVX-512) or 4 (AVX2))."""
     eng = small_engine(lm)
     stack = eng.runner.fused_decode
     assert stack is not None

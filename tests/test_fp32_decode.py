@@ -32,7 +32,7 @@ kernel = dense_kernel
 @kernel
 @pytest.mark.parametrize(("hidden", "heads", "kv_heads", "intermediate"),
                          [(128, 4, 2, 256), (192, 3, 1, 320)])  # G 2 / 3, odd panel counts
-@pytest.mark.parametrize("num_requests", [1, 4, 6])
+@pytest.mark.parametrize("num_requests", [1, 4, 6, 16])
 def test_fused_fp32_step_equals_per_op_path(hidden: int, heads: int, kv_heads: int, intermediate: int,
                                             num_requests: int) -> None:
     check_fused_equals_per_op(tiny_lm(hidden, heads, kv_heads, intermediate), num_requests, native="F32DecodeStack",

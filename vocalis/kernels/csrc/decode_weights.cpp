@@ -5,7 +5,10 @@
 // Legend: M rows, D hidden, I intermediate, N outputs, K inputs, Kp K padded to whole groups of 4.
 namespace {
 
-constexpr int kMaxFusedRows = kMaxTile;  // one row tile: every row's accumulators stay in registers
+// Rows of a fused step: tiles of up to kMaxTile rows (a tile's accumulators stay in registers); the weights a tile
+// reads (a block of an int8 panel, one fp32/bf16 weight row) are still in L1 for the next tile, so a step of 16
+// rows streams its weights from memory once, as a step of one does.
+constexpr int kMaxFusedRows = 16;
 
 // One packed int8 weight (see int8_gemv.cpp): raw pointers into tensors the stack keeps alive.
 struct PackedRef {
@@ -29,7 +32,16 @@ struct PackedRef {
 // acc (M, 64) int32 = sums of panel p over all k for rows xq (M, Kp)
 inline void panel_sums(const PackedRef& w, int64_t p, const XQ* xq, int m_rows, int32_t* acc) {
   std::fill(acc, acc + m_rows * kPanel, 0);
-  kBlocks[m_rows](w.panel(p), xq, w.groups * 4, 0, w.groups, acc);
+  const int64_t kp = w.groups * 4;
+  if (m_rows <= kMaxTile) {
+    kBlocks[m_rows](w.panel(p), xq, kp, 0, w.groups, acc);
+    return;
+  }
+  for (int64_t g0 = 0; g0 < w.groups; g0 += kChunkGroups) {  // a block of the panel, then every row tile over it
+    const int64_t g1 = std::min<int64_t>(w.groups, g0 + kChunkGroups);
+    for (int m0 = 0; m0 < m_rows; m0 += kMaxTile)
+      kBlocks[std::min(kMaxTile, m_rows - m0)](w.panel(p), xq + m0 * kp, kp, g0, g1, acc + m0 * kPanel);
+  }
 }
 
 // One fp32 or bf16 weight (N, K) in the usual (out, in) row-major layout: panel p is rows [64 p, 64 p + 64), one
@@ -46,7 +58,7 @@ struct DenseRef {
 using F32Ref = DenseRef<float>;
 using BF16Ref = DenseRef<uint16_t>;
 
-// v (M, 64) = x (M, ldx) . panel p of w (+ bias); channels past N give 0
+// v (M, 64) = x (M, ldx) . panel p of w (+ bias) for MT rows; channels past N give 0
 template <typename W, int MT>
 void dense_panel(const DenseRef<W>& w, int64_t p, const float* x, int64_t ldx, float* v) {
   const int64_t c0 = p * kPanel, nc = std::min<int64_t>(kPanel, w.n - c0);
@@ -59,9 +71,32 @@ void dense_panel(const DenseRef<W>& w, int64_t p, const float* x, int64_t ldx, f
   }
 }
 
-// dense_panel for m_rows (1..kMaxTile) rows: the row count as a template argument, found by recursion
+// out[m * 64] = x row m . w's row, for mt (1..kMaxTile) rows: the row count as a template argument, by recursion
+template <typename W, int MT = 1>
+void dense_row_tile(int mt, const W* w, int64_t k, const float* x, int64_t ldx, float* out) {
+  if constexpr (MT < kMaxTile) {
+    if (mt > MT) return dense_row_tile<W, MT + 1>(mt, w, k, x, ldx, out);
+  }
+  decodemath::dense_row<W, MT>(w, k, x, ldx, out);
+}
+
+// dense_panel for m_rows (1..kMaxFusedRows) rows: one tile as a template argument (found by recursion), more in
+// tiles per weight row, so the row is read from memory once and from L1 by the other tiles
 template <typename W, int MT = 1>
 void dense_panel_rows(int m_rows, const DenseRef<W>& w, int64_t p, const float* x, int64_t ldx, float* v) {
+  if (m_rows > kMaxTile) {
+    const int64_t c0 = p * kPanel, nc = std::min<int64_t>(kPanel, w.n - c0);
+    const W* wp = w.w + c0 * w.k;
+    for (int64_t c = 0; c < nc; ++c)
+      for (int m0 = 0; m0 < m_rows; m0 += kMaxTile)
+        dense_row_tile<W>(std::min(kMaxTile, m_rows - m0), wp + c * w.k, w.k, x + m0 * ldx, ldx, v + m0 * kPanel + c);
+    for (int m = 0; m < m_rows; ++m) {
+      for (int64_t c = nc; c < kPanel; ++c) v[m * kPanel + c] = 0.f;
+      if (w.bias)
+        for (int64_t c = 0; c < nc; ++c) v[m * kPanel + c] += w.bias[c0 + c];
+    }
+    return;
+  }
   if constexpr (MT < kMaxTile) {
     if (m_rows > MT) return dense_panel_rows<W, MT + 1>(m_rows, w, p, x, ldx, v);
   }
