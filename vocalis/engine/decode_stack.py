@@ -56,19 +56,18 @@ from vocalis.models.speech_lm import Qwen2LM
 
 log = logging.getLogger(__name__)
 
-# rows up to which a decode step runs fused: the kernel takes them in row tiles (4 rows AVX2, 6 AVX-512) over weights
-# it streams once per step, so up to 16 rows the step stays one weight read plus per-row work, where the per-op path
-# pays a GEMM call per layer and weight (1.3-2.2x the per-op tok/s at 8 and 16 rows, fp32 and int8, on AVX2)
-MAX_ROWS = 16
 _NO_BIAS = torch.empty(0)
 
 
 class FusedDecodeStack:
     """A native handle on one LLM's decoder layers, int8 or fp32 (it holds references to the weights)."""
 
-    def __init__(self, native: object, max_rows: int) -> None:
+    def __init__(self, native: object) -> None:
         self._native = native
-        self.max_rows = max_rows
+        # every decode step of up to the kernel's row count runs fused (16: row tiles of 4 (AVX2) or 6 (AVX-512) over
+        # weights streamed once per step, where the per-op path pays a GEMM call per layer and weight; 1.3-2.2x its
+        # tok/s at 8 and 16 rows, fp32 and int8, on AVX2)
+        self.max_rows = int(native.max_rows())  # type: ignore[attr-defined]
         self.has_head = False  # whether `forward_logits` applies (the final norm and the speech head are bound)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor, k_cache: torch.Tensor,
@@ -129,8 +128,9 @@ def decode_stack(llm: Qwen2LM, packed: Sequence[PackedLayer | None], cache_dtype
                     down.w, down.scale, down.corr]
     native = ext.DecodeStack(tensors, q.hidden_size, q.num_attention_heads, q.num_key_value_heads, q.head_dim,
                              q.intermediate_size, float(llm.qwen.layers[0].input_layernorm.eps))
-    log.info("int8 decode steps of 1..%d rows run fused (one native call per step)", MAX_ROWS)
-    return _with_head(FusedDecodeStack(native, MAX_ROWS), llm)
+    stack = _with_head(FusedDecodeStack(native), llm)
+    log.info("int8 decode steps of 1..%d rows run fused (one native call per step)", stack.max_rows)
+    return stack
 
 
 def _with_head(stack: FusedDecodeStack, llm: Qwen2LM) -> FusedDecodeStack:
@@ -185,8 +185,9 @@ def _dense_stack(llm: Qwen2LM, packed: Sequence[PackedLayer | None], ext: object
     stack = ext.F32DecodeStack if kind == "fp32" else ext.BF16DecodeStack  # type: ignore[attr-defined]
     native = stack(tensors, q.hidden_size, q.num_attention_heads, q.num_key_value_heads, q.head_dim,
                    q.intermediate_size, float(llm.qwen.layers[0].input_layernorm.eps))
-    log.info("%s decode steps of 1..%d rows run fused (one native call per step)", kind, MAX_ROWS)
-    return FusedDecodeStack(native, MAX_ROWS)
+    fused = FusedDecodeStack(native)
+    log.info("%s decode steps of 1..%d rows run fused (one native call per step)", kind, fused.max_rows)
+    return fused
 
 
 def _unsupported(llm: Qwen2LM, packed: Sequence[PackedLayer | None], cache_dtype: torch.dtype,

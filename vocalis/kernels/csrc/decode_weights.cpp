@@ -58,19 +58,6 @@ struct DenseRef {
 using F32Ref = DenseRef<float>;
 using BF16Ref = DenseRef<uint16_t>;
 
-// v (M, 64) = x (M, ldx) . panel p of w (+ bias) for MT rows; channels past N give 0
-template <typename W, int MT>
-void dense_panel(const DenseRef<W>& w, int64_t p, const float* x, int64_t ldx, float* v) {
-  const int64_t c0 = p * kPanel, nc = std::min<int64_t>(kPanel, w.n - c0);
-  const W* wp = w.w + c0 * w.k;
-  for (int64_t c = 0; c < nc; ++c) decodemath::dense_row<W, MT>(wp + c * w.k, w.k, x, ldx, v + c);
-  for (int m = 0; m < MT; ++m) {
-    for (int64_t c = nc; c < kPanel; ++c) v[m * kPanel + c] = 0.f;
-    if (w.bias)
-      for (int64_t c = 0; c < nc; ++c) v[m * kPanel + c] += w.bias[c0 + c];
-  }
-}
-
 // out[m * 64] = x row m . w's row, for mt (1..kMaxTile) rows: the row count as a template argument, by recursion
 template <typename W, int MT = 1>
 void dense_row_tile(int mt, const W* w, int64_t k, const float* x, int64_t ldx, float* out) {
@@ -80,27 +67,20 @@ void dense_row_tile(int mt, const W* w, int64_t k, const float* x, int64_t ldx, 
   decodemath::dense_row<W, MT>(w, k, x, ldx, out);
 }
 
-// dense_panel for m_rows (1..kMaxFusedRows) rows: one tile as a template argument (found by recursion), more in
-// tiles per weight row, so the row is read from memory once and from L1 by the other tiles
-template <typename W, int MT = 1>
+// v (M, 64) = x (M, ldx) . panel p of w (+ bias) for m_rows (1..kMaxFusedRows) rows; channels past N give 0. Per
+// weight row the rows go in tiles of up to kMaxTile, so the row is read from memory once and from L1 by later tiles.
+template <typename W>
 void dense_panel_rows(int m_rows, const DenseRef<W>& w, int64_t p, const float* x, int64_t ldx, float* v) {
-  if (m_rows > kMaxTile) {
-    const int64_t c0 = p * kPanel, nc = std::min<int64_t>(kPanel, w.n - c0);
-    const W* wp = w.w + c0 * w.k;
-    for (int64_t c = 0; c < nc; ++c)
-      for (int m0 = 0; m0 < m_rows; m0 += kMaxTile)
-        dense_row_tile<W>(std::min(kMaxTile, m_rows - m0), wp + c * w.k, w.k, x + m0 * ldx, ldx, v + m0 * kPanel + c);
-    for (int m = 0; m < m_rows; ++m) {
-      for (int64_t c = nc; c < kPanel; ++c) v[m * kPanel + c] = 0.f;
-      if (w.bias)
-        for (int64_t c = 0; c < nc; ++c) v[m * kPanel + c] += w.bias[c0 + c];
-    }
-    return;
+  const int64_t c0 = p * kPanel, nc = std::min<int64_t>(kPanel, w.n - c0);
+  const W* wp = w.w + c0 * w.k;
+  for (int64_t c = 0; c < nc; ++c)
+    for (int m0 = 0; m0 < m_rows; m0 += kMaxTile)
+      dense_row_tile<W>(std::min(kMaxTile, m_rows - m0), wp + c * w.k, w.k, x + m0 * ldx, ldx, v + m0 * kPanel + c);
+  for (int m = 0; m < m_rows; ++m) {
+    for (int64_t c = nc; c < kPanel; ++c) v[m * kPanel + c] = 0.f;
+    if (w.bias)
+      for (int64_t c = 0; c < nc; ++c) v[m * kPanel + c] += w.bias[c0 + c];
   }
-  if constexpr (MT < kMaxTile) {
-    if (m_rows > MT) return dense_panel_rows<W, MT + 1>(m_rows, w, p, x, ldx, v);
-  }
-  dense_panel<W, MT>(w, p, x, ldx, v);
 }
 
 template <typename Ref>
