@@ -20,6 +20,11 @@ PROMPT_SAMPLE_RATE_16K = 16000  # speech tokenizer and speaker encoder input rat
 MAX_PROMPT_SECONDS = 30.0  # speech tokenizer limit
 ENDOFPROMPT_TOKEN = "<|endofprompt|>"
 ENDOFSYSTEM_TOKEN = "<|endofsystem|>"  # CosyVoice 3 only
+# The frontend models of a released model directory (ONNX): speech tokenizer (CosyVoice 2, CosyVoice 3: the same
+# interface) and the CAM++ speaker encoder.
+SPEECH_TOKENIZER_ONNX = "speech_tokenizer_v2.onnx"
+CV3_SPEECH_TOKENIZER_ONNX = "speech_tokenizer_v3.onnx"
+CAMPPLUS_ONNX = "campplus.onnx"
 # What the LLM reads text as: Qwen2 BPE ids (the official model) or the built-in model's phone ids.
 TEXT_FRONTENDS = ("bpe", "phones")
 # The phone frontend's vocabularies (`vocalis.frontend.phones`: NUM_TEXT_IDS, NUM_LABELS; a test checks they agree).

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from vocalis.checkpoint import load_strict, read_safetensors, read_torch_state_dict, write_safetensors
-from vocalis.config import PRESETS, ModelConfig
+from vocalis.config import CAMPPLUS_ONNX, PRESETS, SPEECH_TOKENIZER_ONNX, ModelConfig
 from vocalis.errors import ModelLoadError
 from vocalis.frontend.phones import PhoneTokenizer
 from vocalis.frontend.speaker import CampplusSpeakerEncoder, SpeakerEncoder
@@ -40,8 +40,6 @@ _SAFE_FILE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")
 FORMAT_VERSION = 1
 OFFICIAL_YAML = "cosyvoice2.yaml"
 VOCALIS_JSON = "vocalis.json"
-SPEECH_TOKENIZER_ONNX = "speech_tokenizer_v2.onnx"
-CAMPPLUS_ONNX = "campplus.onnx"
 TORCH_SPEECH_TOKENIZER = "speech_tokenizer.safetensors"  # ours; speech_tokenizer.json sits beside it
 SPEAKER_ENCODER_JSON = "speaker_encoder.json"  # {"kind": "resemblyzer"}: a pip-shipped speaker encoder
 BUNDLED_TOKENIZER = Path(__file__).resolve().parent / "assets" / "tokenizer"

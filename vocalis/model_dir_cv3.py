@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from vocalis.checkpoint import load_strict, read_torch_state_dict
-from vocalis.config import CosyVoice3Config
+from vocalis.config import CV3_SPEECH_TOKENIZER_ONNX, CosyVoice3Config
 from vocalis.errors import ModelLoadError
 from vocalis.models.cv3.flow import CausalMaskedDiffWithDiT
 from vocalis.models.cv3.hift import CausalHiFTGenerator, SourceTables
@@ -27,7 +27,6 @@ from vocalis.official_yaml import cosyvoice3_config_from_official, read_official
 log = logging.getLogger(__name__)
 
 CV3_YAML = "cosyvoice3.yaml"
-CV3_SPEECH_TOKENIZER_ONNX = "speech_tokenizer_v3.onnx"
 CV3_KIND = "cosyvoice3"
 # what a complete released directory holds (hub downloads are checked against it); the rest is optional
 CV3_REQUIRED_FILES = (CV3_YAML, "llm.pt", "flow.pt", "hift.pt", "CosyVoice-BlankEN/config.json")

@@ -12,7 +12,13 @@ from typing import TYPE_CHECKING, BinaryIO
 import numpy as np
 import torch
 
-from vocalis.config import ENDOFPROMPT_TOKEN, MAX_PROMPT_SECONDS, PROMPT_SAMPLE_RATE_16K
+from vocalis.config import (
+    CAMPPLUS_ONNX,
+    ENDOFPROMPT_TOKEN,
+    MAX_PROMPT_SECONDS,
+    PROMPT_SAMPLE_RATE_16K,
+    SPEECH_TOKENIZER_ONNX,
+)
 from vocalis.errors import InputError
 from vocalis.frontend import audio as audio_fe
 from vocalis.frontend import text as text_fe
@@ -43,7 +49,7 @@ class FlowPrompt:
 class Frontend:
     """Request preparation over a `LoadedModel`'s tokenizer, speech tokenizer and speaker encoder (stateless)."""
 
-    speech_tokenizer_file = "speech_tokenizer_v2.onnx"  # what a model directory of this family holds for it
+    speech_tokenizer_file = SPEECH_TOKENIZER_ONNX  # what a model directory of this family holds for it
     prompt_mel_fmax: float | None = audio_fe.PROMPT_FMAX  # the flow's mel (its training features)
 
     def __init__(self, model: LoadedModel, max_text_chars: int = 20000) -> None:
@@ -77,7 +83,7 @@ class Frontend:
         if self.model.speaker_encoder is None:
             raise InputError(
                 f"the {self.model.describe()} has no speaker encoder, so it cannot clone a voice; "
-                "use a model directory with campplus.onnx"
+                f"use a model directory with {CAMPPLUS_ONNX}"
             )
         start = prompt_wav.tell() if hasattr(prompt_wav, "seek") else None  # a file object is read twice
         wav16k = audio_fe.load_wav(prompt_wav, PROMPT_SAMPLE_RATE_16K, max_seconds=MAX_PROMPT_SECONDS)

@@ -14,7 +14,7 @@ voice conversion are as for CosyVoice 2 (`Frontend`), with the v3 speech tokeniz
 
 from __future__ import annotations
 
-from vocalis.config import ENDOFPROMPT_TOKEN
+from vocalis.config import CV3_SPEECH_TOKENIZER_ONNX, ENDOFPROMPT_TOKEN
 from vocalis.frontend.prompt import Frontend
 from vocalis.frontend.request import Mode, SynthesisRequest
 
@@ -22,7 +22,7 @@ CV3_SYSTEM_PROMPT = "You are a helpful assistant."
 
 
 class CV3Frontend(Frontend):
-    speech_tokenizer_file = "speech_tokenizer_v3.onnx"
+    speech_tokenizer_file = CV3_SPEECH_TOKENIZER_ONNX
     prompt_mel_fmax = None  # CosyVoice 3's feature extractor has no upper mel edge
 
     def system_ids(self) -> list[int]:

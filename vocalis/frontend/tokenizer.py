@@ -136,7 +136,6 @@ class TextTokenizer:
             raise ValueError(f"unknown model family {family!r}: one of {', '.join(SPECIAL_TOKENS)}")
         self.tokenizer = tokenizer
         self.base_vocab_size = base_vocab_size
-        self.family = family
         specials = SPECIAL_TOKENS[family]
         # Same rule as the official `add_special_tokens`: tokens already present keep their ids, new ones are
         # appended in list order. With Qwen2's 3 native specials this gives <|endofprompt|> = base + 3.

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from vocalis.config import CAMPPLUS_ONNX
 from vocalis.errors import InputError, VocalisError
 from vocalis.frontend.voice import Voice
 
@@ -140,7 +141,7 @@ class ModelFacts:
         missing = [what for what, part in (("speech tokenizer", self.tts.model.speech_tokenizer),
                                            ("speaker encoder", self.tts.model.speaker_encoder)) if part is None]
         return f"no {' or '.join(missing)} in the model directory ({self.tts.frontend.speech_tokenizer_file}, " \
-               "campplus.onnx)"
+               f"{CAMPPLUS_ONNX})"
 
     @property
     def describe(self) -> str:

@@ -19,7 +19,7 @@ import numpy as np
 import soundfile as sf
 import soxr
 
-from vocalis.config import PROMPT_SAMPLE_RATE_16K, SAMPLE_RATE
+from vocalis.config import CAMPPLUS_ONNX, PROMPT_SAMPLE_RATE_16K, SAMPLE_RATE, SPEECH_TOKENIZER_ONNX
 from vocalis.errors import AudioError, InputError
 from vocalis.frontend.audio import SILENCE_PEAK, check_wav, prompt_mel
 from vocalis.frontend.speaker import SpeakerEncoder
@@ -30,8 +30,6 @@ from vocalis.train.manifest import Utterance
 
 log = logging.getLogger(__name__)
 
-SPEECH_TOKENIZER_ONNX = "speech_tokenizer_v2.onnx"
-CAMPPLUS_ONNX = "campplus.onnx"
 TOKENIZER_DIRS = ("tokenizer", "CosyVoice-BlankEN")  # vocalis layout, official layout
 
 
