@@ -59,7 +59,10 @@ def serve_side(args: argparse.Namespace) -> None:
         class BenchTTS(TTS):
             engine_type = fixed_length_engine(cfg.tokens)
 
-        backend = EngineBackend(BenchTTS(model, runtime=runtime), **opts)
+        from vocalis.token2wav.config import Token2WavConfig
+
+        t2w = Token2WavConfig(final_attention="full", max_cache_mib=args.t2w_cache_mib)
+        backend = EngineBackend(BenchTTS(model, token2wav=t2w, runtime=runtime), **opts)
     print(f"server: {args._serve}: {described}", file=sys.stderr, flush=True)
     # throughput, not timeouts: no request is timed out however long it waits
     app = create_app(backend, ServeConfig(queue_timeout_s=3600.0, request_timeout_s=3600.0))
@@ -148,6 +151,8 @@ def run_backend(name: str, args: argparse.Namespace) -> dict[str, Any]:
     cmd = [sys.executable, __file__, "--_serve", name, "--port", str(port), "--preset", args.preset,
            "--tokens", str(args.tokens), "--threads", str(args.threads), "--precision", args.precision,
            "--clients", str(args.clients)]
+    if args.t2w_cache_mib is not None:
+        cmd += ["--t2w-cache-mib", str(args.t2w_cache_mib)]
     proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
         deadline = time.monotonic() + 900
@@ -194,6 +199,7 @@ class _Args:
     backends: str
     precision: str
     threads: int
+    t2w_cache_mib: int | None
     seed: int
     json: str | None
     port: int
@@ -211,6 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--backends", default="threaded,engine")
     p.add_argument("--precision", default="auto", help="the engine server's precision (threaded: fp32 reference)")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--t2w-cache-mib", type=int, help="the engine server's token2wav cache budget (default: its own)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", help="write the results here")
     p.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)

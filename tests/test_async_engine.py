@@ -190,7 +190,8 @@ def test_grouped_token2wav_steps_give_the_same_audio_in_fewer_steps(model: Loade
         eng = FixedLength.from_model(model, EngineConfig(max_num_batched_tokens=24), grouping=grouping)
         sizes: list[int] = []
         step = eng.token2wav.step
-        eng.token2wav.step = lambda states: (sizes.append(len(states)), step(states))[1]  # type: ignore[method-assign]
+        eng.token2wav.step = lambda states, **kw: (  # type: ignore[method-assign]
+            sizes.append(len(states)), step(states, **kw))[1]
         with eng:
             out = await asyncio.gather(*[_collect(eng.submit(r)) for r in requests])
         return out, sizes
@@ -201,5 +202,35 @@ def test_grouped_token2wav_steps_give_the_same_audio_in_fewer_steps(model: Loade
     assert len(grouped_sizes) < len(alone_sizes)  # ...in fewer token2wav steps
     for a, b in zip(grouped, alone):
         assert [c.final for c in a] == [c.final for c in b]
+        np.testing.assert_allclose(np.concatenate([c.samples for c in a]), np.concatenate([c.samples for c in b]),
+                                   atol=ATOL, rtol=0)
+
+
+def test_streams_beyond_the_cache_budget_wait_instead_of_recomputing(model: LoadedModel) -> None:
+    """Three concurrent 100-token streams with token2wav cache room for about one: the later ones start their
+    caches as earlier ones end (none falls back to recomputing) and the audio equals an unbounded engine's."""
+    import dataclasses
+
+    from vocalis.engine.request import SamplingParams
+
+    class FixedLength(AsyncEngine):
+        def llm_params(self, text_ids: list[int]) -> SamplingParams:
+            return dataclasses.replace(super().llm_params(text_ids), min_len=100, max_len=100, stop_all_masked=True)
+
+    requests = [_request(model, t, seed=i) for i, t in enumerate(TEXTS)]
+
+    async def run(config: Token2WavConfig) -> tuple[list[list[AudioChunk]], FixedLength]:
+        eng = FixedLength.from_model(model, token2wav_config=config)
+        with eng:
+            out = await asyncio.gather(*[_collect(eng.submit(r)) for r in requests])
+            assert eng.stats()["token2wav_waiting"] == 0
+        return out, eng
+
+    tight, tight_eng = asyncio.run(run(Token2WavConfig(max_cache_mib=1)))  # ~113 tokens at the tiny shapes
+    free, _ = asyncio.run(run(Token2WavConfig()))
+    stats = tight_eng.token2wav.stats
+    assert stats.held_steps > 0 and stats.cache_fallbacks == 0
+    for a, b in zip(tight, free):
+        assert [c.final for c in a] == [c.final for c in b] and len(a) == 3  # chunks of 25 and 50 tokens, final
         np.testing.assert_allclose(np.concatenate([c.samples for c in a]), np.concatenate([c.samples for c in b]),
                                    atol=ATOL, rtol=0)

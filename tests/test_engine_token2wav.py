@@ -69,9 +69,10 @@ def _reference(modules, prompt: FlowPrompt, tokens: list[int], seed: int, final_
     return out, state.hops, counter.frames
 
 
-def _drive(engine: Token2WavEngine, states: list[StreamState], tokens: list[list[int]], rates: list[int]
-           ) -> dict[str, list[np.ndarray]]:
-    """Feed each request `rate` tokens per step (end_input when all are in) until every request is finished."""
+def _drive(engine: Token2WavEngine, states: list[StreamState], tokens: list[list[int]], rates: list[int],
+           hold_new: bool = False, peak: list[int] | None = None) -> dict[str, list[np.ndarray]]:
+    """Feed each request `rate` tokens per step (end_input when all are in) until every request is finished;
+    `peak` collects the cache bytes held after each step."""
     out: dict[str, list[np.ndarray]] = {s.request_id: [] for s in states}
     fed = [0] * len(states)
     while not all(s.finished for s in states):
@@ -81,8 +82,10 @@ def _drive(engine: Token2WavEngine, states: list[StreamState], tokens: list[list
                 fed[i] += rates[i]
                 if fed[i] >= len(tokens[i]):
                     s.end_input()
-        for chunk in engine.step(states):
+        for chunk in engine.step(states, hold_new=hold_new and not all(s.input_done for s in states)):
             out[chunk.request_id].append(chunk.samples)
+        if peak is not None:
+            peak.append(engine.live_cache_bytes())
     return out
 
 
@@ -271,6 +274,28 @@ def test_cache_budget_falls_back_to_recompute(modules, alone) -> None:
     got = _drive(tight, [state], [spec[2]], [spec[5]])[spec[0]]
     assert tight.stats.cache_fallbacks == 1 and not state.cached
     _assert_chunks_equal(got, alone[spec[0]][0])
+
+
+def test_new_streams_wait_for_cache_room(modules, alone) -> None:
+    """With room for one stream's caches, three ready streams start one after another (first come, first served)
+    while the caller has other work (`hold_new`): none recomputes, the caches never pass the budget, the audio
+    equals each stream alone. Without `hold_new` a step with nothing else to do starts a waiting stream anyway
+    (no stream waits on an idle engine), still with the same audio."""
+    spec = SPECS[1]  # no prompt, 80 tokens: chunks of 25 and 50, then a final 5
+    want = alone[spec[0]][0]
+    for hold in (True, False):
+        engine = Token2WavEngine(*modules, Token2WavConfig(cache_dtype=None, max_cache_mib=2))
+        assert 75 * engine.cache_bytes_per_token() <= engine.cache_budget < 150 * engine.cache_bytes_per_token()
+        states = [engine.new_stream(f"{spec[0]}{i}", spec[1], generator=torch.Generator().manual_seed(3))
+                  for i in range(3)]
+        peak: list[int] = []
+        out = _drive(engine, states, [spec[2]] * 3, [spec[5]] * 3, hold_new=hold, peak=peak)
+        for s in states:
+            _assert_chunks_equal(out[s.request_id], want)
+        if hold:
+            assert engine.stats.cache_fallbacks == 0 and max(peak) <= engine.cache_budget
+            assert all(s.cached for s in states)
+        assert engine.stats.held_steps > 0 and engine.held == 0
 
 
 def test_shared_prefix_streams_equal_unshared(modules) -> None:

@@ -185,6 +185,7 @@ class AsyncEngine:
                 "llm_waiting": waiting, "kv_usage": 1.0 - bm.num_free_blocks / bm.num_blocks,
                 "llm_steps": self.num_llm_steps, "token2wav_steps": self.num_token2wav_steps,
                 "llm_batch": self.last_llm_batch, "token2wav_batch": self.last_token2wav_batch,
+                "token2wav_waiting": self.token2wav.held,
                 "generated_tokens": self.num_generated_tokens, "tokens_per_s": self._tokens_per_s()}
 
     def _tokens_per_s(self, window_s: float = 5.0) -> float:
@@ -314,9 +315,11 @@ class AsyncEngine:
         if not ready:
             return
         ready.sort(key=lambda js: (js[1].chunks_done > 0, js[0].submitted))  # [latency] first chunks first
-        chunks = self.token2wav.step([s for _, s in ready])
-        self.num_token2wav_steps += 1
-        self.last_token2wav_batch = len(ready)
+        # [memory] while LLM steps go on, new streams may wait for token2wav cache room rather than recompute
+        chunks = self.token2wav.step([s for _, s in ready], hold_new=self.llm.has_work())
+        if chunks:
+            self.num_token2wav_steps += 1
+            self.last_token2wav_batch = len(chunks)
         by_state = {s.request_id: job for job, s in ready}
         for chunk in chunks:
             job = by_state[chunk.request_id]

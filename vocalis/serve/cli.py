@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 from pathlib import Path
@@ -47,6 +48,9 @@ def add_serve_commands(sub: argparse._SubParsersAction) -> None:
     sv.add_argument("--device", default="cpu", help="cpu or cuda")
     sv.add_argument("--flow-steps", type=int, metavar="N",
                     help="Euler steps of the flow: fewer is faster, the mel coarser (default: the model's, 10)")
+    sv.add_argument("--token2wav-cache-mib", type=int, metavar="MIB",
+                    help="memory for the streams' token2wav caches; streams beyond it wait for their first chunk "
+                         "(default: a quarter of the device's memory)")
     sv.add_argument("--no-web-page", action="store_true", help="do not serve the web page at /")
     sv.add_argument("--ray", action="store_true", help="run as a Ray Serve deployment (needs ray[serve])")
     sv.add_argument("--replicas", type=int, default=1, help="Ray Serve replicas (with --ray)")
@@ -108,11 +112,14 @@ def serve_command(args: argparse.Namespace) -> int:
         raise InputError("serving needs the serve extra: pip install 'vocalis[serve]'") from None
     if args.flow_steps is not None and args.flow_steps < 1:
         raise InputError(f"--flow-steps must be at least 1, got {args.flow_steps}")
+    if args.token2wav_cache_mib is not None and args.token2wav_cache_mib < 0:
+        raise InputError(f"--token2wav-cache-mib must be at least 0, got {args.token2wav_cache_mib}")
     config = serve_config(args)
     backend_opts = {"max_queue": args.max_queue}  # the app's deadlines apply the queue and request timeouts
     if args.ray:
-        if args.flow_steps is not None:
-            raise InputError("--flow-steps is not supported with --ray yet (the replicas load the model's default)")
+        for flag, value in (("--flow-steps", args.flow_steps), ("--token2wav-cache-mib", args.token2wav_cache_mib)):
+            if value is not None:
+                raise InputError(f"{flag} is not supported with --ray yet (the replicas load the model's default)")
         from vocalis.serve.ray_app import run_ray
 
         return run_ray(args.model, config, backend_opts, host=args.host, port=args.port, replicas=args.replicas,
@@ -126,6 +133,8 @@ def serve_command(args: argparse.Namespace) -> int:
 
         torch.set_num_threads(args.threads)
     tts = TTS.load(args.model, device=args.device, flow_steps=args.flow_steps)
+    if args.token2wav_cache_mib is not None:
+        tts.token2wav_config = dataclasses.replace(tts.token2wav_config, max_cache_mib=args.token2wav_cache_mib)
     if tts.model.kind == "random":
         log.warning("no trained model is installed: the built-in model has RANDOM weights and makes noise")
     app = create_app(EngineBackend(tts, **backend_opts), config)

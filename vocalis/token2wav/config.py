@@ -30,9 +30,10 @@ class Token2WavConfig:
     max_batch: most requests in one step (the rest wait for the next step, oldest first as given).
     cache_dtype: "bf16" (default) / "fp16" store the estimator's cached keys/values reduced: half the memory,
     mel max rel error 3.6e-5 at the 0.5B shapes (random weights); None keeps the compute dtype (exact).
-    max_cache_mib: budget for all requests' flow caches. When a step would exceed it, the growing requests with
+    max_cache_mib: budget for all requests' flow caches. A new stream waits for its first chunk until the budget
+    has room for it (ended streams free theirs); when a step would still exceed it, the growing requests with
     the largest caches drop them and compute their later chunks from the voice prefix like the reference path
-    (same output, reference cost). None: a quarter of the device's memory; 0: never cache.
+    (same output, reference cost). None: a quarter of the device's memory; 0: never cache (nothing waits).
     compute: "auto" runs the incremental estimator's GEMMs, convs and attention in the dtype its Linear weights
     were reduced to by a backend (bf16/fp16: `CastLinear`), with bf16/fp16 activations into them and fp32
     norms, residual stream and Euler state (`token2wav.compute.ComputeWeights`); at fp32 and int8 the modules run

@@ -113,6 +113,7 @@ class CV3Token2WavEngine:
         steps = self.config.flow_steps
         self.n_timesteps = flow.config.cfm.n_timesteps if steps is None else steps
         self.chunk_frames = flow.estimator.config.static_chunk_size
+        self.held = 0  # streams waiting for cache room (none: no flow caches)
 
     # ---- requests -----------------------------------------------------------------------------------
     def new_stream(self, request_id: str, prompt: FlowPrompt, *, streaming: bool = True, speed: float = 1.0,
@@ -151,9 +152,10 @@ class CV3Token2WavEngine:
         return "final" if call.finalize else "chunk"
 
     # ---- the step -------------------------------------------------------------------------------------
-    def step(self, states: Sequence[CV3StreamState]) -> list[Token2WavChunk]:
+    def step(self, states: Sequence[CV3StreamState], *, hold_new: bool = False) -> list[Token2WavChunk]:
         """One batched flow solve and the vocoder calls for every given state with work (at most `max_batch`,
-        in the given order); returns their chunks in that order."""
+        in the given order); returns their chunks in that order. Its streams keep no flow caches, so none
+        waits for cache room (`hold_new` is the CosyVoice 2 engine's; `held` stays 0)."""
         work: list[tuple[CV3StreamState, FlowCall, StreamSchedule]] = []
         for s in states:
             call, after = self._next_call(s)

@@ -20,8 +20,12 @@ only among the `voice_cache_size` most recently used (a saved voice's next reque
 
 Memory. The caches cost ~4.4 MiB per token (2 mel frames) at the 0.5B shapes with the default bf16 storage
 (twice that exact, `cache_dtype=None`): per request, only its own tokens (the prompt's last P - prefix tokens
-and its generated ones), plus each voice's prefix once. `max_cache_mib` bounds the total: over it, requests
-fall back to recomputing their chunks (the reference path's cost, same output) instead of running out of memory.
+and its generated ones), plus each voice's prefix once. `max_cache_mib` bounds the total. A new stream starts
+its caches only while the budget has room for its first chunk next to the caches held and the started streams'
+next hops; otherwise it waits (first come, first served) until streams that end make room, so under load the
+started streams keep their caches instead of all of them thrashing. Should the started streams still outgrow the
+budget, the largest fall back to recomputing their chunks (the reference path's cost, same output) instead of
+running out of memory.
 
 The final chunk: `Token2WavConfig.final_attention` (`token2wav.config`) chooses "causal" (linear cost,
 the default) or "full" (the reference's full-attention last call, exactly).
@@ -69,6 +73,7 @@ class Token2WavStats:
     voice_cache_hits: int = 0
     voice_cache_misses: int = 0
     cache_fallbacks: int = 0  # requests that dropped their caches to stay within max_cache_mib
+    held_steps: int = 0  # steps a ready stream waited for cache room before its first chunk (summed over streams)
 
 
 class Token2WavEngine:
@@ -107,6 +112,7 @@ class Token2WavEngine:
         self._live: weakref.WeakSet[StreamState] = weakref.WeakSet()
         mib = self.config.max_cache_mib
         self.cache_budget = self._default_budget() if mib is None else mib * 2**20
+        self.held = 0  # streams waiting for cache room after the last step
 
     def _compute_weights(self) -> ComputeWeights | None:
         """Reduced-dtype compute for the incremental estimator when a backend reduced its Linear weights."""
@@ -171,15 +177,30 @@ class Token2WavEngine:
         return "final" if state.input_done else None
 
     # ---- the step -------------------------------------------------------------------------------------
-    def step(self, states: Sequence[StreamState]) -> list[Token2WavChunk]:
-        """One batched pass over every state with work (at most `max_batch`); returns their chunks in order."""
+    def step(self, states: Sequence[StreamState], *, hold_new: bool = False) -> list[Token2WavChunk]:
+        """One batched pass over every state with work (at most `max_batch`); returns their chunks in order.
+
+        A stream's first cached chunk starts only while the cache budget has room for it next to what the started
+        streams hold and their next hops (see `_admits`); the others wait, first come first served. With nothing
+        else to do in the step the first waiting stream starts anyway, unless `hold_new`: the caller has other
+        work that goes on (LLM steps) and will call again."""
         work: list[tuple[StreamState, bool]] = []
+        held: list[StreamState] = []
+        room = _Room(self)
         for s in states:
             kind = self.next_work(s)
-            if kind is not None:
-                work.append((s, kind == "final"))
+            if kind is None:
+                continue
+            if kind == "chunk" and self._starts_cache(s) and (held or not room.take(s)):
+                held.append(s)  # [order] once one waits, later new streams wait behind it
+                continue
+            work.append((s, kind == "final"))
             if len(work) == self.config.max_batch:
                 break
+        if held and not work and not hold_new:
+            work.append((held.pop(0), False))
+        self.held = len(held)
+        self.stats.held_steps += len(held)
         if not work:
             return []
         chunks: dict[int, Token2WavChunk] = {}
@@ -369,6 +390,12 @@ class Token2WavEngine:
         enc = 2 * (c.num_blocks + c.num_up_blocks * c.up_stride) * c.output_size * 4
         return est + enc
 
+    def cache_bytes_per_stream(self) -> int:
+        """Flow cache bytes a request holds whatever its length: the input tails of the estimator's causal convs
+        (kernel - 1 frames each, both guidance rows, every Euler step), at most fp32."""
+        convs = [m for m in self.estimator.modules() if isinstance(m, torch.nn.Conv1d) and m.kernel_size[0] > 1]
+        return sum(2 * m.in_channels * (m.kernel_size[0] - 1) for m in convs) * self.n_timesteps * 4
+
     def live_cache_bytes(self) -> int:
         """Flow cache bytes held by live requests (their own frames) and voice prefixes (each once)."""
         live = list(self._live)
@@ -376,25 +403,30 @@ class Token2WavEngine:
         voices.update({id(s.voice): s.voice for s in live if s.voice is not None})
         return sum(s.cache_bytes() for s in live) + sum(v.nbytes() for v in voices.values())
 
+    def _starts_cache(self, s: StreamState) -> bool:
+        """Its next (non-final) chunk would be the first to store flow caches."""
+        return s.cached and s.enc_cache is None and self.cache_budget > 0
+
+    def _growth(self, s: StreamState, per_token: int, per_stream: int) -> int:
+        """Cache bytes its next non-final chunk adds."""
+        if s.enc_cache is not None:
+            start, fixed = s.enc_cache.num_tokens, 0
+        else:  # a new request stores only what follows its voice's shared prefix
+            start = self.cacheable_prefix(s.num_prompt_tokens) if self.config.voice_cache_size else 0
+            fixed = per_stream
+        return (s.num_prompt_tokens + s.token_offset + self.this_hop(s) - start) * per_token + fixed
+
     def _enforce_budget(self, items: list[tuple[StreamState, bool]]) -> None:
         """Make the growing requests with the largest caches recompute instead, until the step fits."""
         growing = [s for s, final in items if s.cached and not final]
         if not growing:
             return
-        per_token = self.cache_bytes_per_token()
-
-        def growth(s: StreamState) -> int:
-            if s.enc_cache is not None:
-                start = s.enc_cache.num_tokens
-            else:  # a new request stores only what follows its voice's shared prefix
-                start = self.cacheable_prefix(s.num_prompt_tokens) if self.config.voice_cache_size else 0
-            return (s.num_prompt_tokens + s.token_offset + self.this_hop(s) - start) * per_token
-
-        total = self.live_cache_bytes() + sum(growth(s) for s in growing)
+        per_token, per_stream = self.cache_bytes_per_token(), self.cache_bytes_per_stream()
+        total = self.live_cache_bytes() + sum(self._growth(s, per_token, per_stream) for s in growing)
         for s in sorted(growing, key=lambda s: s.cache_bytes(), reverse=True):
             if total <= self.cache_budget:
                 return
-            total -= growth(s) + s.cache_bytes()
+            total -= self._growth(s, per_token, per_stream) + s.cache_bytes()
             s.cached = False
             s.drop_flow_caches()
             self.stats.cache_fallbacks += 1
@@ -404,3 +436,37 @@ class Token2WavEngine:
     # ---- HiFT ---------------------------------------------------------------------------------------------
     def _vocode(self, items: list[tuple[StreamState, bool]], mels: list[torch.Tensor]) -> list[np.ndarray]:
         return self.vocoder.vocode(items, mels)
+
+
+class _Room:
+    """What the cache budget leaves for streams starting their caches in one step: the budget minus the caches
+    held and every started stream's next hop (reserved, so that starting new streams does not push the started
+    ones into recomputing). Computed on first use."""
+
+    def __init__(self, engine: Token2WavEngine) -> None:
+        self.engine = engine
+        self.free: int | None = None
+        self.per_token = self.per_stream = 0
+        self.started = False
+
+    def take(self, s: StreamState) -> bool:
+        """Reserve room for `s`'s first chunk; True if it starts now. A stream always starts when no other
+        stream holds caches (then none that ends would make room for it)."""
+        e = self.engine
+        if self.free is None:
+            self.per_token, self.per_stream = e.cache_bytes_per_token(), e.cache_bytes_per_stream()
+            started = [t for t in list(e._live) if t.cached and t.enc_cache is not None and not t.finished]
+            self.started = bool(started)
+            growing = [t for t in started if e.next_work(t) != "final"]  # a final chunk keeps no cache
+            self.free = e.cache_budget - e.live_cache_bytes() - sum(e._growth(t, self.per_token, 0) for t in growing)
+        # its first chunk, and the hop after it reserved as for the started streams
+        after = min(e.stream.token_max_hop_len, s.hop * e.stream.stream_scale_factor)
+        need = e._growth(s, self.per_token, self.per_stream) + after * self.per_token
+        prefix = e.cacheable_prefix(s.num_prompt_tokens) if e.config.voice_cache_size else 0
+        if prefix and voice_key(s.prompt) not in e._voices:  # its voice's prefix is computed with it
+            need += prefix * self.per_token + self.per_stream
+        if self.started and need > self.free:
+            return False
+        self.free -= need
+        self.started = True
+        return True
