@@ -17,6 +17,7 @@ from vocalis.config import CV3_SILENT_TOKEN_IDS, StreamConfig
 from vocalis.frontend.prompt import FlowPrompt
 from vocalis.reference.cv3 import stream_token2wav
 from vocalis.token2wav.cv3 import CV3StreamState, CV3Token2WavEngine
+from vocalis.token2wav.cv3_schedule import schedule_calls
 from vocalis.token2wav.config import Token2WavConfig
 
 
@@ -120,3 +121,47 @@ def test_max_batch_leaves_the_rest_for_the_next_step(cv3_model, ref) -> None:
         s.end_input()
     assert [c.request_id for c in eng.step(states)] == ["r0"]
     assert [c.request_id for c in eng.step(states)] == ["r1"]
+
+
+def test_cached_streaming_equals_the_reference_in_fewer_frames(cv3_model, ref) -> None:
+    """210 tokens: three streaming calls (43, 50 and 100 tokens) and the final one (190 tokens after a 3-token
+    prompt: two streaming calls and the final one). With the DiT caches a call
+    runs only its new frames; two requests of different prompts batched, and each alone, equal the reference
+    (exact caches, the default: fp32 rounding only); bf16-stored caches stay within 1e-3; the estimator sees fewer frames
+    than recomputing (max_cache_mib=0, the reference's cost), and every cache is released at the end."""
+    cases = {"long": (None, 210), "short-prompt": (3, 190)}
+    feed = {k: ref["token"][0, :n].tolist() for k, (_, n) in cases.items()}
+    want = {k: _reference(cv3_model, ref, ref["token"][:, :n], _prompt(ref, p)) for k, (p, n) in cases.items()}
+    runs = {}
+    for name, config in (("exact", Token2WavConfig()), ("bf16", Token2WavConfig(dit_cache_dtype="bf16")),
+                         ("recompute", Token2WavConfig(max_cache_mib=0))):
+        eng = CV3Token2WavEngine(cv3_model.flow, cv3_model.hift, config)
+        states = [eng.new_stream(k, _prompt(ref, p)) for k, (p, _) in cases.items()]
+        out = _run(eng, states, feed, one_by_one=name == "exact")  # (the others: every token at once)
+        runs[name] = (out, {s.request_id: s.estimator_frames for s in states})
+        assert all(s.finished and not s.dit for s in states) and eng.live_cache_bytes() == 0
+    assert [len(want[k]) for k in cases] == [4, 3]  # the second streaming call on reads the caches
+    for k in cases:
+        assert _compare(f"{k} cached vs reference", runs["exact"][0][k], want[k]) <= ATOL
+        assert _compare(f"{k} recomputed vs reference", runs["recompute"][0][k], want[k]) <= ATOL
+        assert _compare(f"{k} bf16 cache vs reference", runs["bf16"][0][k], want[k]) <= 1e-3
+        p = ref["prompt_token"].shape[1] if cases[k][0] is None else cases[k][0]
+        frames = [2 * (p + c.num_tokens - 3) for c in schedule_calls(p, cases[k][1], StreamConfig()) if c.streaming]
+        saved = sum(frames[:-1]) * cv3_model.flow.config.cfm.n_timesteps  # earlier calls' frames, not rerun
+        assert runs["exact"][1][k] == runs["recompute"][1][k] - saved and saved > 0
+    alone = CV3Token2WavEngine(cv3_model.flow, cv3_model.hift)
+    got = _run(alone, [alone.new_stream("long", _prompt(ref))], {"long": feed["long"]})["long"]
+    assert _compare("cached alone vs reference", got, want["long"]) <= ATOL
+
+
+def test_cache_budget_recomputes_the_largest(cv3_model, ref) -> None:
+    """Room for one request's caches (~12 MB at its third call, here 16 MiB): when both grow past it, one drops
+    its caches and recomputes its later calls; both give the reference's audio."""
+    prompt, tokens = _prompt(ref), ref["token"][0, :210].tolist()
+    eng = CV3Token2WavEngine(cv3_model.flow, cv3_model.hift, Token2WavConfig(max_cache_mib=16))
+    states = [eng.new_stream(f"r{i}", prompt) for i in range(2)]
+    out = _run(eng, states, {"r0": tokens, "r1": tokens})
+    assert sorted(s.cached for s in states) == [False, True]
+    want = _reference(cv3_model, ref, ref["token"][:, :210], prompt)
+    for s in states:
+        assert _compare(s.request_id, out[s.request_id], want) <= ATOL

@@ -18,8 +18,12 @@ each row equals the request alone (to fp32 rounding of the batched GEMMs). The H
 STFT, iSTFT and look-right convs see the end of the signal, so a padded row would differ near its end. Rows of
 equal length and finalize flag (lock-step requests of one voice) share a call; others run one call each.
 
-Cost: as the official pipeline, quadratic in the utterance (every call recomputes the flow over the prefix and
-the vocoder over all mel so far). Incremental DiT / HiFT caching is not done yet.
+Cost. A non-final call runs the DiT over its new frames only, reading the keys/values and position-conv tails
+earlier calls left (`token2wav.cv3_dit`: why that is exact), so a request's streaming flow work is linear in its
+length; the final call (full attention) and one-shot requests are full passes. The caches are bounded by
+`Token2WavConfig.max_cache_mib` (over it, the largest drop theirs and later calls recompute their prefix, the
+official cost, same output; 0 never caches) and kept exact unless `dit_cache_dtype` says otherwise. The causal
+HiFT still re-runs over all mel so far.
 
 Legend: R requests in a step, P prompt tokens, n tokens of a call, T = 2 (P + n) mel frames (fewer 3 look-ahead
 tokens when not final), Tmax the longest row, C = 80 mel channels.
@@ -28,6 +32,8 @@ tokens when not final), Tmax the longest row, C = 80 mel channels.
 from __future__ import annotations
 
 import logging
+import os
+import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -44,7 +50,8 @@ from vocalis.models.cv3.hift import CausalHiFTGenerator
 from vocalis.models.flow.cfm import cosine_time_grid
 from vocalis.models.flow.flow import CausalMaskedDiffWithXvec
 from vocalis.models.hift.generator import HiFTGenerator
-from vocalis.token2wav.config import Token2WavConfig
+from vocalis.token2wav.config import CACHE_DTYPES, Token2WavConfig
+from vocalis.token2wav.cv3_dit import DiTCache, cache_bytes_per_frame, dit_new_frames
 from vocalis.token2wav.cv3_schedule import FlowCall, StreamSchedule, keep_token
 from vocalis.token2wav.engine import Token2WavEngine
 from vocalis.token2wav.state import Token2WavChunk
@@ -69,6 +76,8 @@ class CV3StreamState:
     mel: torch.Tensor | None = None  # (C, T_kept) the vocoder input so far
     num_yielded: int = 0  # samples already emitted
     estimator_frames: int = 0  # frames x Euler steps put through the estimator (cost counter)
+    dit: list[DiTCache] = field(default_factory=list)  # per Euler step, after its streaming calls so far
+    cached: bool = True  # False once the cache budget made it recompute its calls
 
     def add_tokens(self, ids: Iterable[int]) -> None:
         """LLM ids: the official silent-token filter drops a silent id from the 6th in a row on."""
@@ -96,6 +105,10 @@ class CV3StreamState:
 
     def release(self) -> None:
         self.mel = None
+        self.dit = []
+
+    def cache_bytes(self) -> int:
+        return sum(c.nbytes() for c in self.dit)
 
 
 class CV3Token2WavEngine:
@@ -103,8 +116,8 @@ class CV3Token2WavEngine:
 
     def __init__(self, flow: CausalMaskedDiffWithDiT, hift: CausalHiFTGenerator,
                  config: Token2WavConfig | None = None, stream: StreamConfig | None = None) -> None:
-        """config: only `max_batch` and `flow_steps` apply (the CV2 engine's cache knobs have no CV3 counterpart
-        yet)."""
+        """config: `max_batch`, `flow_steps`, `max_cache_mib` and `dit_cache_dtype` apply (the voice-prefix, final
+        attention, compute and `cache_dtype` knobs are the CosyVoice 2 engine's)."""
         self.flow = flow
         self.hift = hift
         self.config = config or Token2WavConfig()
@@ -113,7 +126,11 @@ class CV3Token2WavEngine:
         steps = self.config.flow_steps
         self.n_timesteps = flow.config.cfm.n_timesteps if steps is None else steps
         self.chunk_frames = flow.estimator.config.static_chunk_size
-        self.held = 0  # streams waiting for cache room (none: no flow caches)
+        self.cache_dtype = CACHE_DTYPES[self.config.dit_cache_dtype]
+        mib = self.config.max_cache_mib
+        self.cache_budget = self._default_budget() if mib is None else mib * 2**20
+        self._live: weakref.WeakSet[CV3StreamState] = weakref.WeakSet()
+        self.held = 0  # streams waiting for cache room (none wait here: over budget, calls recompute)
 
     # ---- requests -----------------------------------------------------------------------------------
     def new_stream(self, request_id: str, prompt: FlowPrompt, *, streaming: bool = True, speed: float = 1.0,
@@ -124,8 +141,10 @@ class CV3Token2WavEngine:
         if speed != 1.0 and streaming:
             log.info("request %s: speed %.2f is applied to the whole utterance (no streaming)", request_id, speed)
             streaming = False
-        return CV3StreamState(request_id, prompt, StreamSchedule.start(int(prompt.speech_ids.shape[1]), self.stream),
-                              streaming, speed)
+        state = CV3StreamState(request_id, prompt,
+                               StreamSchedule.start(int(prompt.speech_ids.shape[1]), self.stream), streaming, speed)
+        self._live.add(state)
+        return state
 
     def abort(self, state: CV3StreamState) -> None:
         state.finished = True
@@ -187,12 +206,82 @@ class CV3Token2WavEngine:
 
     # ---- flow -------------------------------------------------------------------------------------------
     def _flow(self, items: list[tuple[CV3StreamState, FlowCall]]) -> list[torch.Tensor]:
-        """One padded solve over every row -> each row's mel (C, T_i - 2P), prompt frames removed."""
+        """Each row's new mel (C, frames from 2 (P + offset) on): non-final calls of caching requests over their
+        new frames, the rest as full passes."""
+        inc = [i for i, (s, call) in enumerate(items) if self._incremental(s, call)]
+        self._enforce_budget([items[i] for i in inc])
+        inc = [i for i in inc if items[i][0].cached]
+        full = [i for i in range(len(items)) if i not in inc]
+        out: dict[int, torch.Tensor] = {}
+        if inc:
+            out.update(zip(inc, self._flow_incremental([items[i] for i in inc])))
+        if full:
+            out.update(zip(full, self._flow_full([items[i] for i in full])))
+        return [out[i] for i in range(len(items))]
+
+    def _incremental(self, s: CV3StreamState, call: FlowCall) -> bool:
+        return call.streaming and not call.finalize and s.cached and self.cache_budget > 0
+
+    def _ids(self, s: CV3StreamState, call: FlowCall) -> torch.Tensor:
+        return torch.cat([s.prompt.speech_ids.reshape(-1).long(), torch.tensor(s.tokens[: call.num_tokens])])
+
+    def _flow_incremental(self, items: list[tuple[CV3StreamState, FlowCall]]) -> list[torch.Tensor]:
+        """The DiT over each row's new frames [cached, T_i) with its caches, one padded batch -> new mel per row."""
+        flow = self.flow
+        dev = flow.input_embedding.weight.device
+        c = flow.config.output_size
+        rows = []
+        for s, call in items:
+            ids = self._ids(s, call)
+            mu = flow.encode(ids[None].to(dev), torch.tensor([ids.numel()], device=dev), finalize=False)[0]  # (T, C)
+            if not s.dit:
+                s.dit = [DiTCache() for _ in range(self.n_timesteps)]
+            start = s.dit[0].num_frames
+            if start % self.chunk_frames or mu.shape[0] % self.chunk_frames:
+                raise RuntimeError(f"request {s.request_id}: a streaming call off the attention blocks "
+                                   f"({start} -> {mu.shape[0]} frames, blocks of {self.chunk_frames})")
+            rows.append((s, call, mu, start))
+        r, n_max = len(rows), max(mu.shape[0] - start for _, _, mu, start in rows)
+        mu_in = rows[0][2].new_zeros(2 * r, n_max, c)  # rows [0, R) conditional, [R, 2R) unconditional (zeros)
+        cond_in = torch.zeros_like(mu_in)
+        x = torch.zeros(r, n_max, c, dtype=mu_in.dtype, device=dev)
+        lens = []
+        for i, (s, _, mu, start) in enumerate(rows):
+            n = mu.shape[0] - start
+            lens.append(n)
+            mu_in[i, :n] = mu[start:]
+            prompt_mel = s.prompt.mel.reshape(-1, c)[start : start + n]
+            cond_in[i, : prompt_mel.shape[0]] = prompt_mel.to(device=dev, dtype=mu_in.dtype)
+            x[i, :n] = flow.decoder.start_noise(1, start + n)[0, :, start:].T.to(device=dev, dtype=x.dtype)
+        emb = torch.cat([s.prompt.embedding.reshape(1, -1) for s, *_ in rows]).to(dev)
+        spks = flow.speaker_projection(emb).to(mu_in.dtype)
+        spks_in = torch.cat([spks, torch.zeros_like(spks)])
+        keep = [True] * r
+        t_span = cosine_time_grid(self.n_timesteps, mu_in.dtype, mu_in.device)
+        w = flow.decoder.config.inference_cfg_rate
+        t, dt = t_span[0], t_span[1] - t_span[0]
+        for step in range(1, len(t_span)):  # `_solve`'s arithmetic on the new frames
+            caches = [s.dit[step - 1] for s, *_ in rows]
+            v = dit_new_frames(flow.estimator, torch.cat([x, x]), mu_in, cond_in, spks_in, t, lens, caches, keep,
+                               self.cache_dtype)  # (2R, n_max, C)
+            x = x + dt * ((1.0 + w) * v[:r] - w * v[r:])
+            t = t + dt
+            if step < len(t_span) - 1:
+                dt = t_span[step + 1] - t
+        out = []
+        for i, (s, call, _, start) in enumerate(rows):
+            s.estimator_frames += lens[i] * self.n_timesteps
+            skip = s.num_prompt_tokens * self.ratio + call.token_offset * self.ratio - start
+            out.append(x[i, skip : lens[i]].T.float())  # (C, new frames)
+        return out
+
+    def _flow_full(self, items: list[tuple[CV3StreamState, FlowCall]]) -> list[torch.Tensor]:
+        """One padded solve over every row -> each row's mel (C, T_i - 2 (P + offset)), earlier frames removed."""
         flow = self.flow
         dev = flow.input_embedding.weight.device
         mus, num_frames = [], []
         for s, call in items:
-            ids = torch.cat([s.prompt.speech_ids.reshape(-1).long(), torch.tensor(s.tokens[: call.num_tokens])])
+            ids = self._ids(s, call)
             mu = flow.encode(ids[None].to(dev), torch.tensor([ids.numel()], device=dev), finalize=call.finalize)
             mus.append(mu[0])  # (T_i, C)
             num_frames.append(mu.shape[1])
@@ -212,11 +301,45 @@ class CV3Token2WavEngine:
         spks = flow.speaker_projection(emb).to(mu.dtype)  # (R, C)
         mel = self._solve(mu.transpose(1, 2), mask, spks, cond.transpose(1, 2), torch.cat(attn))  # (R, C, Tmax)
         out = []
-        for i, (s, _) in enumerate(items):
+        for i, (s, call) in enumerate(items):
             s.estimator_frames += num_frames[i] * self.n_timesteps
             num_prompt_frames = s.prompt.mel.reshape(-1, c).shape[0]  # 2P, cut as `flow.inference` does
-            out.append(mel[i, :, num_prompt_frames : num_frames[i]])
+            out.append(mel[i, :, num_prompt_frames + call.token_offset * self.ratio : num_frames[i]])
         return out
+
+    # ---- cache memory budget --------------------------------------------------------------------------------
+    def _default_budget(self) -> int:
+        dev = self.flow.input_embedding.weight.device
+        if dev.type == "cuda":
+            return torch.cuda.get_device_properties(dev).total_memory // 4
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 4
+
+    def live_cache_bytes(self) -> int:
+        return sum(s.cache_bytes() for s in list(self._live))
+
+    def _enforce_budget(self, items: list[tuple[CV3StreamState, FlowCall]]) -> None:
+        """Make the requests with the largest caches recompute instead, until this step's growth fits."""
+        if not items:
+            return
+        dtype = self.cache_dtype or self.flow.input_embedding.weight.dtype
+        per_frame = cache_bytes_per_frame(self.flow.estimator, dtype) * self.n_timesteps
+        cfg = self.flow.estimator.config
+        tails = 2 * 2 * (cfg.conv_pos_kernel - 1) * cfg.dim * 4 * self.n_timesteps
+
+        def growth(s: CV3StreamState, call: FlowCall) -> int:
+            cached = s.dit[0].num_frames if s.dit else 0
+            frames = (s.num_prompt_tokens + call.num_tokens - self.stream.pre_lookahead_len) * self.ratio
+            return (frames - cached) * per_frame + (0 if s.dit else tails)
+
+        total = self.live_cache_bytes() + sum(growth(s, call) for s, call in items)
+        for s, call in sorted(items, key=lambda sc: sc[0].cache_bytes(), reverse=True):
+            if total <= self.cache_budget:
+                return
+            total -= growth(s, call) + s.cache_bytes()
+            s.cached = False
+            s.dit = []
+            log.warning("token2wav cache budget (%d MiB) reached: request %s recomputes its calls from now on",
+                        self.cache_budget // 2**20, s.request_id)
 
     def _solve(self, mu: torch.Tensor, mask: torch.Tensor, spks: torch.Tensor, cond: torch.Tensor,
                attn: torch.Tensor) -> torch.Tensor:
@@ -248,7 +371,7 @@ class CV3Token2WavEngine:
         """Append each row's new mel to its kept mel, re-run the causal HiFT over it, return the new samples."""
         inputs = []
         for (s, call), mel in zip(items, mels):
-            new = mel[:, call.token_offset * self.ratio :].float()
+            new = mel.float()
             s.mel = new if s.mel is None else torch.cat([s.mel, new], dim=1)
             m = s.mel
             if s.speed != 1.0:  # one final call (see new_stream): stretch the whole utterance's mel

@@ -53,7 +53,7 @@ from vocalis.models.flow.flow import CausalMaskedDiffWithXvec
 from vocalis.models.hift.generator import HiFTGenerator
 from vocalis.precision.layers import CastLinear
 from vocalis.token2wav.compute import ComputeWeights
-from vocalis.token2wav.config import Token2WavConfig
+from vocalis.token2wav.config import CACHE_DTYPES, Token2WavConfig
 from vocalis.token2wav.encoder import EncoderCache, EncoderRow, EncoderStreamer
 from vocalis.token2wav.estimator_cache import EstimatorCache
 from vocalis.token2wav.hift import HiftBody
@@ -102,7 +102,7 @@ class Token2WavEngine:
         self.encoder = EncoderStreamer(flow)
         steps = self.config.flow_steps
         self.n_timesteps = flow.config.cfm.n_timesteps if steps is None else steps
-        self.cache_dtype = {None: None, "bf16": torch.bfloat16, "fp16": torch.float16}[self.config.cache_dtype]
+        self.cache_dtype = CACHE_DTYPES[self.config.cache_dtype]
         self.compute = self._compute_weights()
         self.time_terms = TimeTerms(self.estimator)
         self.ratio = flow.config.token_mel_ratio
