@@ -61,7 +61,7 @@ def serve_side(args: argparse.Namespace) -> None:
 
         from vocalis.token2wav.config import Token2WavConfig
 
-        t2w = Token2WavConfig(final_attention="full", max_cache_mib=args.t2w_cache_mib)
+        t2w = Token2WavConfig(final_attention="full", max_cache_mib=args.t2w_cache_mib, wait_for_cache=args.t2w_wait)
         backend = EngineBackend(BenchTTS(model, token2wav=t2w, runtime=runtime), **opts)
     print(f"server: {args._serve}: {described}", file=sys.stderr, flush=True)
     # throughput, not timeouts: no request is timed out however long it waits
@@ -153,6 +153,8 @@ def run_backend(name: str, args: argparse.Namespace) -> dict[str, Any]:
            "--clients", str(args.clients)]
     if args.t2w_cache_mib is not None:
         cmd += ["--t2w-cache-mib", str(args.t2w_cache_mib)]
+    if args.t2w_wait:
+        cmd.append("--t2w-wait")
     proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
         deadline = time.monotonic() + 900
@@ -200,6 +202,7 @@ class _Args:
     precision: str
     threads: int
     t2w_cache_mib: int | None
+    t2w_wait: bool
     seed: int
     json: str | None
     port: int
@@ -218,6 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--precision", default="auto", help="the engine server's precision (threaded: fp32 reference)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--t2w-cache-mib", type=int, help="the engine server's token2wav cache budget (default: its own)")
+    p.add_argument("--t2w-wait", action="store_true", help="new streams wait for token2wav cache room")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", help="write the results here")
     p.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)

@@ -207,8 +207,9 @@ def test_grouped_token2wav_steps_give_the_same_audio_in_fewer_steps(model: Loade
 
 
 def test_streams_beyond_the_cache_budget_wait_instead_of_recomputing(model: LoadedModel) -> None:
-    """Three concurrent 100-token streams with token2wav cache room for about one: the later ones start their
-    caches as earlier ones end (none falls back to recomputing) and the audio equals an unbounded engine's."""
+    """Three concurrent 100-token streams with token2wav cache room for about one, `wait_for_cache`: the later
+    ones start their caches as earlier ones end (none falls back to recomputing) and the audio equals an unbounded
+    engine's."""
     import dataclasses
 
     from vocalis.engine.request import SamplingParams
@@ -226,7 +227,8 @@ def test_streams_beyond_the_cache_budget_wait_instead_of_recomputing(model: Load
             assert eng.stats()["token2wav_waiting"] == 0
         return out, eng
 
-    tight, tight_eng = asyncio.run(run(Token2WavConfig(max_cache_mib=1)))  # ~113 tokens at the tiny shapes
+    # ~113 tokens at the tiny shapes
+    tight, tight_eng = asyncio.run(run(Token2WavConfig(max_cache_mib=1, wait_for_cache=True)))
     free, _ = asyncio.run(run(Token2WavConfig()))
     stats = tight_eng.token2wav.stats
     assert stats.held_steps > 0 and stats.cache_fallbacks == 0

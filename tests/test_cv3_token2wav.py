@@ -165,3 +165,30 @@ def test_cache_budget_recomputes_the_largest(cv3_model, ref) -> None:
     want = _reference(cv3_model, ref, ref["token"][:, :210], prompt)
     for s in states:
         assert _compare(s.request_id, out[s.request_id], want) <= ATOL
+
+
+def test_voice_prefix_is_computed_once_and_equals_the_reference(cv3_model, ref) -> None:
+    """A 40-token prompt: its first 50 frames (one attention block ending by frame 2 (40 - 3)) are the voice's
+    prefix, computed on its first use and continued by every request of that voice; with it the first call runs
+    only its other frames. Two requests of one voice and one of another (batched) equal the reference."""
+    g = torch.Generator().manual_seed(7)
+    vocab = cv3_model.flow.input_embedding.num_embeddings
+    voices = [FlowPrompt(torch.randint(0, vocab, (1, 40), generator=g, dtype=torch.int32),
+                         torch.randn(1, 80, 80, generator=g) * 0.5, torch.randn(1, 192, generator=g))
+              for _ in range(2)]
+    eng = CV3Token2WavEngine(cv3_model.flow, cv3_model.hift)
+    assert eng.prefix_frames(40) == 50
+    plan = {"a0": (0, 120), "a1": (0, 150), "b0": (1, 120)}
+    states = [eng.new_stream(k, voices[v]) for k, (v, _) in plan.items()]
+    feed = {k: ref["token"][0, 5 : 5 + n].tolist() for k, (_, n) in plan.items()}
+    got = _run(eng, states, feed, one_by_one=True)
+    assert len(eng._voices) == 2
+    steps = cv3_model.flow.config.cfm.n_timesteps
+    for s, (k, (v, n)) in zip(states, plan.items()):
+        want = _reference(cv3_model, ref, ref["token"][:, 5 : 5 + n], voices[v])
+        assert len(want) == 3
+        assert _compare(f"{k} vs reference", got[k], want) <= ATOL
+        calls = [c for c in schedule_calls(40, n, StreamConfig()) if c.streaming]
+        last_frames = 2 * (40 + calls[-1].num_tokens - 3)
+        final_frames = 2 * (40 + n)
+        assert s.estimator_frames == (last_frames - 50 + final_frames) * steps  # the prefix not rerun

@@ -284,7 +284,7 @@ def test_new_streams_wait_for_cache_room(modules, alone) -> None:
     spec = SPECS[1]  # no prompt, 80 tokens: chunks of 25 and 50, then a final 5
     want = alone[spec[0]][0]
     for hold in (True, False):
-        engine = Token2WavEngine(*modules, Token2WavConfig(cache_dtype=None, max_cache_mib=2))
+        engine = Token2WavEngine(*modules, Token2WavConfig(cache_dtype=None, max_cache_mib=2, wait_for_cache=True))
         assert 75 * engine.cache_bytes_per_token() <= engine.cache_budget < 150 * engine.cache_bytes_per_token()
         states = [engine.new_stream(f"{spec[0]}{i}", spec[1], generator=torch.Generator().manual_seed(3))
                   for i in range(3)]

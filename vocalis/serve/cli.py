@@ -49,7 +49,7 @@ def add_serve_commands(sub: argparse._SubParsersAction) -> None:
     sv.add_argument("--flow-steps", type=int, metavar="N",
                     help="Euler steps of the flow: fewer is faster, the mel coarser (default: the model's, 10)")
     sv.add_argument("--token2wav-cache-mib", type=int, metavar="MIB",
-                    help="memory for the streams' token2wav caches; streams beyond it wait for their first chunk "
+                    help="memory for the streams' token2wav caches; beyond it the largest recompute their chunks "
                          "(default: a quarter of the device's memory)")
     sv.add_argument("--no-web-page", action="store_true", help="do not serve the web page at /")
     sv.add_argument("--ray", action="store_true", help="run as a Ray Serve deployment (needs ray[serve])")

@@ -31,9 +31,11 @@ tokens when not final), Tmax the longest row, C = 80 mel channels.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import weakref
+from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -55,6 +57,7 @@ from vocalis.token2wav.cv3_dit import DiTCache, cache_bytes_per_frame, dit_new_f
 from vocalis.token2wav.cv3_schedule import FlowCall, StreamSchedule, keep_token
 from vocalis.token2wav.engine import Token2WavEngine
 from vocalis.token2wav.state import Token2WavChunk
+from vocalis.token2wav.voice_cache import voice_key
 
 log = logging.getLogger(__name__)
 
@@ -116,8 +119,8 @@ class CV3Token2WavEngine:
 
     def __init__(self, flow: CausalMaskedDiffWithDiT, hift: CausalHiFTGenerator,
                  config: Token2WavConfig | None = None, stream: StreamConfig | None = None) -> None:
-        """config: `max_batch`, `flow_steps`, `max_cache_mib` and `dit_cache_dtype` apply (the voice-prefix, final
-        attention, compute and `cache_dtype` knobs are the CosyVoice 2 engine's)."""
+        """config: `max_batch`, `flow_steps`, `max_cache_mib`, `voice_cache_size` and `dit_cache_dtype` apply (the
+        final attention, compute and `cache_dtype` knobs are the CosyVoice 2 engine's)."""
         self.flow = flow
         self.hift = hift
         self.config = config or Token2WavConfig()
@@ -130,6 +133,7 @@ class CV3Token2WavEngine:
         mib = self.config.max_cache_mib
         self.cache_budget = self._default_budget() if mib is None else mib * 2**20
         self._live: weakref.WeakSet[CV3StreamState] = weakref.WeakSet()
+        self._voices: OrderedDict[str, list[DiTCache]] = OrderedDict()  # voice key -> prefix caches per Euler step
         self.held = 0  # streams waiting for cache room (none wait here: over budget, calls recompute)
 
     # ---- requests -----------------------------------------------------------------------------------
@@ -229,51 +233,88 @@ class CV3Token2WavEngine:
         """The DiT over each row's new frames [cached, T_i) with its caches, one padded batch -> new mel per row."""
         flow = self.flow
         dev = flow.input_embedding.weight.device
-        c = flow.config.output_size
         rows = []
         for s, call in items:
             ids = self._ids(s, call)
             mu = flow.encode(ids[None].to(dev), torch.tensor([ids.numel()], device=dev), finalize=False)[0]  # (T, C)
             if not s.dit:
-                s.dit = [DiTCache() for _ in range(self.n_timesteps)]
+                s.dit = self._start_caches(s.prompt)
             start = s.dit[0].num_frames
             if start % self.chunk_frames or mu.shape[0] % self.chunk_frames:
                 raise RuntimeError(f"request {s.request_id}: a streaming call off the attention blocks "
                                    f"({start} -> {mu.shape[0]} frames, blocks of {self.chunk_frames})")
-            rows.append((s, call, mu, start))
-        r, n_max = len(rows), max(mu.shape[0] - start for _, _, mu, start in rows)
-        mu_in = rows[0][2].new_zeros(2 * r, n_max, c)  # rows [0, R) conditional, [R, 2R) unconditional (zeros)
+            rows.append((s.prompt, mu, s.dit))
+        x, lens = self._solve_new(rows)
+        out = []
+        for i, ((s, call), (_, _, caches)) in enumerate(zip(items, rows)):
+            s.estimator_frames += lens[i] * self.n_timesteps
+            start = caches[0].num_frames - lens[i]
+            skip = s.num_prompt_tokens * self.ratio + call.token_offset * self.ratio - start
+            out.append(x[i, skip : lens[i]].T.float())  # (C, new frames)
+        return out
+
+    def _solve_new(self, rows: list[tuple[FlowPrompt, torch.Tensor, list[DiTCache]]]
+                   ) -> tuple[torch.Tensor, list[int]]:
+        """`_solve`'s arithmetic on new frames only: per row its prompt, mu (T, C) of its frames so far and its
+        caches per Euler step (extended to T) -> x (R, n_max, C) of the frames [cached, T), the new frame counts."""
+        flow = self.flow
+        dev = flow.input_embedding.weight.device
+        c = flow.config.output_size
+        r = len(rows)
+        lens = [mu.shape[0] - caches[0].num_frames for _, mu, caches in rows]
+        mu_in = rows[0][1].new_zeros(2 * r, max(lens), c)  # rows [0, R) conditional, [R, 2R) unconditional (zeros)
         cond_in = torch.zeros_like(mu_in)
-        x = torch.zeros(r, n_max, c, dtype=mu_in.dtype, device=dev)
-        lens = []
-        for i, (s, _, mu, start) in enumerate(rows):
-            n = mu.shape[0] - start
-            lens.append(n)
+        x = torch.zeros(r, max(lens), c, dtype=mu_in.dtype, device=dev)
+        for i, ((prompt, mu, caches), n) in enumerate(zip(rows, lens)):
+            start = caches[0].num_frames
             mu_in[i, :n] = mu[start:]
-            prompt_mel = s.prompt.mel.reshape(-1, c)[start : start + n]
+            prompt_mel = prompt.mel.reshape(-1, c)[start : start + n]
             cond_in[i, : prompt_mel.shape[0]] = prompt_mel.to(device=dev, dtype=mu_in.dtype)
             x[i, :n] = flow.decoder.start_noise(1, start + n)[0, :, start:].T.to(device=dev, dtype=x.dtype)
-        emb = torch.cat([s.prompt.embedding.reshape(1, -1) for s, *_ in rows]).to(dev)
+        emb = torch.cat([prompt.embedding.reshape(1, -1) for prompt, _, _ in rows]).to(dev)
         spks = flow.speaker_projection(emb).to(mu_in.dtype)
         spks_in = torch.cat([spks, torch.zeros_like(spks)])
         keep = [True] * r
         t_span = cosine_time_grid(self.n_timesteps, mu_in.dtype, mu_in.device)
         w = flow.decoder.config.inference_cfg_rate
         t, dt = t_span[0], t_span[1] - t_span[0]
-        for step in range(1, len(t_span)):  # `_solve`'s arithmetic on the new frames
-            caches = [s.dit[step - 1] for s, *_ in rows]
+        for step in range(1, len(t_span)):
+            caches = [row[2][step - 1] for row in rows]
             v = dit_new_frames(flow.estimator, torch.cat([x, x]), mu_in, cond_in, spks_in, t, lens, caches, keep,
                                self.cache_dtype)  # (2R, n_max, C)
             x = x + dt * ((1.0 + w) * v[:r] - w * v[r:])
             t = t + dt
             if step < len(t_span) - 1:
                 dt = t_span[step + 1] - t
-        out = []
-        for i, (s, call, _, start) in enumerate(rows):
-            s.estimator_frames += lens[i] * self.n_timesteps
-            skip = s.num_prompt_tokens * self.ratio + call.token_offset * self.ratio - start
-            out.append(x[i, skip : lens[i]].T.float())  # (C, new frames)
-        return out
+        return x, lens
+
+    # ---- voice prefixes -----------------------------------------------------------------------------------
+    def prefix_frames(self, num_prompt_tokens: int) -> int:
+        """Leading prompt frames whose DiT work is independent of the text that follows: whole attention blocks
+        ending by frame 2 (P - 3) (the last 3 prompt tokens look ahead into generated ones)."""
+        look = self.ratio * (num_prompt_tokens - self.stream.pre_lookahead_len)
+        return self.chunk_frames * (look // self.chunk_frames) if look > 0 else 0
+
+    def _start_caches(self, prompt: FlowPrompt) -> list[DiTCache]:
+        """A request's first caches: its voice's prefix (computed on the voice's first use, kept among the
+        `voice_cache_size` most recently used; the tensors are shared, a request's next call replaces them), or
+        empty."""
+        num = self.prefix_frames(int(prompt.speech_ids.shape[1]))
+        if num == 0 or self.config.voice_cache_size == 0:
+            return [DiTCache() for _ in range(self.n_timesteps)]
+        key = voice_key(prompt)
+        entry = self._voices.get(key)
+        if entry is None:
+            dev = self.flow.input_embedding.weight.device
+            ids = prompt.speech_ids.reshape(1, -1).long().to(dev)
+            mu = self.flow.encode(ids, torch.tensor([ids.shape[1]], device=dev), finalize=False)[0, :num]
+            entry = [DiTCache() for _ in range(self.n_timesteps)]
+            self._solve_new([(prompt, mu, entry)])
+            self._voices[key] = entry
+            while len(self._voices) > self.config.voice_cache_size:
+                self._voices.popitem(last=False)
+        self._voices.move_to_end(key)
+        return [dataclasses.replace(c, keys=list(c.keys), values=list(c.values)) for c in entry]
 
     def _flow_full(self, items: list[tuple[CV3StreamState, FlowCall]]) -> list[torch.Tensor]:
         """One padded solve over every row -> each row's mel (C, T_i - 2 (P + offset)), earlier frames removed."""
@@ -315,7 +356,9 @@ class CV3Token2WavEngine:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 4
 
     def live_cache_bytes(self) -> int:
-        return sum(s.cache_bytes() for s in list(self._live))
+        """Requests' caches and the voice prefixes held (a request's first call makes its own copy)."""
+        voices = sum(c.nbytes() for entry in self._voices.values() for c in entry)
+        return sum(s.cache_bytes() for s in list(self._live)) + voices
 
     def _enforce_budget(self, items: list[tuple[CV3StreamState, FlowCall]]) -> None:
         """Make the requests with the largest caches recompute instead, until this step's growth fits."""

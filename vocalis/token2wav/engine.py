@@ -20,12 +20,11 @@ only among the `voice_cache_size` most recently used (a saved voice's next reque
 
 Memory. The caches cost ~4.4 MiB per token (2 mel frames) at the 0.5B shapes with the default bf16 storage
 (twice that exact, `cache_dtype=None`): per request, only its own tokens (the prompt's last P - prefix tokens
-and its generated ones), plus each voice's prefix once. `max_cache_mib` bounds the total. A new stream starts
-its caches only while the budget has room for its first chunk next to the caches held and the started streams'
-next hops; otherwise it waits (first come, first served) until streams that end make room, so under load the
-started streams keep their caches instead of all of them thrashing. Should the started streams still outgrow the
-budget, the largest fall back to recomputing their chunks (the reference path's cost, same output) instead of
-running out of memory.
+and its generated ones), plus each voice's prefix once. `max_cache_mib` bounds the total: over it, the largest
+fall back to recomputing their chunks (the reference path's cost, same output) instead of running out of memory.
+With `wait_for_cache`, a new stream instead starts its caches only while the budget has room for its first chunk
+next to the caches held and the started streams' next hops, and otherwise waits (first come, first served) until
+streams that end make room (the trade-off: `Token2WavConfig`).
 
 The final chunk: `Token2WavConfig.final_attention` (`token2wav.config`) chooses "causal" (linear cost,
 the default) or "full" (the reference's full-attention last call, exactly).
@@ -180,10 +179,10 @@ class Token2WavEngine:
     def step(self, states: Sequence[StreamState], *, hold_new: bool = False) -> list[Token2WavChunk]:
         """One batched pass over every state with work (at most `max_batch`); returns their chunks in order.
 
-        A stream's first cached chunk starts only while the cache budget has room for it next to what the started
-        streams hold and their next hops (see `_admits`); the others wait, first come first served. With nothing
-        else to do in the step the first waiting stream starts anyway, unless `hold_new`: the caller has other
-        work that goes on (LLM steps) and will call again."""
+        With `wait_for_cache`, a stream's first cached chunk starts only while the cache budget has room for it
+        next to what the started streams hold and their next hops (`_Room`); the others wait, first come first
+        served. With nothing else to do in the step the first waiting stream starts anyway, unless `hold_new`: the
+        caller has other work that goes on (LLM steps) and will call again."""
         work: list[tuple[StreamState, bool]] = []
         held: list[StreamState] = []
         room = _Room(self)
@@ -405,7 +404,7 @@ class Token2WavEngine:
 
     def _starts_cache(self, s: StreamState) -> bool:
         """Its next (non-final) chunk would be the first to store flow caches."""
-        return s.cached and s.enc_cache is None and self.cache_budget > 0
+        return self.config.wait_for_cache and s.cached and s.enc_cache is None and self.cache_budget > 0
 
     def _growth(self, s: StreamState, per_token: int, per_stream: int) -> int:
         """Cache bytes its next non-final chunk adds."""
