@@ -14,6 +14,7 @@ Non-streaming requests always take one full-attention pass, equal to the referen
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -82,3 +83,11 @@ class Token2WavConfig:
         if self.flow_steps is not None and (isinstance(self.flow_steps, bool) or not isinstance(self.flow_steps, int)
                                             or self.flow_steps < 1):
             raise ValueError(f"flow_steps must be >= 1 (or None for the model's own count), got {self.flow_steps!r}")
+
+    def cache_budget_bytes(self, device: torch.device) -> int:
+        """`max_cache_mib` in bytes, or a quarter of the device's memory when it is None."""
+        if self.max_cache_mib is not None:
+            return self.max_cache_mib * 2**20
+        if device.type == "cuda":
+            return torch.cuda.get_device_properties(device).total_memory // 4
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 4

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import weakref
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
@@ -130,8 +129,7 @@ class CV3Token2WavEngine:
         self.n_timesteps = flow.config.cfm.n_timesteps if steps is None else steps
         self.chunk_frames = flow.estimator.config.static_chunk_size
         self.cache_dtype = CACHE_DTYPES[self.config.dit_cache_dtype]
-        mib = self.config.max_cache_mib
-        self.cache_budget = self._default_budget() if mib is None else mib * 2**20
+        self.cache_budget = self.config.cache_budget_bytes(flow.input_embedding.weight.device)
         self._live: weakref.WeakSet[CV3StreamState] = weakref.WeakSet()
         self._voices: OrderedDict[str, list[DiTCache]] = OrderedDict()  # voice key -> prefix caches per Euler step
         self.held = 0  # streams waiting for cache room (none wait here: over budget, calls recompute)
@@ -349,12 +347,6 @@ class CV3Token2WavEngine:
         return out
 
     # ---- cache memory budget --------------------------------------------------------------------------------
-    def _default_budget(self) -> int:
-        dev = self.flow.input_embedding.weight.device
-        if dev.type == "cuda":
-            return torch.cuda.get_device_properties(dev).total_memory // 4
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 4
-
     def live_cache_bytes(self) -> int:
         """Requests' caches and the voice prefixes held (a request's first call makes its own copy)."""
         voices = sum(c.nbytes() for entry in self._voices.values() for c in entry)

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import weakref
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -51,6 +50,7 @@ from vocalis.kernels import bf16_gemm
 from vocalis.models.flow.flow import CausalMaskedDiffWithXvec
 from vocalis.models.hift.generator import HiFTGenerator
 from vocalis.precision.layers import CastLinear
+from vocalis.token2wav.cache_room import CacheRoom
 from vocalis.token2wav.compute import ComputeWeights
 from vocalis.token2wav.config import CACHE_DTYPES, Token2WavConfig
 from vocalis.token2wav.encoder import EncoderCache, EncoderRow, EncoderStreamer
@@ -109,8 +109,7 @@ class Token2WavEngine:
         self.stats = Token2WavStats()
         self._voices: OrderedDict[str, VoicePrefix] = OrderedDict()
         self._live: weakref.WeakSet[StreamState] = weakref.WeakSet()
-        mib = self.config.max_cache_mib
-        self.cache_budget = self._default_budget() if mib is None else mib * 2**20
+        self.cache_budget = self.config.cache_budget_bytes(flow.input_embedding.weight.device)
         self.held = 0  # streams waiting for cache room after the last step
 
     def _compute_weights(self) -> ComputeWeights | None:
@@ -180,12 +179,12 @@ class Token2WavEngine:
         """One batched pass over every state with work (at most `max_batch`); returns their chunks in order.
 
         With `wait_for_cache`, a stream's first cached chunk starts only while the cache budget has room for it
-        next to what the started streams hold and their next hops (`_Room`); the others wait, first come first
+        next to what the started streams hold and their next hops (`CacheRoom`); the others wait, first come first
         served. With nothing else to do in the step the first waiting stream starts anyway, unless `hold_new`: the
         caller has other work that goes on (LLM steps) and will call again."""
         work: list[tuple[StreamState, bool]] = []
         held: list[StreamState] = []
-        room = _Room(self)
+        room = CacheRoom(self)
         for s in states:
             kind = self.next_work(s)
             if kind is None:
@@ -374,12 +373,6 @@ class Token2WavEngine:
         return sum(v.nbytes() for v in self._voices.values())
 
     # ---- cache memory budget --------------------------------------------------------------------------------
-    def _default_budget(self) -> int:
-        dev = self.flow.input_embedding.weight.device
-        if dev.type == "cuda":
-            return torch.cuda.get_device_properties(dev).total_memory // 4
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 4
-
     def cache_bytes_per_token(self) -> int:
         """Flow cache bytes one cached token adds (estimator keys/values of its frames + encoder keys/values)."""
         e, c = self.estimator.config, self.flow.encoder.config
@@ -395,6 +388,13 @@ class Token2WavEngine:
         convs = [m for m in self.estimator.modules() if isinstance(m, torch.nn.Conv1d) and m.kernel_size[0] > 1]
         return sum(2 * m.in_channels * (m.kernel_size[0] - 1) for m in convs) * self.n_timesteps * 4
 
+    def started_streams(self) -> list[StreamState]:
+        """Live requests holding flow caches of their own."""
+        return [t for t in list(self._live) if t.cached and t.enc_cache is not None and not t.finished]
+
+    def has_voice_prefix(self, prompt: FlowPrompt) -> bool:
+        return voice_key(prompt) in self._voices
+
     def live_cache_bytes(self) -> int:
         """Flow cache bytes held by live requests (their own frames) and voice prefixes (each once)."""
         live = list(self._live)
@@ -406,7 +406,7 @@ class Token2WavEngine:
         """Its next (non-final) chunk would be the first to store flow caches."""
         return self.config.wait_for_cache and s.cached and s.enc_cache is None and self.cache_budget > 0
 
-    def _growth(self, s: StreamState, per_token: int, per_stream: int) -> int:
+    def growth(self, s: StreamState, per_token: int, per_stream: int) -> int:
         """Cache bytes its next non-final chunk adds."""
         if s.enc_cache is not None:
             start, fixed = s.enc_cache.num_tokens, 0
@@ -421,11 +421,11 @@ class Token2WavEngine:
         if not growing:
             return
         per_token, per_stream = self.cache_bytes_per_token(), self.cache_bytes_per_stream()
-        total = self.live_cache_bytes() + sum(self._growth(s, per_token, per_stream) for s in growing)
+        total = self.live_cache_bytes() + sum(self.growth(s, per_token, per_stream) for s in growing)
         for s in sorted(growing, key=lambda s: s.cache_bytes(), reverse=True):
             if total <= self.cache_budget:
                 return
-            total -= self._growth(s, per_token, per_stream) + s.cache_bytes()
+            total -= self.growth(s, per_token, per_stream) + s.cache_bytes()
             s.cached = False
             s.drop_flow_caches()
             self.stats.cache_fallbacks += 1
@@ -436,36 +436,3 @@ class Token2WavEngine:
     def _vocode(self, items: list[tuple[StreamState, bool]], mels: list[torch.Tensor]) -> list[np.ndarray]:
         return self.vocoder.vocode(items, mels)
 
-
-class _Room:
-    """What the cache budget leaves for streams starting their caches in one step: the budget minus the caches
-    held and every started stream's next hop (reserved, so that starting new streams does not push the started
-    ones into recomputing). Computed on first use."""
-
-    def __init__(self, engine: Token2WavEngine) -> None:
-        self.engine = engine
-        self.free: int | None = None
-        self.per_token = self.per_stream = 0
-        self.started = False
-
-    def take(self, s: StreamState) -> bool:
-        """Reserve room for `s`'s first chunk; True if it starts now. A stream always starts when no other
-        stream holds caches (then none that ends would make room for it)."""
-        e = self.engine
-        if self.free is None:
-            self.per_token, self.per_stream = e.cache_bytes_per_token(), e.cache_bytes_per_stream()
-            started = [t for t in list(e._live) if t.cached and t.enc_cache is not None and not t.finished]
-            self.started = bool(started)
-            growing = [t for t in started if e.next_work(t) != "final"]  # a final chunk keeps no cache
-            self.free = e.cache_budget - e.live_cache_bytes() - sum(e._growth(t, self.per_token, 0) for t in growing)
-        # its first chunk, and the hop after it reserved as for the started streams
-        after = min(e.stream.token_max_hop_len, s.hop * e.stream.stream_scale_factor)
-        need = e._growth(s, self.per_token, self.per_stream) + after * self.per_token
-        prefix = e.cacheable_prefix(s.num_prompt_tokens) if e.config.voice_cache_size else 0
-        if prefix and voice_key(s.prompt) not in e._voices:  # its voice's prefix is computed with it
-            need += prefix * self.per_token + self.per_stream
-        if self.started and need > self.free:
-            return False
-        self.free -= need
-        self.started = True
-        return True
