@@ -6,6 +6,7 @@ path equals the official full_speech, and LLM ids pass the silent-token filter. 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +21,8 @@ from vocalis.token2wav.cv3 import CV3StreamState, CV3Token2WavEngine
 from vocalis.token2wav.cv3_schedule import schedule_calls
 from vocalis.token2wav.config import Token2WavConfig
 
+OFFICIAL = Token2WavConfig(final_attention="full")  # the official last call (full attention), as `TTS` runs it
+
 
 @pytest.fixture(scope="module")
 def ref(cv3_dir: Path) -> dict[str, torch.Tensor]:
@@ -28,7 +31,7 @@ def ref(cv3_dir: Path) -> dict[str, torch.Tensor]:
 
 @pytest.fixture(scope="module")
 def engine(cv3_model) -> CV3Token2WavEngine:
-    return CV3Token2WavEngine(cv3_model.flow, cv3_model.hift)
+    return CV3Token2WavEngine(cv3_model.flow, cv3_model.hift, OFFICIAL)
 
 
 def _prompt(ref: dict[str, torch.Tensor], n: int | None = None) -> FlowPrompt:
@@ -133,8 +136,8 @@ def test_cached_streaming_equals_the_reference_in_fewer_frames(cv3_model, ref) -
     feed = {k: ref["token"][0, :n].tolist() for k, (_, n) in cases.items()}
     want = {k: _reference(cv3_model, ref, ref["token"][:, :n], _prompt(ref, p)) for k, (p, n) in cases.items()}
     runs = {}
-    for name, config in (("exact", Token2WavConfig()), ("bf16", Token2WavConfig(dit_cache_dtype="bf16")),
-                         ("recompute", Token2WavConfig(max_cache_mib=0))):
+    for name, config in (("exact", OFFICIAL), ("bf16", replace(OFFICIAL, dit_cache_dtype="bf16")),
+                         ("recompute", replace(OFFICIAL, max_cache_mib=0))):
         eng = CV3Token2WavEngine(cv3_model.flow, cv3_model.hift, config)
         states = [eng.new_stream(k, _prompt(ref, p)) for k, (p, _) in cases.items()]
         out = _run(eng, states, feed, one_by_one=name == "exact")  # (the others: every token at once)
@@ -149,7 +152,7 @@ def test_cached_streaming_equals_the_reference_in_fewer_frames(cv3_model, ref) -
         frames = [2 * (p + c.num_tokens - 3) for c in schedule_calls(p, cases[k][1], StreamConfig()) if c.streaming]
         saved = sum(frames[:-1]) * cv3_model.flow.config.cfm.n_timesteps  # earlier calls' frames, not rerun
         assert runs["exact"][1][k] == runs["recompute"][1][k] - saved and saved > 0
-    alone = CV3Token2WavEngine(cv3_model.flow, cv3_model.hift)
+    alone = CV3Token2WavEngine(cv3_model.flow, cv3_model.hift, OFFICIAL)
     got = _run(alone, [alone.new_stream("long", _prompt(ref))], {"long": feed["long"]})["long"]
     assert _compare("cached alone vs reference", got, want["long"]) <= ATOL
 
@@ -158,7 +161,7 @@ def test_cache_budget_recomputes_the_largest(cv3_model, ref) -> None:
     """Room for one request's caches (~12 MB at its third call, here 16 MiB): when both grow past it, one drops
     its caches and recomputes its later calls; both give the reference's audio."""
     prompt, tokens = _prompt(ref), ref["token"][0, :210].tolist()
-    eng = CV3Token2WavEngine(cv3_model.flow, cv3_model.hift, Token2WavConfig(max_cache_mib=16))
+    eng = CV3Token2WavEngine(cv3_model.flow, cv3_model.hift, replace(OFFICIAL, max_cache_mib=16))
     states = [eng.new_stream(f"r{i}", prompt) for i in range(2)]
     out = _run(eng, states, {"r0": tokens, "r1": tokens})
     assert sorted(s.cached for s in states) == [False, True]
@@ -176,7 +179,7 @@ def test_voice_prefix_is_computed_once_and_equals_the_reference(cv3_model, ref) 
     voices = [FlowPrompt(torch.randint(0, vocab, (1, 40), generator=g, dtype=torch.int32),
                          torch.randn(1, 80, 80, generator=g) * 0.5, torch.randn(1, 192, generator=g))
               for _ in range(2)]
-    eng = CV3Token2WavEngine(cv3_model.flow, cv3_model.hift)
+    eng = CV3Token2WavEngine(cv3_model.flow, cv3_model.hift, OFFICIAL)
     assert eng.prefix_frames(40) == 50
     plan = {"a0": (0, 120), "a1": (0, 150), "b0": (1, 120)}
     states = [eng.new_stream(k, voices[v]) for k, (v, _) in plan.items()]
@@ -192,3 +195,22 @@ def test_voice_prefix_is_computed_once_and_equals_the_reference(cv3_model, ref) 
         last_frames = 2 * (40 + calls[-1].num_tokens - 3)
         final_frames = 2 * (40 + n)
         assert s.estimator_frames == (last_frames - 50 + final_frames) * steps  # the prefix not rerun
+
+
+def test_causal_final_call_is_linear(cv3_model, ref) -> None:
+    """final_attention="causal": the last call also runs over its new frames only (block-causal, keeping
+    nothing), so every frame goes through the estimator once; the chunks before it equal the reference's, the
+    last keeps its length and differs from the official full-attention pass by design (printed)."""
+    prompt, n = _prompt(ref), 210
+    tokens = ref["token"][0, :n].tolist()
+    eng = CV3Token2WavEngine(cv3_model.flow, cv3_model.hift, Token2WavConfig(final_attention="causal"))
+    state = eng.new_stream("causal", prompt)
+    got = _run(eng, [state], {"causal": tokens})["causal"]
+    want = _reference(cv3_model, ref, ref["token"][:, :n], prompt)
+    assert [len(g) for g in got] == [w.shape[1] for w in want]
+    assert _compare("causal final: earlier chunks", got[:-1], want[:-1]) <= ATOL
+    final = float(np.abs(got[-1] - want[-1].numpy()[0]).max())
+    print(f"[cv3 token2wav] causal final chunk vs the official full-attention one: max abs diff {final:.3e}")
+    assert 0 < final and np.isfinite(got[-1]).all()
+    p = prompt.speech_ids.shape[1]
+    assert state.estimator_frames == 2 * (p + n) * cv3_model.flow.config.cfm.n_timesteps  # each frame once

@@ -64,9 +64,9 @@ def test_stream_sends_a_chunk_as_soon_as_it_is_computed(tts: TTS, prompt_wav: Pa
     t2w = tts.engine.token2wav
     step, written = t2w.step, []
 
-    def counting(states):
+    def counting(states, **kw):
         written.append(max(len(s.tokens) for s in states))
-        return step(states)
+        return step(states, **kw)
 
     t2w.step = counting
     try:

@@ -19,11 +19,12 @@ STFT, iSTFT and look-right convs see the end of the signal, so a padded row woul
 equal length and finalize flag (lock-step requests of one voice) share a call; others run one call each.
 
 Cost. A non-final call runs the DiT over its new frames only, reading the keys/values and position-conv tails
-earlier calls left (`token2wav.cv3_dit`: why that is exact), so a request's streaming flow work is linear in its
-length; the final call (full attention) and one-shot requests are full passes. The caches are bounded by
-`Token2WavConfig.max_cache_mib` (over it, the largest drop theirs and later calls recompute their prefix, the
-official cost, same output; 0 never caches) and kept exact unless `dit_cache_dtype` says otherwise. The causal
-HiFT still re-runs over all mel so far.
+earlier calls left (`token2wav.cv3_dit`: why that is exact). The final call is a full pass (full attention, as
+officially) unless `Token2WavConfig.final_attention` is "causal": then it too runs block-causally over its new
+frames (keeping nothing), and a streaming request's flow work is linear in its length. One-shot requests are
+full passes. The caches are bounded by `Token2WavConfig.max_cache_mib` (over it, the largest drop theirs and
+later calls recompute their prefix, the official cost, same output; 0 never caches) and kept exact unless
+`dit_cache_dtype` says otherwise. The causal HiFT still re-runs over all mel so far.
 
 Legend: R requests in a step, P prompt tokens, n tokens of a call, T = 2 (P + n) mel frames (fewer 3 look-ahead
 tokens when not final), Tmax the longest row, C = 80 mel channels.
@@ -118,8 +119,8 @@ class CV3Token2WavEngine:
 
     def __init__(self, flow: CausalMaskedDiffWithDiT, hift: CausalHiFTGenerator,
                  config: Token2WavConfig | None = None, stream: StreamConfig | None = None) -> None:
-        """config: `max_batch`, `flow_steps`, `max_cache_mib`, `voice_cache_size` and `dit_cache_dtype` apply (the
-        final attention, compute and `cache_dtype` knobs are the CosyVoice 2 engine's)."""
+        """config: `max_batch`, `flow_steps`, `final_attention`, `max_cache_mib`, `voice_cache_size` and
+        `dit_cache_dtype` apply (the compute and `cache_dtype` knobs are the CosyVoice 2 engine's)."""
         self.flow = flow
         self.hift = hift
         self.config = config or Token2WavConfig()
@@ -208,11 +209,12 @@ class CV3Token2WavEngine:
 
     # ---- flow -------------------------------------------------------------------------------------------
     def _flow(self, items: list[tuple[CV3StreamState, FlowCall]]) -> list[torch.Tensor]:
-        """Each row's new mel (C, frames from 2 (P + offset) on): non-final calls of caching requests over their
-        new frames, the rest as full passes."""
+        """Each row's new mel (C, frames from 2 (P + offset) on): non-final calls of caching requests (and with
+        `final_attention="causal"` streaming requests' final calls) over their new frames, the rest as full
+        passes."""
         inc = [i for i, (s, call) in enumerate(items) if self._incremental(s, call)]
-        self._enforce_budget([items[i] for i in inc])
-        inc = [i for i in inc if items[i][0].cached]
+        self._enforce_budget([items[i] for i in inc if not items[i][1].finalize])
+        inc = [i for i in inc if items[i][0].cached or items[i][1].finalize]
         full = [i for i in range(len(items)) if i not in inc]
         out: dict[int, torch.Tensor] = {}
         if inc:
@@ -222,7 +224,9 @@ class CV3Token2WavEngine:
         return [out[i] for i in range(len(items))]
 
     def _incremental(self, s: CV3StreamState, call: FlowCall) -> bool:
-        return call.streaming and not call.finalize and s.cached and self.cache_budget > 0
+        if call.finalize:  # block-causal over the new frames, keeping nothing (the official call: full attention)
+            return s.streaming and self.config.final_attention == "causal"
+        return call.streaming and s.cached and self.cache_budget > 0
 
     def _ids(self, s: CV3StreamState, call: FlowCall) -> torch.Tensor:
         return torch.cat([s.prompt.speech_ids.reshape(-1).long(), torch.tensor(s.tokens[: call.num_tokens])])
@@ -234,27 +238,29 @@ class CV3Token2WavEngine:
         rows = []
         for s, call in items:
             ids = self._ids(s, call)
-            mu = flow.encode(ids[None].to(dev), torch.tensor([ids.numel()], device=dev), finalize=False)[0]  # (T, C)
+            lens = torch.tensor([ids.numel()], device=dev)
+            mu = flow.encode(ids[None].to(dev), lens, finalize=call.finalize)[0]  # (T, C)
             if not s.dit:
                 s.dit = self._start_caches(s.prompt)
             start = s.dit[0].num_frames
-            if start % self.chunk_frames or mu.shape[0] % self.chunk_frames:
+            if start % self.chunk_frames or (mu.shape[0] % self.chunk_frames and not call.finalize):
                 raise RuntimeError(f"request {s.request_id}: a streaming call off the attention blocks "
                                    f"({start} -> {mu.shape[0]} frames, blocks of {self.chunk_frames})")
             rows.append((s.prompt, mu, s.dit))
-        x, lens = self._solve_new(rows)
+        x, lens = self._solve_new(rows, [not call.finalize for _, call in items])
         out = []
         for i, ((s, call), (_, _, caches)) in enumerate(zip(items, rows)):
             s.estimator_frames += lens[i] * self.n_timesteps
-            start = caches[0].num_frames - lens[i]
+            start = caches[0].num_frames - (0 if call.finalize else lens[i])
             skip = s.num_prompt_tokens * self.ratio + call.token_offset * self.ratio - start
             out.append(x[i, skip : lens[i]].T.float())  # (C, new frames)
         return out
 
-    def _solve_new(self, rows: list[tuple[FlowPrompt, torch.Tensor, list[DiTCache]]]
+    def _solve_new(self, rows: list[tuple[FlowPrompt, torch.Tensor, list[DiTCache]]], keep: list[bool]
                    ) -> tuple[torch.Tensor, list[int]]:
         """`_solve`'s arithmetic on new frames only: per row its prompt, mu (T, C) of its frames so far and its
-        caches per Euler step (extended to T) -> x (R, n_max, C) of the frames [cached, T), the new frame counts."""
+        caches per Euler step (extended to T where `keep`) -> x (R, n_max, C) of the frames [cached, T), the new
+        frame counts."""
         flow = self.flow
         dev = flow.input_embedding.weight.device
         c = flow.config.output_size
@@ -272,7 +278,6 @@ class CV3Token2WavEngine:
         emb = torch.cat([prompt.embedding.reshape(1, -1) for prompt, _, _ in rows]).to(dev)
         spks = flow.speaker_projection(emb).to(mu_in.dtype)
         spks_in = torch.cat([spks, torch.zeros_like(spks)])
-        keep = [True] * r
         t_span = cosine_time_grid(self.n_timesteps, mu_in.dtype, mu_in.device)
         w = flow.decoder.config.inference_cfg_rate
         t, dt = t_span[0], t_span[1] - t_span[0]
@@ -307,7 +312,7 @@ class CV3Token2WavEngine:
             ids = prompt.speech_ids.reshape(1, -1).long().to(dev)
             mu = self.flow.encode(ids, torch.tensor([ids.shape[1]], device=dev), finalize=False)[0, :num]
             entry = [DiTCache() for _ in range(self.n_timesteps)]
-            self._solve_new([(prompt, mu, entry)])
+            self._solve_new([(prompt, mu, entry)], [True])
             self._voices[key] = entry
             while len(self._voices) > self.config.voice_cache_size:
                 self._voices.popitem(last=False)
