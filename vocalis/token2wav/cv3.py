@@ -36,7 +36,7 @@ import dataclasses
 import logging
 import weakref
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -53,7 +53,7 @@ from vocalis.models.flow.cfm import cosine_time_grid
 from vocalis.models.flow.flow import CausalMaskedDiffWithXvec
 from vocalis.models.hift.generator import HiFTGenerator
 from vocalis.token2wav.config import CACHE_DTYPES, Token2WavConfig
-from vocalis.token2wav.cv3_dit import DiTCache, cache_bytes_per_frame, dit_new_frames
+from vocalis.token2wav.cv3_dit import DiTCache, cache_bytes_per_frame, cache_bytes_per_stream, dit_new_frames
 from vocalis.token2wav.cv3_schedule import FlowCall, StreamSchedule, keep_token
 from vocalis.token2wav.engine import Token2WavEngine
 from vocalis.token2wav.state import Token2WavChunk
@@ -176,8 +176,8 @@ class CV3Token2WavEngine:
     # ---- the step -------------------------------------------------------------------------------------
     def step(self, states: Sequence[CV3StreamState], *, hold_new: bool = False) -> list[Token2WavChunk]:
         """One batched flow solve and the vocoder calls for every given state with work (at most `max_batch`,
-        in the given order); returns their chunks in that order. Its streams keep no flow caches, so none
-        waits for cache room (`hold_new` is the CosyVoice 2 engine's; `held` stays 0)."""
+        in the given order); returns their chunks in that order. Over the cache budget its streams recompute
+        rather than wait (`hold_new` is the CosyVoice 2 engine's `wait_for_cache` face; `held` stays 0)."""
         work: list[tuple[CV3StreamState, FlowCall, StreamSchedule]] = []
         for s in states:
             call, after = self._next_call(s)
@@ -278,18 +278,13 @@ class CV3Token2WavEngine:
         emb = torch.cat([prompt.embedding.reshape(1, -1) for prompt, _, _ in rows]).to(dev)
         spks = flow.speaker_projection(emb).to(mu_in.dtype)
         spks_in = torch.cat([spks, torch.zeros_like(spks)])
-        t_span = cosine_time_grid(self.n_timesteps, mu_in.dtype, mu_in.device)
-        w = flow.decoder.config.inference_cfg_rate
-        t, dt = t_span[0], t_span[1] - t_span[0]
-        for step in range(1, len(t_span)):
-            caches = [row[2][step - 1] for row in rows]
-            v = dit_new_frames(flow.estimator, torch.cat([x, x]), mu_in, cond_in, spks_in, t, lens, caches, keep,
-                               self.cache_dtype)  # (2R, n_max, C)
-            x = x + dt * ((1.0 + w) * v[:r] - w * v[r:])
-            t = t + dt
-            if step < len(t_span) - 1:
-                dt = t_span[step + 1] - t
-        return x, lens
+
+        def velocity(x2: torch.Tensor, t: torch.Tensor, step: int) -> torch.Tensor:
+            caches = [row[2][step] for row in rows]
+            return dit_new_frames(flow.estimator, x2, mu_in, cond_in, spks_in, t, lens, caches, keep,
+                                  self.cache_dtype)  # (2R, n_max, C)
+
+        return self._euler(x, velocity), lens
 
     # ---- voice prefixes -----------------------------------------------------------------------------------
     def prefix_frames(self, num_prompt_tokens: int) -> int:
@@ -303,7 +298,7 @@ class CV3Token2WavEngine:
         `voice_cache_size` most recently used; the tensors are shared, a request's next call replaces them), or
         empty."""
         num = self.prefix_frames(int(prompt.speech_ids.shape[1]))
-        if num == 0 or self.config.voice_cache_size == 0:
+        if num == 0 or self.config.voice_cache_size == 0 or self.cache_budget == 0:
             return [DiTCache() for _ in range(self.n_timesteps)]
         key = voice_key(prompt)
         entry = self._voices.get(key)
@@ -363,8 +358,7 @@ class CV3Token2WavEngine:
             return
         dtype = self.cache_dtype or self.flow.input_embedding.weight.dtype
         per_frame = cache_bytes_per_frame(self.flow.estimator, dtype) * self.n_timesteps
-        cfg = self.flow.estimator.config
-        tails = 2 * 2 * (cfg.conv_pos_kernel - 1) * cfg.dim * 4 * self.n_timesteps
+        tails = cache_bytes_per_stream(self.flow.estimator) * self.n_timesteps
 
         def growth(s: CV3StreamState, call: FlowCall) -> int:
             cached = s.dit[0].num_frames if s.dit else 0
@@ -389,22 +383,34 @@ class CV3Token2WavEngine:
         decoder = self.flow.decoder
         r, _, t_max = mu.shape
         x = decoder.start_noise(r, t_max).to(device=mu.device, dtype=mu.dtype)
-        t_span = cosine_time_grid(self.n_timesteps, mu.dtype, mu.device)
-        w = decoder.config.inference_cfg_rate
         mask_in = torch.cat([mask, mask])  # (2R, 1, Tmax): rows [0, R) conditional, [R, 2R) unconditional
         mu_in = torch.cat([mu, torch.zeros_like(mu)])
         spks_in = torch.cat([spks, torch.zeros_like(spks)])
         cond_in = torch.cat([cond, torch.zeros_like(cond)])
         attn_in = torch.cat([attn, attn])  # (2R, 1, Tmax, Tmax)
+
+        def velocity(x2: torch.Tensor, t: torch.Tensor, step: int) -> torch.Tensor:
+            return decoder.estimator(x2, mask_in, mu_in, t.expand(2 * r), spks_in, cond_in, False,
+                                     attn_mask=attn_in)  # (2R, C, Tmax)
+
+        return self._euler(x, velocity).float()
+
+    def _euler(self, x: torch.Tensor, velocity: Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
+               ) -> torch.Tensor:
+        """The Euler steps over the cosine time grid with classifier-free guidance: x (R, ...) ->
+        x after `n_timesteps` steps; velocity(x for 2R rows, t, step index from 0) -> v (2R, ...), rows [0, R)
+        conditional, [R, 2R) unconditional."""
+        r = x.shape[0]
+        t_span = cosine_time_grid(self.n_timesteps, x.dtype, x.device)
+        w = self.flow.decoder.config.inference_cfg_rate
         t, dt = t_span[0], t_span[1] - t_span[0]
         for step in range(1, len(t_span)):
-            v = decoder.estimator(torch.cat([x, x]), mask_in, mu_in, t.expand(2 * r), spks_in, cond_in, False,
-                                  attn_mask=attn_in)  # (2R, C, Tmax)
+            v = velocity(torch.cat([x, x]), t, step - 1)
             x = x + dt * ((1.0 + w) * v[:r] - w * v[r:])
             t = t + dt
             if step < len(t_span) - 1:
                 dt = t_span[step + 1] - t
-        return x.float()
+        return x
 
     # ---- vocoder ----------------------------------------------------------------------------------------
     def _vocode(self, items: list[tuple[CV3StreamState, FlowCall]], mels: list[torch.Tensor]) -> list[np.ndarray]:

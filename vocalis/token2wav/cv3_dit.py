@@ -6,11 +6,13 @@ start noise is fixed by absolute frame, mu of a token looks at most 3 tokens to 
 has, and the position convs are causal). So a call need only run its new blocks: their rotary positions start at
 the frames already computed, each attention layer reads the keys/values earlier calls left for that Euler step
 and guidance row, and the two k-wide position convs read the last k - 1 frames of their inputs. Only new frames
-go through the Euler steps. The final call runs with full attention (every frame changes), so it stays a full pass.
+go through the Euler steps. The official final call runs with full attention (every frame changes), so it is a
+full pass; a block-causal final call (`final_attention="causal"`) runs here too, over its new frames, keeping
+nothing (its last block may be partial).
 
 One `DiTCache` per request per Euler step. Memory per cached frame: depth x (K + V) x 2 guidance rows x the
-attention width, e.g. 22 x 2 x 2 x 1024 = 90 k values per Euler step at the released shapes (x 10 steps, ~1.8 MB
-in bf16).
+attention width, e.g. 22 x 2 x 2 x 1024 = 90 k values per Euler step at the released shapes (x 10 steps, ~3.6 MB
+in fp32, half in bf16).
 
 Legend: R requests, n new frames of a row (n_max the longest), c cached frames, D model width, E = H x Dh,
 C = 80 mel channels, K the position-conv kernel.
@@ -49,6 +51,12 @@ def cache_bytes_per_frame(dit: DiT, dtype: torch.dtype) -> int:
     return c.depth * 2 * 2 * c.heads * c.dim_head * torch.empty(0, dtype=dtype).element_size()
 
 
+def cache_bytes_per_stream(dit: DiT) -> int:
+    """Bytes a request's cache holds at one Euler step whatever its length: both position convs' fp32 tails."""
+    c = dit.config
+    return 2 * 2 * (c.conv_pos_kernel - 1) * c.dim * 4
+
+
 def _tails(caches: list[DiTCache], which: str, frames: int, width: int, like: torch.Tensor) -> torch.Tensor:
     """(2R, K - 1, D) left context (zeros before a request's first frame), rows [conditional; unconditional]."""
     parts = [getattr(c, which) for c in caches]
@@ -76,8 +84,8 @@ def dit_new_frames(
     cache_dtype: torch.dtype | None,
 ) -> torch.Tensor:
     """Velocity of every row's new frames. x, mu, cond (2R, n_max, C) rows [0, R) conditional, [R, 2R)
-    unconditional; spks (2R, C_spk); t scalar; lens[i] new frames of request i (whole blocks, starting at
-    caches[i].num_frames); caches: request i's cache at this Euler step, extended when keep[i] -> (2R, n_max, C)."""
+    unconditional; spks (2R, C_spk); t scalar; lens[i] new frames of request i (whole blocks unless it is a final
+    call, starting at caches[i].num_frames); caches: request i's cache at this Euler step, extended when keep[i] -> (2R, n_max, C)."""
     cfg = dit.config
     r2, n_max, _ = x.shape
     r = r2 // 2

@@ -435,4 +435,3 @@ class Token2WavEngine:
     # ---- HiFT ---------------------------------------------------------------------------------------------
     def _vocode(self, items: list[tuple[StreamState, bool]], mels: list[torch.Tensor]) -> list[np.ndarray]:
         return self.vocoder.vocode(items, mels)
-
