@@ -12,6 +12,10 @@ figures are token2wav alone. Times are wall and process CPU seconds; on a shared
              together; plus the mel/waveform error against an fp32 model on the same inputs.
 
     python scripts/bench_token2wav.py --seconds 10 --streams 8 --precisions fp32,bf16,int8 --json t2w.json
+
+A precision may name the estimator's and HiFT's forms instead of the CPU's default for them (`apply_backend`'s
+flow_int8 / hift_reduced), to measure which is faster on a CPU class: `int8:flow=bf16` (int8 with the estimator's
+Linears in bf16, not fbgemm int8), `int8:hift=bf16` (HiFT's body convs in bf16), `bf16:hift=fp32`.
 """
 
 from __future__ import annotations
@@ -160,9 +164,25 @@ def _run_streams(engine: Token2WavEngine, args: argparse.Namespace, count: int) 
             "cache_fallbacks": engine.stats.cache_fallbacks}
 
 
-def run_engine(args: argparse.Namespace, precision: str) -> dict[str, Any]:
+def parse_variant(spec: str) -> tuple[str, dict[str, bool]]:
+    """'int8:flow=bf16:hift=bf16' -> ('int8', {'flow_int8': False, 'hift_reduced': True})."""
+    precision, *opts = spec.split(":")
+    forms: dict[str, bool] = {}
+    for opt in opts:
+        key, _, value = opt.partition("=")
+        if key == "flow" and value in ("int8", "bf16"):
+            forms["flow_int8"] = value == "int8"
+        elif key == "hift" and value in ("fp32", "bf16"):
+            forms["hift_reduced"] = value == "bf16"
+        else:
+            raise SystemExit(f"{spec!r}: options are flow=int8|bf16 (precision int8) and hift=fp32|bf16")
+    return precision, forms
+
+
+def run_engine(args: argparse.Namespace, spec: str) -> dict[str, Any]:
     model = build(args.preset)
-    runtime = apply_backend(model, args.backend, precision)
+    precision, forms = parse_variant(spec)
+    runtime = apply_backend(model, args.backend, precision, **forms)
     cfg = Token2WavConfig(cache_dtype=None if args.cache_dtype == "none" else args.cache_dtype,
                           final_attention=args.final_attention, max_cache_mib=args.max_cache_mib)
     with torch.inference_mode():
@@ -173,7 +193,7 @@ def run_engine(args: argparse.Namespace, precision: str) -> dict[str, Any]:
     err: dict[str, float] = {}
     if precision != "fp32" or args.backend != "torch":
         err = errors(outputs(build(args.preset), llm=False), outputs(model, llm=False))
-    return {"side": "engine", "precision": precision, "runtime": runtime.describe(), "one_stream": one,
+    return {"side": "engine", "precision": spec, "runtime": runtime.describe(), "one_stream": one,
             "multi_stream": many, "error_vs_fp32": err, "peak_rss_mib": peak_rss_mib()}
 
 
@@ -226,7 +246,7 @@ def main() -> int:
 
 def table(report: dict[str, Any]) -> str:
     """CPU seconds are the comparable figures on a shared machine; wall seconds in brackets."""
-    rows = [(f"{'side':<16}{'1 stream CPU-RTF (wall)':>26}{'first chunk CPU s (wall)':>26}"
+    rows = [(f"{'side':<34}{'1 stream CPU-RTF (wall)':>26}{'first chunk CPU s (wall)':>26}"
              f"{'S streams CPU-RTF (wall)':>26}{'peak cache MiB':>16}{'RSS +MiB/stream':>17}{'RSS MiB':>9}"
              "  error vs fp32")]
     for r in report["results"]:
@@ -234,7 +254,7 @@ def table(report: dict[str, Any]) -> str:
         name = "reference fp32" if r["side"] == "reference" else "engine " + r["precision"]
         err = ", ".join(f"{k} {v:.1e}" for k, v in r.get("error_vs_fp32", {}).items()
                         if k in ("mel_max_rel", "wav_rel_rms"))
-        rows.append(f"{name:<16}{one['cpu_rtf']:>17.2f} ({one['rtf']:5.2f})"
+        rows.append(f"{name:<34}{one['cpu_rtf']:>17.2f} ({one['rtf']:5.2f})"
                     f"{one['first_chunk_cpu_s_mean']:>17.2f} ({one['first_chunk_s_mean']:5.1f})"
                     f"{many['cpu_rtf']:>17.2f} ({many['rtf']:5.2f}){many.get('peak_cache_mib', 0):>16.0f}"
                     f"{many.get('rss_growth_per_stream_mib', float('nan')):>17.0f}"

@@ -186,6 +186,9 @@ def main() -> int:
     ap.add_argument("--workers", type=int, default=1, help="corpus and prepare processes")
     ap.add_argument("--hift-steps", type=int, default=100000)
     ap.add_argument("--flow-steps", type=int, default=100000)
+    ap.add_argument("--hift-set", action="append", default=[], metavar="KEY=VALUE",
+                    help="an override after the L1 settings (repeatable), e.g. an annealed learning rate when "
+                         "continuing from the committed weights")
     ap.add_argument("--device", default="cpu", help="cpu or cuda (every trainer)")
     ap.add_argument("--only", nargs="*", help="run only these stages")
     ap.add_argument("--gate", choices=tuple(PARTS), help="write the rung's fp16 weights to RUN/gates/<rung> and stop")
@@ -219,7 +222,7 @@ def main() -> int:
         mark(run, "labels")
     if args.only is None or "hift" in args.only:
         vocalis("train", "hift", "--data", str(run / "prep"),
-                *train_args(run / "hift", args.hift_steps, args.device, HIFT_L1 + start_from_ladder(run, "L1", "hift")),
+                *train_args(run / "hift", args.hift_steps, args.device, HIFT_L1 + start_from_ladder(run, "L1", "hift") + args.hift_set),
                 pid_file=args.pid_file)
     if (args.only is None and passes("L1")) or (args.only is not None and "flow" in args.only):
         labels_stage(run)  # a run labelled before the flow's x-vector size was known
