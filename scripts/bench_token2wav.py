@@ -13,6 +13,10 @@ figures are token2wav alone. Times are wall and process CPU seconds; on a shared
 
     python scripts/bench_token2wav.py --seconds 10 --streams 8 --precisions fp32,bf16,int8 --json t2w.json
 
+`--alternate R` runs the engine precisions in one process instead, R rounds in turn over models built once, each
+round one stream per precision after a warm-up stream (the voice's prefix cached, as for a saved voice): on a
+shared machine the medians of alternating rounds tell forms apart where separate processes' times drift.
+
 A precision may name the estimator's and HiFT's forms instead of the CPU's default for them (`apply_backend`'s
 flow_int8 / hift_reduced), to measure which is faster on a CPU class: `int8:flow=bf16` (int8 with the estimator's
 Linears in bf16, not fbgemm int8), `int8:hift=bf16` (HiFT's body convs in bf16), `bf16:hift=fp32`.
@@ -197,6 +201,36 @@ def run_engine(args: argparse.Namespace, spec: str) -> dict[str, Any]:
             "multi_stream": many, "error_vs_fp32": err, "peak_rss_mib": peak_rss_mib()}
 
 
+def run_alternating(args: argparse.Namespace) -> dict[str, Any]:
+    """Every engine precision in this process, `args.alternate` rounds in turn; medians per precision."""
+    import statistics
+
+    specs = [q.strip() for q in args.precisions.split(",") if q.strip()]
+    cfg = Token2WavConfig(cache_dtype=None if args.cache_dtype == "none" else args.cache_dtype,
+                          final_attention=args.final_attention, max_cache_mib=args.max_cache_mib)
+    engines = {}
+    for spec in specs:
+        model = build(args.preset)
+        precision, forms = parse_variant(spec)
+        apply_backend(model, args.backend, precision, **forms)
+        engines[spec] = Token2WavEngine(model.flow, model.hift, cfg)
+    one = argparse.Namespace(**{**vars(args), "same_voice": True})
+    runs: dict[str, list[dict[str, Any]]] = {spec: [] for spec in specs}
+    with torch.inference_mode():
+        for spec in specs:  # warm-up: the voice prefix, oneDNN's kernel choices
+            _run_streams(engines[spec], one, 1)
+        for r in range(args.alternate):
+            for spec in (specs if r % 2 == 0 else specs[::-1]):
+                runs[spec].append(_run_streams(engines[spec], one, 1))
+    out = {}
+    for spec, rs in runs.items():
+        out[spec] = {k: statistics.median(x[k] for x in rs) for k in ("wall_s", "cpu_s", "rtf", "first_chunk_s_mean")}
+        out[spec]["rtf_range"] = [min(x["rtf"] for x in rs), max(x["rtf"] for x in rs)]
+        print(f"{spec:<34} first chunk {out[spec]['first_chunk_s_mean']:6.2f} s   RTF {out[spec]['rtf']:5.2f} "
+              f"({out[spec]['rtf_range'][0]:.2f}-{out[spec]['rtf_range'][1]:.2f})   CPU {out[spec]['cpu_s']:6.2f} s")
+    return out
+
+
 def side_main(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
     result = run_reference(args) if args.side == "reference" else run_engine(args, args.side_precision)
@@ -218,6 +252,8 @@ def main() -> int:
     p.add_argument("--same-voice", action="store_true", help="all streams share one prompt (voice cache hits)")
     p.add_argument("--no-reference", action="store_true")
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
+    p.add_argument("--alternate", type=int, default=0, metavar="R",
+                   help="engine precisions only, in one process, R rounds in turn (medians); see the module doc")
     p.add_argument("--json", help="write the report here")
     p.add_argument("--side", help=argparse.SUPPRESS)
     p.add_argument("--side-precision", help=argparse.SUPPRESS)
@@ -226,6 +262,12 @@ def main() -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
     if args.side:
         side_main(args)
+        return 0
+    if args.alternate:
+        torch.set_num_threads(args.threads)
+        result = run_alternating(args)
+        if args.json:
+            Path(args.json).write_text(json.dumps({"config": vars(args), "alternating": result}, indent=1))
         return 0
     sides = ([("reference", "fp32")] if not args.no_reference else []) + [
         ("engine", q.strip()) for q in args.precisions.split(",") if q.strip()]

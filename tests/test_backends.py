@@ -75,8 +75,8 @@ _HIFT_BF16_WAV = 2e-2
     [
         ("torch", "bf16", None, False, _BF16),
         ("torch", "bf16", None, True, {**_BF16, "wav_rel_rms": _HIFT_BF16_WAV}),
-        ("torch", "int8", True, False, _INT8),  # int8 estimator (the default without AMX)
-        ("torch", "int8", False, False, _INT8),  # bf16 estimator (the default with AMX)
+        ("torch", "int8", True, False, _INT8),  # int8 estimator (the default without native bf16)
+        ("torch", "int8", False, False, _INT8),  # bf16 estimator (the default with native bf16)
         ("torch", "int8", False, True, {**_INT8, "wav_rel_rms": _HIFT_BF16_WAV}),  # the AMX default
         ("onnx", "fp32", None, None, {"mel_max_abs": 1e-4, "wav_max_abs": 1e-5}),
         ("onnx", "int8", None, None, {"mel_max_rel": 1e-2, "wav_rel_rms": 1e-3}),
@@ -121,12 +121,12 @@ def test_int8_linear_error_and_no_saturation(force_cpu_level, level: str | None)
 
 
 def test_int8_estimator_form_follows_the_cpu() -> None:
-    """int8 without a choice: the estimator in bf16 on AMX CPUs (its faster form there), int8 elsewhere; the
-    runtime says which."""
+    """int8 without a choice: the estimator in bf16 on CPUs with native bf16 (AMX, AVX512-BF16), int8 elsewhere;
+    the runtime says which."""
     model, runtime = _applied("torch", "int8")
     layer = type(model.flow.decoder.estimator.mid_blocks[0][1][0].attn1.to_q)
-    if has_amx():
-        assert layer is CastLinear and any("bf16 (AMX" in note for note in runtime.notes), runtime.notes
+    if native_bf16_cpu():
+        assert layer is CastLinear and any("Linear layers bf16 (" in note for note in runtime.notes), runtime.notes
     else:
         assert layer is Int8Linear and any("int8 (dynamic)" in note for note in runtime.notes), runtime.notes
     # HiFT's body convs likewise: bf16 on AMX CPUs (said in the runtime), fp32 elsewhere
@@ -182,10 +182,8 @@ def test_choices_and_messages(caplog: pytest.LogCaptureFixture, monkeypatch: pyt
         resolve("torch", "fp8", "cpu")
     with pytest.raises(InputError, match="unknown backend"):
         resolve("jax", "fp32", "cpu")
-    from vocalis.kernels import build
 
-    int8_first = has_amx() or build.isa() == "avx2"  # AMX, or AVX2 without AVX-512: int8 is the fastest there
-    expected = "int8" if int8_first and int8_available() else ("bf16" if native_bf16_cpu() else "fp32")
+    expected = "int8" if int8_available() else ("bf16" if native_bf16_cpu() else "fp32")
     assert resolve("auto", "auto", "cpu") == ("torch", expected)
     with caplog.at_level(logging.INFO, logger="vocalis.runtime.backends"):
         runtime = apply_backend(random_model(), "auto", "auto", "cpu")

@@ -14,9 +14,11 @@ Precision (what the heavy matmuls run in):
   neither AVX2 nor AVX-512, no compiler; logged once), dynamic quantization
   (`torch.ao.quantization.quantize_dynamic`, fbgemm). The flow estimator's Linear layers run as fbgemm int8
   GEMMs (`dynamic_int8`: per-channel weights, 8-bit activations; 7-bit weights without VNNI; many-row GEMMs are fbgemm's
-  strength), except on CPUs with AMX tiles: there the estimator, compute-bound, is faster in bf16 (prepacked
-  oneDNN GEMMs on AMX: 1.5-3x fbgemm's int8 with its per-call activation quantization at the estimator's shapes,
-  2-core Xeon), so it is cast to bf16 as under `bf16`. `apply_backend(flow_int8=True)` forces int8 there.
+  strength), except on CPUs with native bf16 (AMX tiles, or AVX512-BF16): there the estimator is cast to bf16 as
+  under `bf16`. On AMX it is faster so (prepacked oneDNN GEMMs on AMX: 1.5-3x fbgemm's int8 with its per-call
+  activation quantization at the estimator's shapes, 2-core Xeon); with AVX512-BF16 alone it is as fast as int8
+  (2-core AMD EPYC, docs/benchmarks.md) with a third of int8's mel error. `apply_backend(flow_int8=True)` forces
+  int8 there.
   With bf16 estimator weights on an AMX CPU the token2wav engine's incremental estimator runs on our native bf16
   kernels (`bf16_gemm`, `bf16_attention`: one call per transformer block), decided when the engine is built.
 Swapping modules (not an autocast context) means every caller of the modules, the reference path, the LLM engine
@@ -47,9 +49,10 @@ Backend (who runs the flow estimator and the HiFT body; the LLM runs in torch ex
   shapes (scripts/bench_vllm_decode.py, greedy, 80-position prompts): decode tok/s at batch 1 / 16, vLLM fp32
   17.6 / 187, vLLM bf16 28.4 / 275, our LLMEngine fp32 27.4 / 112 (int8: ~70-80 / ~270, see README); the
   worker starts in ~15 s (export + vLLM load).
-- auto: CUDA -> fp16 with tensorrt when importable, else torch; CPU -> int8 on CPUs with AMX tiles where the int8
-  kernel builds (first chunk ~0.26 of the reference's against bf16's ~0.33 on the 2-core AMX Xeon) and on AVX2
-  CPUs where the AVX2 int8 kernel builds, else bf16 on CPUs with native bf16 (AVX512-BF16), else fp32; torch. The choice is logged and returned in `Runtime`.
+- auto: CUDA -> fp16 with tensorrt when importable, else torch; CPU -> int8 wherever our int8 kernel runs (AMX,
+  AVX-512 VNNI, AVX2: its LLM decodes 1.7-4x faster than bf16's at batch 1-16, and on AMX the first chunk is ~0.26
+  of the reference's against bf16's ~0.33), else bf16 on CPUs with native bf16, else fp32; torch. The choice is
+  logged and returned in `Runtime`.
 An unavailable choice raises `InputError` naming what to install or use instead.
 """
 
@@ -114,17 +117,13 @@ def importable(name: str) -> bool:
 
 
 def _auto_cpu_precision(kernels: KernelConfig) -> str:
-    """int8 on CPUs with AMX tiles where our int8 kernel runs (its LLM int8, estimator and HiFT convs bf16: the
-    fastest form there, ~2x bf16's end to end); int8 on AVX2 CPUs (no AVX-512) where our AVX2 int8 kernel runs
-    (the LLM, which dominates there, decodes ~3x faster than fp32's fused step at batch 1; see docs/benchmarks.md);
-    else bf16 on CPUs with native bf16, else fp32."""
-    from vocalis.kernels import build
+    """int8 wherever our int8 kernel runs (AMX, AVX-512 VNNI, AVX2): the LLM's decode reads a quarter of fp32's
+    bytes and half of bf16's, and the estimator takes its CPU's faster form (`apply_backend`); else bf16 on CPUs
+    with native bf16, else fp32. Measured per CPU class in docs/benchmarks.md."""
+    from vocalis.precision.int8_linear import available
 
-    if has_amx() or build.isa() == "avx2":
-        from vocalis.precision.int8_linear import available
-
-        if available(kernels.int8_kernel):  # builds the kernel on first use (once per machine)
-            return "int8"
+    if available(kernels.int8_kernel):  # builds the kernel on first use (once per machine)
+        return "int8"
     return "bf16" if native_bf16_cpu() else "fp32"
 
 
@@ -207,7 +206,7 @@ def apply_backend(model: object, backend: str = "torch", precision: str = "fp32"
     """Resolve the choice and apply it to `model` (a `LoadedModel`, modules already on `device`) in place.
 
     flow_int8 (precision int8, torch backend): quantize the flow estimator's Linear layers too; None: unless the
-    CPU has AMX tiles, where bf16 is the estimator's faster form (see the module notes).
+    CPU has native bf16 (AMX, AVX512-BF16), where bf16 is the estimator's better form (see the module notes).
     hift_reduced (precision bf16 or int8 on the CPU, not onnx): run HiFT's body convs in bf16 (`cast_hift_convs`);
     None: on CPUs with AMX tiles, where they run ~1.9x faster (elsewhere fp32 convs are as fast).
     kernels: which native kernels may run (default all; the environment's overrides are applied here).
@@ -257,13 +256,14 @@ def apply_backend(model: object, backend: str = "torch", precision: str = "fp32"
             n_llm = quantize_linears_int8(llm)
             notes.append(f"{n_llm} LLM Linear layers int8 (dynamic, fbgemm)")
         if flow_int8 is None:
-            flow_int8 = backend != "torch" or not has_amx()
+            flow_int8 = backend != "torch" or not native_bf16_cpu()
         if flow_int8:
             n = quantize_estimator_int8(estimator)
             notes.append(f"{n} flow-estimator Linear layers int8 (dynamic), the rest fp32")
         else:
             n = cast_linears(estimator, torch.bfloat16)
-            notes.append(f"{n} flow-estimator Linear layers bf16 (AMX: faster than int8 here), the rest fp32")
+            why = "AMX: faster than int8" if has_amx() else "native bf16: as fast as int8, closer to fp32"
+            notes.append(f"{n} flow-estimator Linear layers bf16 ({why} here), the rest fp32")
     if hift_reduced is None:
         hift_reduced = has_amx()
     if hift_reduced and precision in ("bf16", "int8") and backend != "onnx" and torch.device(device).type == "cpu":
