@@ -183,12 +183,16 @@ def parse_variant(spec: str) -> tuple[str, dict[str, bool]]:
     return precision, forms
 
 
+def engine_config(args: argparse.Namespace) -> Token2WavConfig:
+    return Token2WavConfig(cache_dtype=None if args.cache_dtype == "none" else args.cache_dtype,
+                           final_attention=args.final_attention, max_cache_mib=args.max_cache_mib)
+
+
 def run_engine(args: argparse.Namespace, spec: str) -> dict[str, Any]:
     model = build(args.preset)
     precision, forms = parse_variant(spec)
     runtime = apply_backend(model, args.backend, precision, **forms)
-    cfg = Token2WavConfig(cache_dtype=None if args.cache_dtype == "none" else args.cache_dtype,
-                          final_attention=args.final_attention, max_cache_mib=args.max_cache_mib)
+    cfg = engine_config(args)
     with torch.inference_mode():
         one = _run_streams(Token2WavEngine(model.flow, model.hift, cfg), args, 1)
         log.info("engine %s, 1 stream: %s", precision, one)
@@ -206,8 +210,7 @@ def run_alternating(args: argparse.Namespace) -> dict[str, Any]:
     import statistics
 
     specs = [q.strip() for q in args.precisions.split(",") if q.strip()]
-    cfg = Token2WavConfig(cache_dtype=None if args.cache_dtype == "none" else args.cache_dtype,
-                          final_attention=args.final_attention, max_cache_mib=args.max_cache_mib)
+    cfg = engine_config(args)
     engines = {}
     for spec in specs:
         model = build(args.preset)
