@@ -8,7 +8,7 @@ the preset's shapes, every utterance forced to `--tokens` speech tokens (as `voc
 with a 3 s prompt. `--clients` concurrent clients each send `--requests` streaming requests (OpenAI route, pcm) per
 round, one after another; a `--drop` share of the requests is dropped by its client after the first chunk. Per
 round: aggregate audio seconds per second (audio received by clients that kept listening / the round's wall
-time), p50 / p95 first chunk, errors, the server's RSS. After the last round, once idle: the engine's KV-cache
+time), p50 / p95 first chunk, errors, the server's RSS once it is idle. After the last round, once idle: the engine's KV-cache
 usage (from /metrics). Prints one table and a JSON line per backend; `--json OUT` writes them.
 """
 
@@ -132,15 +132,28 @@ async def _round(url: str, args: argparse.Namespace, r: int, rng: random.Random)
             "first_chunk_p95_s": firsts[min(len(firsts) - 1, int(0.95 * len(firsts)))] if firsts else None}
 
 
-async def _kv_usage(url: str) -> float | None:
+def _gauges(url: str) -> dict[str, float]:
+    """The server's unlabelled /metrics values by name."""
     import httpx
 
-    async with httpx.AsyncClient() as client:
-        text = (await client.get(f"{url}/metrics")).text
-    for line in text.splitlines():
-        if line.startswith("vocalis_kv_cache_usage "):
-            return float(line.split()[1])
-    return None
+    out = {}
+    for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
+        name, _, value = line.partition(" ")
+        if name.startswith("vocalis_") and "{" not in name:
+            out[name] = float(value)
+    return out
+
+
+def _wait_idle(url: str, timeout_s: float = 120.0) -> None:
+    """Until no job runs or waits (requests dropped by their clients finish aborting), then a moment more for the
+    engine loop to find itself idle: RSS is compared between rounds at rest."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        g = _gauges(url)
+        if g.get("vocalis_running_jobs", 0) == 0 and g.get("vocalis_queue_depth", 0) == 0:
+            break
+        time.sleep(0.2)
+    time.sleep(0.5)
 
 
 def run_backend(name: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -173,11 +186,12 @@ def run_backend(name: str, args: argparse.Namespace) -> dict[str, Any]:
         rounds = []
         for r in range(args.rounds):
             row = asyncio.run(_round(url, args, r, rng))
+            _wait_idle(url)
             row["rss_mib"] = _rss_mib(proc.pid)
             rounds.append(row)
             print(f"{name} round {r}: {json.dumps(row)}", file=sys.stderr, flush=True)
         time.sleep(1.0)
-        kv = asyncio.run(_kv_usage(url))
+        kv = _gauges(url).get("vocalis_kv_cache_usage")
     finally:
         proc.terminate()
         proc.wait(60)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 
 import numpy as np
@@ -15,6 +16,7 @@ from vocalis.model_dir import LoadedModel, random_model
 from vocalis.reference.synthesizer import Synthesizer
 from vocalis.runtime.async_engine import AsyncEngine
 from vocalis.runtime.handle import StreamHandle
+from vocalis.runtime.heap import release_free_heap
 from vocalis.token2wav.config import Token2WavConfig
 
 TEXTS = ["Hello there, how are you today?", "Short one.", "The quick brown fox jumps over the lazy dog again."]
@@ -236,3 +238,44 @@ def test_streams_beyond_the_cache_budget_wait_instead_of_recomputing(model: Load
         assert [c.final for c in a] == [c.final for c in b] and len(a) == 3  # chunks of 25 and 50 tokens, final
         np.testing.assert_allclose(np.concatenate([c.samples for c in a]), np.concatenate([c.samples for c in b]),
                                    atol=ATOL, rtol=0)
+
+
+def _rss_mib() -> float:
+    with open("/proc/self/status", encoding="ascii") as f:
+        return next(int(line.split()[1]) / 1024 for line in f if line.startswith("VmRSS:"))
+
+
+@pytest.mark.skipif(not release_free_heap(), reason="no glibc malloc_trim here")
+def test_release_free_heap_gives_freed_holes_back() -> None:
+    """Blocks below the mmap threshold freed in the middle of the heap stay resident (a live block above them
+    keeps the heap from shrinking) until the release hands them back."""
+    blocks = [np.ones(64 * 1024 // 8) for _ in range(3000)]  # ~190 MiB of 64 KiB heap blocks, pages touched
+    keep = blocks[::100]
+    del blocks
+    before = _rss_mib()
+    assert release_free_heap()
+    after = _rss_mib()
+    print(f"RSS {before:.0f} -> {after:.0f} MiB")
+    assert before - after > 100
+    assert all(float(b[0]) == 1.0 for b in keep)
+
+
+def _wait_for(cond: object, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():  # type: ignore[operator]
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+@pytest.mark.parametrize("release", [True, False])
+def test_heap_is_released_once_each_time_the_loop_runs_out_of_work(model: LoadedModel, release: bool) -> None:
+    async def burst(eng: AsyncEngine, seed: int) -> None:
+        handles = [eng.submit(_request(model, t, seed=seed + i)) for i, t in enumerate(TEXTS[:2])]
+        await asyncio.gather(*[_collect(h) for h in handles])
+
+    with AsyncEngine.from_model(model, release_heap_when_idle=release) as eng:
+        for n in (1, 2):
+            asyncio.run(burst(eng, 10 * n))
+            _wait_for(lambda: not eng._heap_used)  # the loop found itself out of work
+            time.sleep(0.3)  # idle: no further release, no spinning
+            assert eng.num_heap_releases == (n if release and release_free_heap() else 0)

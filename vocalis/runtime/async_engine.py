@@ -17,7 +17,9 @@ Text given in pieces (bi-streaming) is read on the caller's event loop (an async
 blocking iterable is waited on in a small reader pool, the one place a thread waits per request, since
 only a thread can wait on a blocking iterator) and posted to the loop piece by piece.
 Abort (explicit, or the consumer cancelled) frees the job's KV blocks and token2wav caches on the loop's next
-iteration boundary: at once when idle, after the step in flight otherwise.
+iteration boundary: at once when idle, after the step in flight otherwise. Each time the loop runs out of work it
+gives the heap's free memory back to the system (`runtime.heap`; `release_heap_when_idle`), so a server's RSS does
+not creep up from burst to burst.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from vocalis.kernels.threads import release_openmp_pool
 from vocalis.model_dir import LoadedModel
 from vocalis.runtime.backends import Runtime, make_llm_engine
 from vocalis.runtime.handle import END, EngineClosed, Job, StreamHandle, new_job_id
+from vocalis.runtime.heap import release_free_heap
 from vocalis.runtime.step_grouping import StepGrouping, StreamReadiness, plan_token2wav_step
 from vocalis.token2wav.config import Token2WavConfig
 from vocalis.token2wav.cv3 import CV3Token2WavEngine, token2wav_for
@@ -61,8 +64,11 @@ class AsyncEngine:
 
     def __init__(self, model: LoadedModel, llm: LLMEngine | VLLMEngine,
                  token2wav: Token2WavEngine | CV3Token2WavEngine,
-                 grouping: StepGrouping | None = None) -> None:
+                 grouping: StepGrouping | None = None, release_heap_when_idle: bool = True) -> None:
         self.model = model
+        self.release_heap_when_idle = release_heap_when_idle
+        self._heap_used = False  # loop thread only: work ran since the heap was last released
+        self.num_heap_releases = 0
         self.llm = llm
         self.token2wav = token2wav
         self.grouping = grouping if grouping is not None else StepGrouping()
@@ -86,14 +92,15 @@ class AsyncEngine:
     @classmethod
     def from_model(cls, model: LoadedModel, config: EngineConfig | None = None,
                    token2wav_config: Token2WavConfig | None = None, stream: StreamConfig | None = None,
-                   grouping: StepGrouping | None = None, runtime: Runtime | None = None) -> AsyncEngine:
+                   grouping: StepGrouping | None = None, runtime: Runtime | None = None,
+                   release_heap_when_idle: bool = True) -> AsyncEngine:
         """Build the LLM engine (ours, or vLLM's when `runtime`, what `apply_backend` returned, is the vllm
         backend's) and the batched token2wav engine of the model's family (CosyVoice 2 or 3) over a loaded model's
         modules; InputError for modules neither runs."""
         if runtime is not None and not runtime.kernels.bf16_gemm:
             token2wav_config = replace(token2wav_config or Token2WavConfig(), native_kernels=False)
         token2wav = token2wav_for(model.flow, model.hift, token2wav_config, stream)
-        return cls(model, make_llm_engine(model, config, runtime), token2wav, grouping)
+        return cls(model, make_llm_engine(model, config, runtime), token2wav, grouping, release_heap_when_idle)
 
     # ---- lifecycle ------------------------------------------------------------------------------------
     def start(self) -> Self:
@@ -260,10 +267,19 @@ class AsyncEngine:
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not (self._inbox or self._closing or self._has_work()):
+                idle = self._idle()
+                while idle and not self._heap_used:
                     self._cond.wait()
-                inbox, self._inbox = self._inbox, []
-                closing = self._closing
+                    idle = self._idle()
+                if not idle:
+                    inbox, self._inbox = self._inbox, []
+                    closing = self._closing
+            if idle:  # out of work after some: free heap back to the system, outside the lock, then sleep
+                self._heap_used = False
+                if self.release_heap_when_idle and release_free_heap():
+                    self.num_heap_releases += 1
+                continue
+            self._heap_used = True
             for kind, payload in inbox:
                 self._handle(kind, payload)
             if closing:
@@ -293,6 +309,9 @@ class AsyncEngine:
                 self.llm.add_text(job.llm_request.request_id, payload[1])
             else:
                 self.llm.end_text(job.llm_request.request_id)
+
+    def _idle(self) -> bool:
+        return not (self._inbox or self._closing or self._has_work())
 
     def _has_work(self) -> bool:
         return self.llm.has_work() or any(self._vocodable(j) is not None for j in self._jobs.values())
