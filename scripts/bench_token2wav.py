@@ -188,10 +188,15 @@ def engine_config(args: argparse.Namespace) -> Token2WavConfig:
                            final_attention=args.final_attention, max_cache_mib=args.max_cache_mib)
 
 
-def run_engine(args: argparse.Namespace, spec: str) -> dict[str, Any]:
+def build_variant(args: argparse.Namespace, spec: str) -> tuple[SimpleNamespace, Any, str]:
+    """A fresh model with `spec`'s precision and forms applied -> (model, its runtime, the precision)."""
     model = build(args.preset)
     precision, forms = parse_variant(spec)
-    runtime = apply_backend(model, args.backend, precision, **forms)
+    return model, apply_backend(model, args.backend, precision, **forms), precision
+
+
+def run_engine(args: argparse.Namespace, spec: str) -> dict[str, Any]:
+    model, runtime, precision = build_variant(args, spec)
     cfg = engine_config(args)
     with torch.inference_mode():
         one = _run_streams(Token2WavEngine(model.flow, model.hift, cfg), args, 1)
@@ -213,9 +218,7 @@ def run_alternating(args: argparse.Namespace) -> dict[str, Any]:
     cfg = engine_config(args)
     engines = {}
     for spec in specs:
-        model = build(args.preset)
-        precision, forms = parse_variant(spec)
-        apply_backend(model, args.backend, precision, **forms)
+        model = build_variant(args, spec)[0]
         engines[spec] = Token2WavEngine(model.flow, model.hift, cfg)
     one = argparse.Namespace(**{**vars(args), "same_voice": True})
     runs: dict[str, list[dict[str, Any]]] = {spec: [] for spec in specs}

@@ -8,8 +8,8 @@ the preset's shapes, every utterance forced to `--tokens` speech tokens (as `voc
 with a 3 s prompt. `--clients` concurrent clients each send `--requests` streaming requests (OpenAI route, pcm) per
 round, one after another; a `--drop` share of the requests is dropped by its client after the first chunk. Per
 round: aggregate audio seconds per second (audio received by clients that kept listening / the round's wall
-time), p50 / p95 first chunk, errors, the server's RSS once it is idle. After the last round, once idle: the engine's KV-cache
-usage (from /metrics). Prints one table and a JSON line per backend; `--json OUT` writes them.
+time), p50 / p95 first chunk, errors, the server's RSS once it is idle. After the last round, once idle: the
+engine's KV-cache usage (from /metrics). Prints one table and a JSON line per backend; `--json OUT` writes them.
 """
 
 from __future__ import annotations
@@ -190,8 +190,7 @@ def run_backend(name: str, args: argparse.Namespace) -> dict[str, Any]:
             row["rss_mib"] = _rss_mib(proc.pid)
             rounds.append(row)
             print(f"{name} round {r}: {json.dumps(row)}", file=sys.stderr, flush=True)
-        time.sleep(1.0)
-        kv = _gauges(url).get("vocalis_kv_cache_usage")
+        kv = _gauges(url).get("vocalis_kv_cache_usage")  # idle: _wait_idle after the last round
     finally:
         proc.terminate()
         proc.wait(60)

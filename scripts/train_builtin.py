@@ -221,9 +221,9 @@ def main() -> int:
         labels_stage(run)
         mark(run, "labels")
     if args.only is None or "hift" in args.only:
+        sets = HIFT_L1 + start_from_ladder(run, "L1", "hift") + args.hift_set
         vocalis("train", "hift", "--data", str(run / "prep"),
-                *train_args(run / "hift", args.hift_steps, args.device, HIFT_L1 + start_from_ladder(run, "L1", "hift") + args.hift_set),
-                pid_file=args.pid_file)
+                *train_args(run / "hift", args.hift_steps, args.device, sets), pid_file=args.pid_file)
     if (args.only is None and passes("L1")) or (args.only is not None and "flow" in args.only):
         labels_stage(run)  # a run labelled before the flow's x-vector size was known
         vocalis("train", "flow", "--data", str(run / "prep_labels"),

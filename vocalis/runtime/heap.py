@@ -3,9 +3,9 @@
 Why: glibc's malloc keeps what a thread frees in that thread's arena and returns to the system only the free
 memory at the top of each heap. A serving burst allocates tensors of many sizes from several threads (the engine
 loop, torch's OpenMP workers, the server's threads), so the freed memory it leaves is mostly holes, and the
-process's RSS creeps up from burst to burst although nothing is kept: a server at the tiny preset under 32
-streaming clients rose by ~25-30 MB per round of 128 requests with a constant count of Python objects, and a
-`malloc_trim` after each round held it flat. `AsyncEngine` calls this once each time its loop runs out of work.
+process's RSS creeps up from burst to burst although nothing is kept (the count of Python objects stays the same;
+a `malloc_trim` after each burst levels it off; docs/benchmarks.md). `AsyncEngine` calls this once each time its
+loop runs out of work.
 Elsewhere than glibc (musl, macOS) there is nothing to call and it does nothing.
 """
 
