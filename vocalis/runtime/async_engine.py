@@ -13,9 +13,8 @@ them for a few more LLM steps because other requests are about to have a chunk r
 all of them costs much less than two). A job speaks its sentences in order: sentence
 k + 1's LLM request starts when sentence k's ends (they share the request's RNG, as on the reference path);
 only the oldest unfinished sentence of a job is vocoded, so chunks arrive in order.
-Text given in pieces (bi-streaming) is read on the caller's event loop (an async iterable is awaited; a
-blocking iterable is waited on in a small reader pool, the one place a thread waits per request, since
-only a thread can wait on a blocking iterator) and posted to the loop piece by piece.
+Text given in pieces (bi-streaming) is read on the caller's event loop (`runtime.text_pump`) and posted to the
+loop piece by piece.
 Abort (explicit, or the consumer cancelled) frees the job's KV blocks and token2wav caches on the loop's next
 iteration boundary: at once when idle, after the step in flight otherwise. Each time the loop runs out of work it
 gives the heap's free memory back to the system (`runtime.heap`; `release_heap_when_idle`), so a server's RSS does
@@ -30,7 +29,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Self
 
@@ -49,6 +47,7 @@ from vocalis.runtime.backends import Runtime, make_llm_engine
 from vocalis.runtime.handle import END, EngineClosed, Job, StreamHandle, new_job_id
 from vocalis.runtime.heap import release_free_heap
 from vocalis.runtime.step_grouping import StepGrouping, StreamReadiness, plan_token2wav_step
+from vocalis.runtime.text_pump import TextPump
 from vocalis.token2wav.config import Token2WavConfig
 from vocalis.token2wav.cv3 import CV3Token2WavEngine, token2wav_for
 from vocalis.token2wav.engine import Token2WavEngine
@@ -80,7 +79,7 @@ class AsyncEngine:
         self._jobs: dict[str, Job] = {}  # loop thread only
         self._handles: dict[str, StreamHandle] = {}  # under _cond: handles not yet ended, for abort by id
         self._thread: threading.Thread | None = None
-        self._readers: ThreadPoolExecutor | None = None  # waits on blocking bi-stream text iterables
+        self._text: TextPump | None = None  # reads bi-streams' text pieces (runtime.text_pump)
         self._closing = False
         self.num_llm_steps = 0
         self.num_token2wav_steps = 0
@@ -121,9 +120,8 @@ class AsyncEngine:
         if self._thread is not None:
             self._thread.join(timeout_s)
             self._thread = None
-        if self._readers is not None:
-            self._readers.shutdown(wait=False, cancel_futures=True)
-            self._readers = None
+        if self._text is not None:
+            self._text.close()
 
     def __enter__(self) -> Self:
         return self.start()
@@ -159,7 +157,7 @@ class AsyncEngine:
                 job = f.result()
                 self._post(("add", job))
                 if job.text is not None:
-                    handle._pump = loop.create_task(self._pump(job.job_id, job.text, loop))
+                    handle._pump = loop.create_task(self._text_pump().pump(job.job_id, job.text, loop))
 
         future.add_done_callback(posted)
         return handle
@@ -235,33 +233,11 @@ class AsyncEngine:
         return Job(handle.request_id, handle, segments, llm_prompt, states, llm_gen,
                     text=request.text if request.bistream else None)
 
-    async def _pump(self, job_id: str, pieces: Any, loop: asyncio.AbstractEventLoop) -> None:
-        """Read a bi-stream's text pieces and post them, tokenised, to the engine loop (caller's loop)."""
-        encode = self.frontend.tokenizer.encode
-        try:
-            if hasattr(pieces, "__aiter__"):
-                async for piece in pieces:
-                    if piece:
-                        self._post(("text", (job_id, encode(piece))))
-            else:
-                it = iter(pieces)
-                while True:
-                    piece = await loop.run_in_executor(self._reader_pool(), next, it, END)
-                    if piece is END:
-                        break
-                    if piece:
-                        self._post(("text", (job_id, encode(piece))))
-            self._post(("text_end", job_id))
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # noqa: BLE001 -- any failure of the caller's text source fails its request
-            self._post(("fail", (job_id, exc)))
-
-    def _reader_pool(self) -> ThreadPoolExecutor:
+    def _text_pump(self) -> TextPump:
         with self._cond:
-            if self._readers is None:
-                self._readers = ThreadPoolExecutor(max_workers=64, thread_name_prefix="vocalis-text")
-            return self._readers
+            if self._text is None:  # a model without a text tokenizer never gets here (_make_job checks)
+                self._text = TextPump(self.frontend.tokenizer.encode, self._post)
+            return self._text
 
     # ---- the loop (engine thread) -----------------------------------------------------------------------
     def _run(self) -> None:
