@@ -17,9 +17,10 @@ from cv3_support import ATOL, cv3_reference, max_diff
 from vocalis.config import CV3_SILENT_TOKEN_IDS, StreamConfig
 from vocalis.frontend.prompt import FlowPrompt
 from vocalis.reference.cv3 import stream_token2wav
+from vocalis.token2wav.config import Token2WavConfig
 from vocalis.token2wav.cv3 import CV3StreamState, CV3Token2WavEngine
 from vocalis.token2wav.cv3_schedule import schedule_calls
-from vocalis.token2wav.config import Token2WavConfig
+from vocalis.token2wav.cv3_vocoder import left_context_frames
 
 OFFICIAL = Token2WavConfig(final_attention="full")  # the official last call (full attention), as `TTS` runs it
 
@@ -214,3 +215,31 @@ def test_causal_final_call_is_linear(cv3_model, ref) -> None:
     assert 0 < final and np.isfinite(got[-1]).all()
     p = prompt.speech_ids.shape[1]
     assert state.estimator_frames == 2 * (p + n) * cv3_model.flow.config.cfm.n_timesteps  # each frame once
+
+
+def test_vocoder_decodes_a_window_with_the_full_rerun_samples(cv3_model, ref, monkeypatch) -> None:
+    """The causal HiFT decodes each call's new frames plus `left_context_frames` before them: the samples equal
+    the official re-run over all mel so far (`vocoder_window=False`), the decoder sees fewer frames (each call at
+    most its new frames, the context and the look-ahead), and a context cut short changes the samples, so the
+    bound is what keeps them equal."""
+    prompt, n = _prompt(ref), 210
+    tokens = ref["token"][0, :n].tolist()
+    runs = {}
+    for name, window in (("window", True), ("rerun", False)):
+        eng = CV3Token2WavEngine(cv3_model.flow, cv3_model.hift, replace(OFFICIAL, vocoder_window=window))
+        state = eng.new_stream(name, prompt)
+        runs[name] = (_run(eng, [state], {name: tokens})[name], state.vocoder_frames)
+    (win, win_frames), (full, full_frames) = runs["window"], runs["rerun"]
+    assert len(win) == 4 and [len(a) for a in win] == [len(b) for b in full]
+    worst = max(float(np.abs(a - b).max()) for a, b in zip(win, full))
+    print(f"[cv3 token2wav] windowed vocoder vs re-run: max abs diff {worst:.3e}, frames {win_frames} vs {full_frames}")
+    assert worst <= 1e-6
+    hift = cv3_model.hift.config
+    context = left_context_frames(hift)
+    total = 2 * (prompt.speech_ids.shape[1] + n)  # all mel frames of the utterance, prompt included
+    assert win_frames <= total + len(win) * (context + hift.conv_pre_look_right + 1) < full_frames
+
+    monkeypatch.setattr("vocalis.token2wav.cv3_vocoder.left_context_frames", lambda config: 4)
+    eng = CV3Token2WavEngine(cv3_model.flow, cv3_model.hift, OFFICIAL)
+    short = _run(eng, [eng.new_stream("short", prompt)], {"short": tokens})["short"]
+    assert max(float(np.abs(a - b).max()) for a, b in zip(short, full)) > 1e-4

@@ -55,6 +55,9 @@ class Token2WavConfig:
     count (mel error against 10 steps: docs/benchmarks.md). None: the model's `cfm.n_timesteps` (10 for CosyVoice 2).
     native_kernels: let the incremental estimator run its bf16 GEMMs on the native kernel where the CPU has one
     (AMX); False keeps torch's GEMMs (the runtime's `KernelConfig.bf16_gemm`, VOCALIS_BF16_GEMM=0, sets it).
+    vocoder_window: CosyVoice 3's causal HiFT decodes, per streaming call, only the new samples' frames and the
+    frames that can reach them (`token2wav.cv3_vocoder`): linear in the stream's length, the same samples to float
+    rounding. False re-runs it over all mel so far, as the official pipeline does (quadratic).
     """
 
     final_attention: str = "causal"
@@ -67,6 +70,7 @@ class Token2WavConfig:
     compute: str = "auto"
     flow_steps: int | None = None
     native_kernels: bool = True
+    vocoder_window: bool = True
 
     def __post_init__(self) -> None:
         if self.final_attention not in FINAL_ATTENTION:

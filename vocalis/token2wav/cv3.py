@@ -8,7 +8,7 @@ calls `end_input`, and calls `step(states)`.
 Schedule (`cv3_schedule.StreamSchedule`, per request): the official CosyVoice 3 one. A call k re-runs the flow over
 prompt + the first n_k tokens (block-causal DiT attention, the last 3 tokens only look-ahead; the final call:
 full attention over all tokens, finalize) and keeps its mel from frame 2 * offset_k on; the causal HiFT re-runs over
-all mel kept so far and the chunk is its output past the samples already yielded.
+all mel kept so far and the chunk is its output past the samples already yielded (here: the same samples from a window of the mel).
 
 Batching. One step runs every ready request's flow call as one padded solve: each row's mu (the pre-lookahead
 encoding, per row: a non-final call's look-ahead context is per row), its prompt-mel condition and its own
@@ -24,7 +24,8 @@ officially) unless `Token2WavConfig.final_attention` is "causal": then it too ru
 frames (keeping nothing), and a streaming request's flow work is linear in its length. One-shot requests are
 full passes. The caches are bounded by `Token2WavConfig.max_cache_mib` (over it, the largest drop theirs and
 later calls recompute their prefix, the official cost, same output; 0 never caches) and kept exact unless
-`dit_cache_dtype` says otherwise. The causal HiFT still re-runs over all mel so far.
+`dit_cache_dtype` says otherwise. The causal HiFT decodes only the frames a call's new samples depend on
+(`token2wav.cv3_vocoder`; `Token2WavConfig.vocoder_window`), so its work too is linear in the stream's length.
 
 Legend: R requests in a step, P prompt tokens, n tokens of a call, T = 2 (P + n) mel frames (fewer 3 look-ahead
 tokens when not final), Tmax the longest row, C = 80 mel channels.
@@ -41,7 +42,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from vocalis.config import StreamConfig
 from vocalis.errors import InputError
@@ -55,6 +55,7 @@ from vocalis.models.hift.generator import HiFTGenerator
 from vocalis.token2wav.config import CACHE_DTYPES, Token2WavConfig
 from vocalis.token2wav.cv3_dit import DiTCache, cache_bytes_per_frame, cache_bytes_per_stream, dit_new_frames
 from vocalis.token2wav.cv3_schedule import FlowCall, StreamSchedule, keep_token
+from vocalis.token2wav.cv3_vocoder import VocoderRow, stretch, vocode
 from vocalis.token2wav.engine import Token2WavEngine
 from vocalis.token2wav.state import Token2WavChunk
 from vocalis.token2wav.voice_cache import voice_key
@@ -79,6 +80,7 @@ class CV3StreamState:
     mel: torch.Tensor | None = None  # (C, T_kept) the vocoder input so far
     num_yielded: int = 0  # samples already emitted
     estimator_frames: int = 0  # frames x Euler steps put through the estimator (cost counter)
+    vocoder_frames: int = 0  # mel frames put through the HiFT decoder (cost counter)
     dit: list[DiTCache] = field(default_factory=list)  # per Euler step, after its streaming calls so far
     cached: bool = True  # False once the cache budget made it recompute its calls
 
@@ -414,27 +416,17 @@ class CV3Token2WavEngine:
 
     # ---- vocoder ----------------------------------------------------------------------------------------
     def _vocode(self, items: list[tuple[CV3StreamState, FlowCall]], mels: list[torch.Tensor]) -> list[np.ndarray]:
-        """Append each row's new mel to its kept mel, re-run the causal HiFT over it, return the new samples."""
-        inputs = []
+        """Append each row's new mel to its kept mel; the causal HiFT's new samples (`cv3_vocoder`)."""
+        rows = []
         for (s, call), mel in zip(items, mels):
             new = mel.float()
             s.mel = new if s.mel is None else torch.cat([s.mel, new], dim=1)
-            m = s.mel
-            if s.speed != 1.0:  # one final call (see new_stream): stretch the whole utterance's mel
-                m = F.interpolate(m[None], size=max(1, int(m.shape[1] / s.speed)), mode="linear")[0]
-            inputs.append(m)
-        groups: dict[tuple[int, bool], list[int]] = {}
-        for i, ((_, call), m) in enumerate(zip(items, inputs)):
-            groups.setdefault((m.shape[1], call.finalize), []).append(i)
-        speech: dict[int, torch.Tensor] = {}
-        for (_, finalize), rows in groups.items():
-            wav, _ = self.hift.inference(torch.stack([inputs[i] for i in rows]), finalize=finalize)  # (G, N)
-            for k, i in enumerate(rows):
-                speech[i] = wav[k]
+            m = s.mel if s.speed == 1.0 else stretch(s.mel, s.speed)  # one final call (see new_stream)
+            rows.append(VocoderRow(m, call.finalize, s.num_yielded))
         out = []
-        for i, (s, _) in enumerate(items):
-            chunk = speech[i][s.num_yielded :].float().cpu()
+        for (s, _), row, chunk in zip(items, rows, vocode(self.hift, rows, self.config.vocoder_window)):
             s.num_yielded += chunk.shape[0]
+            s.vocoder_frames += row.decoded_frames
             out.append(chunk.numpy())
         return out
 
