@@ -243,3 +243,36 @@ def test_vocoder_decodes_a_window_with_the_full_rerun_samples(cv3_model, ref, mo
     eng = CV3Token2WavEngine(cv3_model.flow, cv3_model.hift, OFFICIAL)
     short = _run(eng, [eng.new_stream("short", prompt)], {"short": tokens})["short"]
     assert max(float(np.abs(a - b).max()) for a, b in zip(short, full)) > 1e-4
+
+
+def test_new_streams_wait_for_cache_room(cv3_model, ref) -> None:
+    """`wait_for_cache` with room for one stream's caches (8 MiB; a 140-token stream peaks at 200 frames, ~6 MiB):
+    three ready streams start one after another while the caller has other work (`hold_new`): none recomputes,
+    the caches never pass the budget, each stream's audio equals the reference. Without `hold_new` a step with nothing else to do starts a waiting stream
+    anyway (no stream waits on an idle engine), with the same audio. Without `wait_for_cache` all three start at
+    once and two of them recompute."""
+    prompt, tokens = _prompt(ref), ref["token"][0, :140].tolist()
+    want = _reference(cv3_model, ref, ref["token"][:, :140], prompt)
+    assert len(want) == 3
+    for hold, wait in ((True, True), (False, True), (True, False)):
+        eng = CV3Token2WavEngine(cv3_model.flow, cv3_model.hift,
+                                 replace(OFFICIAL, max_cache_mib=8, wait_for_cache=wait))
+        states = [eng.new_stream(f"r{i}", prompt) for i in range(3)]
+        for s in states:
+            s.add_source_tokens(tokens)
+            s.end_input()
+        out: dict[str, list[np.ndarray]] = {s.request_id: [] for s in states}
+        peak = held = 0
+        for _ in range(100):
+            if all(s.finished for s in states):
+                break
+            for chunk in eng.step(states, hold_new=hold):
+                out[chunk.request_id].append(chunk.samples)
+            peak, held = max(peak, eng.live_cache_bytes()), max(held, eng.held)
+        for s in states:
+            assert _compare(f"{s.request_id} hold_new={hold}", out[s.request_id], want) <= ATOL
+        assert (held > 0) == wait and eng.held == 0 and eng.live_cache_bytes() == 0
+        if not wait:
+            assert sorted(s.cached for s in states) == [False, False, True]
+        elif hold:
+            assert all(s.cached for s in states) and peak <= eng.cache_budget

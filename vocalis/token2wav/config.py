@@ -40,11 +40,12 @@ class Token2WavConfig:
     the largest caches drop them and compute their later chunks from the voice prefix like the reference path
     (same output, reference cost). None: a quarter of the device's memory; 0: never cache.
     wait_for_cache: instead, a new stream waits for its first chunk until the budget has room for it and its next
-    hop beside the started streams' caches and next hops (first come, first served), so no stream recomputes.
+    hop beside the started streams' caches and next hops (first come, first served), so starting a stream does not
+    push the started ones into recomputing.
     Off by default: with 2 s utterances recomputing is cheap, and at 32 streams (0.5B shapes, 2 CPU cores) the
     waits cost more (first chunk p95 334 s against 152 s, 7 % less throughput); with 16 s utterances (tiny
     shapes, 8 streams, 8 MiB) it gave 11 % more throughput, the recomputing being quadratic in the utterance.
-    The CosyVoice 2 engine's.
+    Both engines (CosyVoice 3: `token2wav.cv3_budget`).
     compute: "auto" runs the incremental estimator's GEMMs, convs and attention in the dtype its Linear weights
     were reduced to by a backend (bf16/fp16: `CastLinear`), with bf16/fp16 activations into them and fp32
     norms, residual stream and Euler state (`token2wav.compute.ComputeWeights`); at fp32 and int8 the modules run

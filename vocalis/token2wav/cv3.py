@@ -53,7 +53,8 @@ from vocalis.models.flow.cfm import cosine_time_grid
 from vocalis.models.flow.flow import CausalMaskedDiffWithXvec
 from vocalis.models.hift.generator import HiFTGenerator
 from vocalis.token2wav.config import CACHE_DTYPES, Token2WavConfig
-from vocalis.token2wav.cv3_dit import DiTCache, cache_bytes_per_frame, cache_bytes_per_stream, dit_new_frames
+from vocalis.token2wav.cv3_budget import CV3CacheBudget, Room
+from vocalis.token2wav.cv3_dit import DiTCache, dit_new_frames
 from vocalis.token2wav.cv3_schedule import FlowCall, StreamSchedule, keep_token
 from vocalis.token2wav.cv3_vocoder import VocoderRow, stretch, vocode
 from vocalis.token2wav.engine import Token2WavEngine
@@ -135,7 +136,8 @@ class CV3Token2WavEngine:
         self.cache_budget = self.config.cache_budget_bytes(flow.input_embedding.weight.device)
         self._live: weakref.WeakSet[CV3StreamState] = weakref.WeakSet()
         self._voices: OrderedDict[str, list[DiTCache]] = OrderedDict()  # voice key -> prefix caches per Euler step
-        self.held = 0  # streams waiting for cache room (none wait here: over budget, calls recompute)
+        self.held = 0  # streams waiting for cache room after the last step (`wait_for_cache`)
+        self.budget = CV3CacheBudget(self)
 
     # ---- requests -----------------------------------------------------------------------------------
     def new_stream(self, request_id: str, prompt: FlowPrompt, *, streaming: bool = True, speed: float = 1.0,
@@ -178,13 +180,30 @@ class CV3Token2WavEngine:
     # ---- the step -------------------------------------------------------------------------------------
     def step(self, states: Sequence[CV3StreamState], *, hold_new: bool = False) -> list[Token2WavChunk]:
         """One batched flow solve and the vocoder calls for every given state with work (at most `max_batch`,
-        in the given order); returns their chunks in that order. Over the cache budget its streams recompute
-        rather than wait (`hold_new` is the CosyVoice 2 engine's `wait_for_cache` face; `held` stays 0)."""
+        in the given order); returns their chunks in that order.
+
+        Over the cache budget, streams recompute their calls (`CV3CacheBudget.enforce`), unless `wait_for_cache`: then a
+        stream's first cached call starts only while the budget has room for it and its next hop beside the caches
+        held and the started streams' next calls; the others wait, first come first served. With nothing else to do
+        in the step the first waiting stream starts anyway, unless `hold_new` (the caller has LLM steps to run and
+        will call again)."""
         work: list[tuple[CV3StreamState, FlowCall, StreamSchedule]] = []
+        held: list[CV3StreamState] = []
+        room = Room()  # what the budget leaves for streams starting their caches in this step
         for s in states:
             call, after = self._next_call(s)
-            if call is not None and len(work) < self.config.max_batch:
-                work.append((s, call, after))
+            if call is None:
+                continue
+            if self.budget.starts_cache(s, call) and (held or not self.budget.take_room(s, call, room)):
+                held.append(s)  # once one waits, later new streams wait behind it
+                continue
+            work.append((s, call, after))
+            if len(work) == self.config.max_batch:
+                break
+        if held and not work and not hold_new:
+            s = held.pop(0)
+            work.append((s, *self._next_call(s)))
+        self.held = len(held)
         chunks: dict[int, Token2WavChunk] = {}
         todo = []
         for s, call, after in work:
@@ -215,7 +234,7 @@ class CV3Token2WavEngine:
         `final_attention="causal"` streaming requests' final calls) over their new frames, the rest as full
         passes."""
         inc = [i for i, (s, call) in enumerate(items) if self._incremental(s, call)]
-        self._enforce_budget([items[i] for i in inc if not items[i][1].finalize])
+        self.budget.enforce([items[i] for i in inc if not items[i][1].finalize])
         inc = [i for i in inc if items[i][0].cached or items[i][1].finalize]
         full = [i for i in range(len(items)) if i not in inc]
         out: dict[int, torch.Tensor] = {}
@@ -353,29 +372,6 @@ class CV3Token2WavEngine:
         """Requests' caches and the voice prefixes held (a request's first call makes its own copy)."""
         voices = sum(c.nbytes() for entry in self._voices.values() for c in entry)
         return sum(s.cache_bytes() for s in list(self._live)) + voices
-
-    def _enforce_budget(self, items: list[tuple[CV3StreamState, FlowCall]]) -> None:
-        """Make the requests with the largest caches recompute instead, until this step's growth fits."""
-        if not items:
-            return
-        dtype = self.cache_dtype or self.flow.input_embedding.weight.dtype
-        per_frame = cache_bytes_per_frame(self.flow.estimator, dtype) * self.n_timesteps
-        tails = cache_bytes_per_stream(self.flow.estimator) * self.n_timesteps
-
-        def growth(s: CV3StreamState, call: FlowCall) -> int:
-            cached = s.dit[0].num_frames if s.dit else 0
-            frames = (s.num_prompt_tokens + call.num_tokens - self.stream.pre_lookahead_len) * self.ratio
-            return (frames - cached) * per_frame + (0 if s.dit else tails)
-
-        total = self.live_cache_bytes() + sum(growth(s, call) for s, call in items)
-        for s, call in sorted(items, key=lambda sc: sc[0].cache_bytes(), reverse=True):
-            if total <= self.cache_budget:
-                return
-            total -= growth(s, call) + s.cache_bytes()
-            s.cached = False
-            s.dit = []
-            log.warning("token2wav cache budget (%d MiB) reached: request %s recomputes its calls from now on",
-                        self.cache_budget // 2**20, s.request_id)
 
     def _solve(self, mu: torch.Tensor, mask: torch.Tensor, spks: torch.Tensor, cond: torch.Tensor,
                attn: torch.Tensor) -> torch.Tensor:
