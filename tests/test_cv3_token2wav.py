@@ -19,6 +19,7 @@ from vocalis.frontend.prompt import FlowPrompt
 from vocalis.reference.cv3 import stream_token2wav
 from vocalis.token2wav.config import Token2WavConfig
 from vocalis.token2wav.cv3 import CV3StreamState, CV3Token2WavEngine
+from vocalis.token2wav.cv3_dit import cache_bytes_per_frame, cache_bytes_per_stream
 from vocalis.token2wav.cv3_schedule import schedule_calls
 from vocalis.token2wav.cv3_vocoder import left_context_frames
 
@@ -276,3 +277,26 @@ def test_new_streams_wait_for_cache_room(cv3_model, ref) -> None:
             assert sorted(s.cached for s in states) == [False, False, True]
         elif hold:
             assert all(s.cached for s in states) and peak <= eng.cache_budget
+
+
+def test_voice_prefix_is_read_in_place(cv3_model, ref) -> None:
+    """Two requests of one voice after their first calls: both continue the voice's one prefix (the same tensors),
+    each holds only its own frames after it, and the live cache bytes count the prefix once."""
+    g = torch.Generator().manual_seed(7)
+    vocab = cv3_model.flow.input_embedding.num_embeddings
+    voice = FlowPrompt(torch.randint(0, vocab, (1, 40), generator=g, dtype=torch.int32),
+                       torch.randn(1, 80, 80, generator=g) * 0.5, torch.randn(1, 192, generator=g))
+    eng = CV3Token2WavEngine(cv3_model.flow, cv3_model.hift, OFFICIAL)
+    states = [eng.new_stream(f"v{i}", voice) for i in range(2)]
+    for i, s in enumerate(states):
+        s.add_source_tokens(ref["token"][0, i : i + 40].tolist())
+    assert len(eng.step(states)) == 2
+    (entry,) = eng._voices.values()
+    per_step = cache_bytes_per_frame(cv3_model.flow.estimator, torch.float32)
+    for s in states:
+        assert all(c.prefix is p for c, p in zip(s.dit, entry, strict=True))
+        # the first call: 25 + 10 (prompt padding) + 3 tokens -> 2 (40 + 38 - 3) = 150 frames, the prefix's 50 shared
+        assert all(c.num_frames == 150 and k.shape[1] == 100 for c in s.dit for k in c.keys)
+        assert s.cache_bytes() == len(s.dit) * (100 * per_step + cache_bytes_per_stream(cv3_model.flow.estimator))
+    prefix = sum(p.nbytes() for p in entry)
+    assert eng.live_cache_bytes() == prefix + sum(s.cache_bytes() for s in states)

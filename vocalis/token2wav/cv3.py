@@ -33,7 +33,6 @@ tokens when not final), Tmax the longest row, C = 80 mel channels.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import weakref
 from collections import OrderedDict
@@ -315,9 +314,8 @@ class CV3Token2WavEngine:
         return self.chunk_frames * (look // self.chunk_frames) if look > 0 else 0
 
     def _start_caches(self, prompt: FlowPrompt) -> list[DiTCache]:
-        """A request's first caches: its voice's prefix (computed on the voice's first use, kept among the
-        `voice_cache_size` most recently used; the tensors are shared, a request's next call replaces them), or
-        empty."""
+        """A request's first caches: continuing its voice's prefix (computed on the voice's first use, kept among
+        the `voice_cache_size` most recently used; read in place by every request of the voice), or empty."""
         num = self.prefix_frames(int(prompt.speech_ids.shape[1]))
         if num == 0 or self.config.voice_cache_size == 0 or self.cache_budget == 0:
             return [DiTCache() for _ in range(self.n_timesteps)]
@@ -333,7 +331,7 @@ class CV3Token2WavEngine:
             while len(self._voices) > self.config.voice_cache_size:
                 self._voices.popitem(last=False)
         self._voices.move_to_end(key)
-        return [dataclasses.replace(c, keys=list(c.keys), values=list(c.values)) for c in entry]
+        return [DiTCache.continuing(c) for c in entry]
 
     def _flow_full(self, items: list[tuple[CV3StreamState, FlowCall]]) -> list[torch.Tensor]:
         """One padded solve over every row -> each row's mel (C, T_i - 2 (P + offset)), earlier frames removed."""
@@ -369,9 +367,12 @@ class CV3Token2WavEngine:
 
     # ---- cache memory budget --------------------------------------------------------------------------------
     def live_cache_bytes(self) -> int:
-        """Requests' caches and the voice prefixes held (a request's first call makes its own copy)."""
-        voices = sum(c.nbytes() for entry in self._voices.values() for c in entry)
-        return sum(s.cache_bytes() for s in list(self._live)) + voices
+        """Requests' own caches and the voice prefixes held, each once (also one dropped from the voice cache
+        while a request still reads it)."""
+        states = list(self._live)
+        prefixes = {id(c): c for entry in self._voices.values() for c in entry}
+        prefixes.update((id(c.prefix), c.prefix) for s in states for c in s.dit if c.prefix is not None)
+        return sum(s.cache_bytes() for s in states) + sum(c.nbytes() for c in prefixes.values())
 
     def _solve(self, mu: torch.Tensor, mask: torch.Tensor, spks: torch.Tensor, cond: torch.Tensor,
                attn: torch.Tensor) -> torch.Tensor:

@@ -32,15 +32,24 @@ from vocalis.models.cv3.dit import DiT, _modulate, apply_rotary
 class DiTCache:
     """One request at one Euler step: rotated keys and values per block, the position convs' input tails.
 
-    Tensors hold both guidance rows (conditional first); they are replaced, never written in place."""
+    Tensors hold both guidance rows (conditional first); they are replaced, never written in place, so a prefix is
+    shared by every request of its voice."""
 
     keys: list[torch.Tensor] = field(default_factory=list)  # per block (2, c, E), rotary applied
     values: list[torch.Tensor] = field(default_factory=list)  # per block (2, c, E)
     proj_tail: torch.Tensor | None = None  # (2, K - 1, D) the input projection's last frames
     conv_tail: torch.Tensor | None = None  # (2, K - 1, D) the first position conv's (after Mish) last frames
-    num_frames: int = 0
+    num_frames: int = 0  # frames computed: the prefix's and these keys'
+    prefix: DiTCache | None = None  # the voice's shared prompt prefix, read in place: keys hold the frames after it
+
+    @classmethod
+    def continuing(cls, prefix: DiTCache) -> DiTCache:
+        """A request's cache starting from a voice's prefix (shared, never written)."""
+        return cls(proj_tail=prefix.proj_tail, conv_tail=prefix.conv_tail, num_frames=prefix.num_frames,
+                   prefix=prefix)
 
     def nbytes(self) -> int:
+        """This cache's own tensors (a shared prefix is counted once, by its owner)."""
         tensors = [*self.keys, *self.values, *(t for t in (self.proj_tail, self.conv_tail) if t is not None)]
         return sum(t.numel() * t.element_size() for t in tensors)
 
@@ -122,21 +131,25 @@ def dit_new_frames(
         out = torch.zeros_like(q)
         for i, (c, n) in enumerate(zip(caches, lens)):
             rows = [i, r + i]
-            k_all, v_all = k[rows, :n], v[rows, :n]  # (2, n, E)
-            if c.num_frames:  # (counted once every layer has run)
-                k_all = torch.cat([c.keys[layer].to(q.dtype), k_all], dim=1)  # (2, c + n, E)
-                v_all = torch.cat([c.values[layer].to(q.dtype), v_all], dim=1)
+            own_k, own_v = k[rows, :n], v[rows, :n]  # (2, n, E)
+            if len(c.keys) > layer:  # frames this request computed before (after its prefix, if any)
+                own_k = torch.cat([c.keys[layer].to(q.dtype), own_k], dim=1)
+                own_v = torch.cat([c.values[layer].to(q.dtype), own_v], dim=1)
+            k_all, v_all = own_k, own_v
+            if c.prefix is not None:  # read where it lies; only this call's attention input holds a copy
+                k_all = torch.cat([c.prefix.keys[layer].to(q.dtype), own_k], dim=1)  # (2, c + n, E)
+                v_all = torch.cat([c.prefix.values[layer].to(q.dtype), own_v], dim=1)
             heads = (q[rows, :n], k_all, v_all)
             qh, kh, vh = (y.unflatten(-1, (att.heads, -1)).transpose(1, 2) for y in heads)  # (2, H, T, Dh)
             o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=masks[i])  # (2, H, n, Dh)
             out[rows, :n] = o.transpose(1, 2).flatten(-2)
             if keep[i]:
-                store = cache_dtype or k_all.dtype
-                if c.num_frames:
-                    c.keys[layer], c.values[layer] = k_all.to(store), v_all.to(store)
-                else:  # first call: the layers come in order
-                    c.keys.append(k_all.to(store))
-                    c.values.append(v_all.to(store))
+                store = cache_dtype or own_k.dtype
+                if len(c.keys) > layer:
+                    c.keys[layer], c.values[layer] = own_k.to(store), own_v.to(store)
+                else:  # its first frames: the layers come in order
+                    c.keys.append(own_k.to(store))
+                    c.values.append(own_v.to(store))
         attn = att.to_out[0](out) * valid
         h = h + gate_a[:, None] * attn
         h = h + gate_f[:, None] * block.ff(_modulate(h, shift_f, scale_f))
