@@ -2,7 +2,8 @@
 
 Downloads go through huggingface_hub's own client into the usual cache layout; HF_ENDPOINT, HF_HUB_CACHE and
 HF_HUB_OFFLINE are honoured when set after import; the folder is verified against the hub's file listing; offline,
-the error names what is missing and how to fetch it. ModelScope ids route to `modelscope` (an optional extra).
+the error names what is missing and how to fetch it. ModelScope ids go through the real `modelscope` client (an
+optional extra) against a loopback server speaking ModelScope's file API (tests/modelscope_server.py).
 """
 
 from __future__ import annotations
@@ -10,16 +11,17 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-import types
 from pathlib import Path
 
 import pytest
 from hub_server import loopback_hub
+from modelscope_server import ModelScopeState, commit_of, loopback_modelscope
 
 from vocalis.errors import ModelLoadError
 from vocalis.hub import HF, MODELSCOPE, HubRef, is_hub_id, missing_files, parse_hub_id, resolve_model
 
 CV2_ID, CV3_ID = "FunAudioLLM/CosyVoice2-0.5B", "FunAudioLLM/Fun-CosyVoice3-0.5B-2512"
+MS_CV2, MS_CV3 = "iic/CosyVoice2-0.5B", "ms://" + CV3_ID  # the two ModelScope id forms (ms:// and the iic org)
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "reference"
 
 
@@ -47,6 +49,28 @@ def hub(repos: dict[str, Path], monkeypatch: pytest.MonkeyPatch, tmp_path: Path)
         monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-cache"))
         monkeypatch.setenv("HF_HUB_DISABLE_PROGRESS_BARS", "1")
         monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+        yield state
+
+
+@pytest.fixture()
+def ms_hub(repos: dict[str, Path], monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    """A running loopback ModelScope hub serving the compat folders as iic/CosyVoice2-0.5B and the CosyVoice 3 repo;
+    MODELSCOPE_ENDPOINT points at it, MODELSCOPE_CACHE at a fresh cache, MODELSCOPE_HOME (where the client keeps a
+    session id) under tmp_path."""
+    try:
+        import modelscope_hub.config
+    except ImportError:
+        if os.environ.get("CI") == "true":
+            pytest.fail("modelscope is not installed: the dev extra lacks it")
+        pytest.skip("modelscope (the vocalis[modelscope] extra) is not installed")
+    with loopback_modelscope({MS_CV2: repos[CV2_ID], CV3_ID: repos[CV3_ID]}) as (url, state):
+        monkeypatch.setenv("MODELSCOPE_ENDPOINT", url)
+        monkeypatch.setenv("MODELSCOPE_CACHE", str(tmp_path / "ms-cache"))
+        monkeypatch.setenv("MODELSCOPE_HOME", str(tmp_path / "ms-home"))
+        for name in ("MODELSCOPE_OFFLINE", "HF_HUB_OFFLINE", "MODELSCOPE_DOMAIN"):
+            monkeypatch.delenv(name, raising=False)
+        # The client keeps its first-read configuration process-wide; let this test's environment be read afresh.
+        monkeypatch.setattr(modelscope_hub.config, "_default_config", None)
         yield state
 
 
@@ -150,25 +174,83 @@ def test_modelscope_id_needs_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
         resolve_model("iic/CosyVoice2-0.5B")
 
 
-def test_modelscope_id_goes_through_its_client(repos: dict[str, Path], monkeypatch: pytest.MonkeyPatch,
-                                               tmp_path: Path) -> None:
-    calls = []
+def _ms_folder(cache: Path, ref: str, revision: str = "master") -> Path:
+    """The client's cache layout: models/ORG--NAME/snapshots/REVISION."""
+    return cache / "models" / parse_hub_id(ref).repo_id.replace("/", "--") / "snapshots" / revision
 
-    def snapshot_download(model_id: str, **kwargs: object) -> str:
-        calls.append((model_id, kwargs))
-        target = tmp_path / "ms-cache" / model_id
-        if not target.exists():
-            shutil.copytree(repos[CV2_ID], target)
-        return str(target)
 
-    monkeypatch.setitem(sys.modules, "modelscope", types.SimpleNamespace(snapshot_download=snapshot_download))
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    folder = resolve_model("iic/CosyVoice2-0.5B")
-    assert folder == tmp_path / "ms-cache" / "iic/CosyVoice2-0.5B"
-    assert calls[0][0] == "iic/CosyVoice2-0.5B" and calls[0][1]["local_files_only"] is False
-    (folder / "llm.pt").unlink()
-    with pytest.raises(ModelLoadError, match="missing: llm.pt"):
-        resolve_model("iic/CosyVoice2-0.5B")
+@pytest.mark.parametrize("ref", [MS_CV2, MS_CV3])
+def test_modelscope_download_once_then_cached(ms_hub: ModelScopeState, tmp_path: Path, ref: str) -> None:
+    folder = resolve_model(ref)
+    assert folder == _ms_folder(tmp_path / "ms-cache", ref)  # MODELSCOPE_CACHE
+    _same_files(folder, ms_hub.repos[parse_hub_id(ref).repo_id], skip=("llm.rl.pt",))  # the RL checkpoint is not fetched
+    assert not any(g.endswith("llm.rl.pt") for g in ms_hub.file_gets)
+    fetched, seen = len(ms_hub.file_gets), len(ms_hub.requests)
+    assert resolve_model(ref) == folder
+    assert len(ms_hub.file_gets) == fetched  # nothing downloaded twice: the cache is checked against the listing
+    assert [r.split("?")[0] for r in ms_hub.requests[seen:]] == [
+        f"GET /api/v1/models/{parse_hub_id(ref).repo_id}/repo/files"]
+
+
+def test_modelscope_refetches_only_a_missing_or_changed_file(ms_hub: ModelScopeState) -> None:
+    folder = resolve_model(MS_CV2)
+    (folder / "hift.pt").unlink()
+    llm = (folder / "llm.pt").read_bytes()
+    (folder / "llm.pt").write_bytes(bytes([llm[0] ^ 1]) + llm[1:])  # same size, other bytes: the sha256 differs
+    fetched = len(ms_hub.file_gets)
+    assert resolve_model(MS_CV2) == folder
+    assert sorted(ms_hub.file_gets[fetched:]) == [f"{MS_CV2}/hift.pt", f"{MS_CV2}/llm.pt"]
+    assert (folder / "llm.pt").read_bytes() == llm and (folder / "hift.pt").is_file()
+
+
+def test_modelscope_revision(ms_hub: ModelScopeState, tmp_path: Path) -> None:
+    commit = commit_of(MS_CV2)
+    assert resolve_model(f"{MS_CV2}@{commit}") == _ms_folder(tmp_path / "ms-cache", MS_CV2, commit)
+    assert all(f"Revision={commit}" in r for r in ms_hub.requests if "/models/" in r)
+    for unknown in (f"{MS_CV2}@v9.9", "iic/NoSuchModel"):
+        with pytest.raises(ModelLoadError, match="no such repository or revision on ModelScope"):
+            resolve_model(unknown)
+
+
+def test_modelscope_incomplete_download_names_the_missing_file(ms_hub: ModelScopeState) -> None:
+    ms_hub.withheld.add(f"{MS_CV2}/llm.pt")  # listed, but its body cannot be fetched
+    with pytest.raises(ModelLoadError, match=r"downloading failed; missing: llm\.pt .*vocalis download iic/Cosy"):
+        resolve_model(MS_CV2)
+    ms_hub.withheld.clear()
+    fetched = len(ms_hub.file_gets)
+    folder = resolve_model(MS_CV2)  # resumes: only the file that did not come
+    assert ms_hub.file_gets[fetched:] == [f"{MS_CV2}/llm.pt"] and (folder / "llm.pt").is_file()
+
+
+def test_modelscope_offline(ms_hub: ModelScopeState, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    folder = resolve_model(MS_CV2)
+    monkeypatch.setenv("MODELSCOPE_OFFLINE", "1")
+    seen = len(ms_hub.requests)
+    assert resolve_model(MS_CV2) == folder
+    (folder / "llm.pt").unlink()  # e.g. a download interrupted, or a file deleted by hand
+    with pytest.raises(ModelLoadError, match=r"incomplete; missing: llm\.pt; .*or unset MODELSCOPE_OFFLINE"):
+        resolve_model(MS_CV2)
+    with pytest.raises(ModelLoadError) as err:
+        resolve_model(MS_CV3)
+    message = str(err.value)
+    assert message.startswith(f"offline (MODELSCOPE_OFFLINE): {MS_CV3} is not in {tmp_path / 'ms-cache'}")
+    assert "llm.pt" in message and f"vocalis download {MS_CV3}" in message
+    monkeypatch.delenv("MODELSCOPE_OFFLINE")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # honoured for ModelScope too
+    with pytest.raises(ModelLoadError, match=r"^offline \(HF_HUB_OFFLINE\)"):
+        resolve_model(MS_CV3)
+    assert len(ms_hub.requests) == seen
+
+
+def test_modelscope_download_command(ms_hub: ModelScopeState, tmp_path: Path,
+                                     capsys: pytest.CaptureFixture[str]) -> None:
+    from vocalis.cli import main
+    from vocalis.model_dir import load_model
+
+    assert main(["download", MS_CV2, "--cache-dir", str(tmp_path / "elsewhere")]) == 0
+    printed = Path(capsys.readouterr().out.strip())
+    assert printed == _ms_folder(tmp_path / "elsewhere", MS_CV2)
+    assert load_model(MS_CV2).kind == "official"
 
 
 def test_download_command(hub, capsys: pytest.CaptureFixture[str]) -> None:

@@ -3,9 +3,10 @@
 A hub id is fetched once into the hub's usual cache through the hub's own client and the cached folder is used
 from then on: Hugging Face through `huggingface_hub` (honouring HF_HUB_OFFLINE, HF_ENDPOINT, HF_HOME and
 HF_HUB_CACHE, read at call time), ModelScope through `modelscope` (the optional `vocalis[modelscope]` extra; ids
-with the `ms://` prefix or of the ModelScope-only `iic` organisation). Before use the folder is checked against the
-hub's own file listing (names and sizes, as cached by `huggingface_hub`) and the files a loader needs; offline, a
-missing model or file is named along with the command that fetches it.
+with the `ms://` prefix or of the ModelScope-only `iic` organisation; honouring MODELSCOPE_OFFLINE, MODELSCOPE_ENDPOINT
+and MODELSCOPE_CACHE, read at call time). Before use the folder is checked against the hub's own file listing (names
+and sizes: as cached by `huggingface_hub`; `modelscope` checks sizes and sha256 itself while online) and the files a
+loader needs; a missing model or file is named along with the command that fetches it.
 
 Id syntax: `[hf://|ms://]ORG/NAME[@REVISION]`. A path that exists locally always wins.
 """
@@ -197,18 +198,36 @@ def _modelscope_snapshot(hub_ref: HubRef, cache_dir: str | Path | None, offline:
     except ImportError as exc:
         raise ModelLoadError(f"{hub_ref} is a ModelScope id: install its client with "
                              "`pip install 'vocalis[modelscope]'`") from exc
-    offline = _env_true("MODELSCOPE_OFFLINE", "HF_HUB_OFFLINE") if offline is None else offline
+    flag = next((n for n in ("MODELSCOPE_OFFLINE", "HF_HUB_OFFLINE") if _env_true(n)), "MODELSCOPE_OFFLINE")
+    offline = _env_true(flag) if offline is None else offline
+    # Passed explicitly: the client reads MODELSCOPE_CACHE / MODELSCOPE_ENDPOINT once per process (its first call).
+    cache = str(cache_dir) if cache_dir else os.environ.get("MODELSCOPE_CACHE") or None
+    endpoint = os.environ.get("MODELSCOPE_ENDPOINT") or None
+    where = cache or "the default ModelScope cache"
     try:
-        folder = Path(snapshot_download(hub_ref.repo_id, revision=hub_ref.revision,
-                                        cache_dir=str(cache_dir) if cache_dir else None, local_files_only=offline,
+        folder = Path(snapshot_download(hub_ref.repo_id, revision=hub_ref.revision, cache_dir=cache,
+                                        local_files_only=offline, endpoint=endpoint,
                                         ignore_file_pattern=list(ignore) or None))
     except Exception as exc:  # modelscope raises its own and requests' error types
-        state = "offline, and it is not in the ModelScope cache" if offline else f"downloading failed: {exc}"
-        raise ModelLoadError(f"{hub_ref}: {state}; {_fetch_hint(hub_ref)}") from exc
+        failures = getattr(exc, "failed_files", None) or {}  # FileDownloadError: path -> error of each file missed
+        failed = sorted(failures)
+        first = failures[failed[0]] if failed else exc
+        reason = (str(first).splitlines() or [type(first).__name__])[0]
+        status = getattr(getattr(exc, "response", None), "status_code", None)
+        if offline:
+            raise ModelLoadError(f"offline ({flag}): {hub_ref} is not in {where}; missing: the whole model "
+                                 f"({_expected(KNOWN_MODELS.get(hub_ref.repo_id))}); {_fetch_hint(hub_ref)}, "
+                                 f"or unset {flag}") from exc
+        if failed:
+            raise ModelLoadError(f"{hub_ref}: downloading failed; missing: {', '.join(failed)} ({reason}); "
+                                 f"{_fetch_hint(hub_ref)} (run it again to resume)") from exc
+        if status == 404:
+            raise ModelLoadError(f"{hub_ref}: no such repository or revision on ModelScope ({reason})") from exc
+        raise ModelLoadError(f"{hub_ref}: downloading failed: {reason}; {_fetch_hint(hub_ref)}") from exc
     missing = missing_files(folder, None)
     if missing:
         raise ModelLoadError(f"{hub_ref} in {folder} is incomplete; missing: {', '.join(missing)}; "
-                             f"{_fetch_hint(hub_ref)}")
+                             f"{_fetch_hint(hub_ref)}" + (f", or unset {flag}" if offline else ""))
     return folder
 
 
