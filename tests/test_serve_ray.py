@@ -1,4 +1,6 @@
-"""`vocalis serve --ray --replicas 2` as a real process: Ray Serve on 127.0.0.1 with two model replicas.
+"""`vocalis serve --ray --replicas 2` as a real process: Ray Serve on 127.0.0.1 with two model replicas, for a
+CosyVoice 2 layout (the tiny preset) and a CosyVoice 3 one (the compat_cv3 fixture, with tiny v3 speech tokenizer
+and CAM++ files so that voices can be made from audio).
 
 Needs `ray[serve]` (dev extra); skipped without it outside CI.
 """
@@ -28,9 +30,17 @@ except ImportError:
     pytest.skip("Ray Serve is not installed (pip install 'ray[serve]')", allow_module_level=True)
 
 
+@pytest.fixture(params=["cosyvoice2", "cosyvoice3"])
+def model(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
+    if request.param == "cosyvoice2":
+        return make_quick_tiny_model_dir(tmp_path / "model")
+    from cv3_support import make_cv3_model_dir
+
+    return make_cv3_model_dir(tmp_path / "model", request.getfixturevalue("cv3_dir"), clone=True)
+
+
 @pytest.mark.slow
-def test_ray_serve_two_replicas(tmp_path: Path) -> None:
-    model = make_quick_tiny_model_dir(tmp_path / "model")
+def test_ray_serve_two_replicas(model: Path, tmp_path: Path) -> None:
     clip = write_voice_like_wav(tmp_path / "me.wav", 2.0).read_bytes()
     port = free_port()
     ray_tmp = tempfile.mkdtemp(prefix="vray", dir="/tmp")  # Ray's socket paths must stay under 107 bytes
