@@ -106,14 +106,21 @@ def _handler(state: HubState) -> type[BaseHTTPRequestHandler]:
 
 
 @contextmanager
-def loopback_hub(repos: dict[str, Path]) -> Iterator[tuple[str, HubState]]:
-    """(endpoint URL, request log) of a hub serving `repos` (repo id -> folder) on 127.0.0.1."""
-    state = HubState(repos)
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(state))
+def on_loopback(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
+    """The base URL of a threaded HTTP server running `handler` on 127.0.0.1 (a free port) until the block ends."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", state
+        yield f"http://127.0.0.1:{server.server_address[1]}"
     finally:
         server.shutdown()
         server.server_close()
+
+
+@contextmanager
+def loopback_hub(repos: dict[str, Path]) -> Iterator[tuple[str, HubState]]:
+    """(endpoint URL, request log) of a hub serving `repos` (repo id -> folder) on 127.0.0.1."""
+    state = HubState(repos)
+    with on_loopback(_handler(state)) as url:
+        yield url, state

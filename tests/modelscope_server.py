@@ -19,9 +19,11 @@ import re
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from urllib.parse import parse_qs, urlparse
+
+from hub_server import on_loopback
 
 
 def commit_of(repo_id: str) -> str:
@@ -128,11 +130,5 @@ def _handler(state: ModelScopeState) -> type[BaseHTTPRequestHandler]:
 def loopback_modelscope(repos: dict[str, Path]) -> Iterator[tuple[str, ModelScopeState]]:
     """(endpoint URL, state) of a ModelScope hub serving `repos` (ModelScope id -> folder) on 127.0.0.1."""
     state = ModelScopeState(repos)
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(state))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", state
-    finally:
-        server.shutdown()
-        server.server_close()
+    with on_loopback(_handler(state)) as url:
+        yield url, state
