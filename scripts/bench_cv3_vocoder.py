@@ -22,15 +22,18 @@ from vocalis.models.cv3.hift import CausalHiFTGenerator
 from vocalis.token2wav.cv3_schedule import schedule_calls
 from vocalis.token2wav.cv3_vocoder import VocoderRow, left_context_frames, vocode
 
+TOKEN_MEL_RATIO = 2  # mel frames per speech token (50 Hz mel, 25 Hz tokens)
+
 
 def utterance(hift: CausalHiFTGenerator, mel: torch.Tensor, prompt_tokens: int, tokens: int, window: bool
               ) -> tuple[float, int, torch.Tensor]:
     """Every call of one stream: seconds, frames decoded, the audio."""
-    ratio, kept, yielded, frames, chunks = 2, 0, 0, 0, []
+    stream = StreamConfig()
+    yielded, frames, chunks = 0, 0, []
     start = time.perf_counter()
-    for call in schedule_calls(prompt_tokens, tokens, StreamConfig()):
-        end = (prompt_tokens + call.num_tokens - (0 if call.finalize else 3)) * ratio  # the call's last mel frame
-        kept = end - prompt_tokens * ratio
+    for call in schedule_calls(prompt_tokens, tokens, stream):
+        # the utterance's mel so far: a non-final call's last look-ahead tokens give their frames later
+        kept = TOKEN_MEL_RATIO * (call.num_tokens - (0 if call.finalize else stream.pre_lookahead_len))
         row = VocoderRow(mel[:, :kept], call.finalize, yielded)
         chunk = vocode(hift, [row], window)[0]
         yielded += chunk.shape[0]

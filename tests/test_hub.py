@@ -183,7 +183,8 @@ def _ms_folder(cache: Path, ref: str, revision: str = "master") -> Path:
 def test_modelscope_download_once_then_cached(ms_hub: ModelScopeState, tmp_path: Path, ref: str) -> None:
     folder = resolve_model(ref)
     assert folder == _ms_folder(tmp_path / "ms-cache", ref)  # MODELSCOPE_CACHE
-    _same_files(folder, ms_hub.repos[parse_hub_id(ref).repo_id], skip=("llm.rl.pt",))  # the RL checkpoint is not fetched
+    # the RL checkpoint is not fetched
+    _same_files(folder, ms_hub.repos[parse_hub_id(ref).repo_id], skip=("llm.rl.pt",))
     assert not any(g.endswith("llm.rl.pt") for g in ms_hub.file_gets)
     fetched, seen = len(ms_hub.file_gets), len(ms_hub.requests)
     assert resolve_model(ref) == folder

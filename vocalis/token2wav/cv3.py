@@ -8,7 +8,8 @@ calls `end_input`, and calls `step(states)`.
 Schedule (`cv3_schedule.StreamSchedule`, per request): the official CosyVoice 3 one. A call k re-runs the flow over
 prompt + the first n_k tokens (block-causal DiT attention, the last 3 tokens only look-ahead; the final call:
 full attention over all tokens, finalize) and keeps its mel from frame 2 * offset_k on; the causal HiFT re-runs over
-all mel kept so far and the chunk is its output past the samples already yielded (here: the same samples from a window of the mel).
+all mel kept so far and the chunk is its output past the samples already yielded (here: the same samples, decoded
+from a window of the mel).
 
 Batching. One step runs every ready request's flow call as one padded solve: each row's mu (the pre-lookahead
 encoding, per row: a non-final call's look-ahead context is per row), its prompt-mel condition and its own
@@ -187,21 +188,20 @@ class CV3Token2WavEngine:
         in the step the first waiting stream starts anyway, unless `hold_new` (the caller has LLM steps to run and
         will call again)."""
         work: list[tuple[CV3StreamState, FlowCall, StreamSchedule]] = []
-        held: list[CV3StreamState] = []
+        held: list[tuple[CV3StreamState, FlowCall, StreamSchedule]] = []
         room = Room()  # what the budget leaves for streams starting their caches in this step
         for s in states:
             call, after = self._next_call(s)
             if call is None:
                 continue
             if self.budget.starts_cache(s, call) and (held or not self.budget.take_room(s, call, room)):
-                held.append(s)  # once one waits, later new streams wait behind it
+                held.append((s, call, after))  # once one waits, later new streams wait behind it
                 continue
             work.append((s, call, after))
             if len(work) == self.config.max_batch:
                 break
         if held and not work and not hold_new:
-            s = held.pop(0)
-            work.append((s, *self._next_call(s)))
+            work.append(held.pop(0))
         self.held = len(held)
         chunks: dict[int, Token2WavChunk] = {}
         todo = []
