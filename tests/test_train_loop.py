@@ -88,6 +88,19 @@ def test_hift_warmup_without_critic(corpus: Path, tmp_path: Path) -> None:
     assert list(state["models"]) == ["hift"] and list(state["optimizers"]) == ["generator"]
 
 
+def test_hift_multi_period_critic_alone(corpus: Path, tmp_path: Path) -> None:
+    """hift.spec_resolutions=[]: a GAN run with the multi-period critic only (the CPU recipe's critic) learns, and
+    its checkpoint holds no spectrogram critic."""
+    out = tmp_path / "hift-mpd"
+    train(_config("hift", corpus, out, "trainer.max_steps=8", "optim.lr=3e-3", "hift.spec_resolutions=[]", *HIFT))
+    losses = _losses(out)
+    assert sum(losses[-3:]) / 3 < 0.85 * sum(losses[:3]) / 3, losses
+    record = json.loads((out / "train_log.jsonl").read_text().splitlines()[-1])
+    assert record["grad_norm_discriminator"] > 0 and record["g_fm"] > 0
+    critic = load_checkpoint(checkpoint_path(out, 8))["models"]["discriminator"]
+    assert critic and all(k.startswith("period.") for k in critic), sorted(critic)
+
+
 def test_hift_critic_free_resume(corpus: Path, tmp_path: Path) -> None:
     """A critic-free run resumes bit-identically, also from a checkpoint that still holds an idle critic (as
     written before critic-free runs dropped it); a GAN run may resume from a critic-free checkpoint (fresh critic)."""

@@ -68,6 +68,9 @@ class HiFTTaskConfig:
     periods: tuple[int, ...] = (2, 3, 5, 7, 11)
     period_channels: tuple[int, ...] = (32, 128, 512, 1024, 1024)
     spec_channels: int = 32
+    # the spectrogram critics' STFTs (n_fft, hop, win); [] leaves the multi-period critic alone, ~10x cheaper on a
+    # CPU (the spectrogram critics' wide 2-D convolutions cost most of a GAN step there)
+    spec_resolutions: tuple[tuple[int, int, int], ...] = ((1024, 120, 600), (2048, 240, 1200), (512, 50, 240))
 
 
 @dataclass(frozen=True, slots=True)

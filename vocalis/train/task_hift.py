@@ -62,7 +62,8 @@ class HiFTTask(Task):
         if self.losses.adversarial != "none":
             # Critic-free runs build none: it would only add ~40 M idle parameters to memory and every checkpoint.
             disc = HiFTDiscriminator(DiscriminatorConfig(periods=c.periods, period_channels=c.period_channels,
-                                                         spec_channels=c.spec_channels))
+                                                         spec_channels=c.spec_channels,
+                                                         resolutions=tuple(tuple(r) for r in c.spec_resolutions)))
             self.modules["discriminator"] = self.critic = disc
 
     def groups(self) -> dict[str, list[nn.Parameter]]:
