@@ -61,7 +61,8 @@ def serve_side(args: argparse.Namespace) -> None:
 
         from vocalis.token2wav.config import Token2WavConfig
 
-        t2w = Token2WavConfig(final_attention="full", max_cache_mib=args.t2w_cache_mib, wait_for_cache=args.t2w_wait)
+        final = "causal" if args._serve == "engine-causal" else "full"  # `vocalis serve --final-chunk`
+        t2w = Token2WavConfig(final_attention=final, max_cache_mib=args.t2w_cache_mib, wait_for_cache=args.t2w_wait)
         backend = EngineBackend(BenchTTS(model, token2wav=t2w, runtime=runtime), **opts)
     print(f"server: {args._serve}: {described}", file=sys.stderr, flush=True)
     # throughput, not timeouts: no request is timed out however long it waits
@@ -181,8 +182,10 @@ def run_backend(name: str, args: argparse.Namespace) -> dict[str, Any]:
                 raise SystemExit(f"the {name} server did not come up")
             time.sleep(0.5)
         rng = random.Random(args.seed)
-        # warm-up: one request per client, not counted (first-use allocations, the voice's prefixes)
-        asyncio.run(_round(url, dataclasses.replace(_Args(**vars(args)), requests=1, drop=0.0), -1, rng))  # type: ignore[arg-type]
+        # warm-up, not counted (first-use allocations, the voice's prefixes): one request per client unless --warmup
+        warm = dataclasses.replace(_Args(**vars(args)), requests=1, drop=0.0,  # type: ignore[arg-type]
+                                   clients=args.warmup if args.warmup is not None else args.clients)
+        asyncio.run(_round(url, warm, -1, rng))
         rounds = []
         for r in range(args.rounds):
             row = asyncio.run(_round(url, args, r, rng))
@@ -216,6 +219,7 @@ class _Args:
     threads: int
     t2w_cache_mib: int | None
     t2w_wait: bool
+    warmup: int | None
     seed: int
     json: str | None
     port: int
@@ -230,16 +234,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--requests", type=int, default=4, help="requests per client per round, one after another")
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--drop", type=float, default=0.25, help="share of requests dropped after the first chunk")
-    p.add_argument("--backends", default="threaded,engine")
+    p.add_argument("--backends", default="threaded,engine",
+                   help="threaded, engine (the reference's final chunk, as `vocalis serve`), engine-causal "
+                        "(`vocalis serve --final-chunk causal`), comma separated")
     p.add_argument("--precision", default="auto", help="the engine server's precision (threaded: fp32 reference)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--t2w-cache-mib", type=int, help="the engine server's token2wav cache budget (default: its own)")
     p.add_argument("--t2w-wait", action="store_true", help="new streams wait for token2wav cache room")
+    p.add_argument("--warmup", type=int, help="concurrent requests of the uncounted warm-up (default: --clients; "
+                   "the threaded server serves them one after another)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", help="write the results here")
     p.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--_serve", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    unknown = set(args.backends.split(",")) - {"threaded", "engine", "engine-causal"}
+    if unknown:
+        p.error(f"unknown backends {sorted(unknown)}: choose from threaded, engine, engine-causal")
     if args._serve:
         serve_side(args)
         return 0
@@ -252,9 +263,10 @@ def main(argv: list[str] | None = None) -> int:
         kv = "n/a" if r["kv_usage_idle"] is None else f"{r['kv_usage_idle']:.3f}"
         print(f"| {r['backend']} | {r['audio_s_per_s']:.2f} | {r['first_chunk_p50_s']:.2f} / "
               f"{r['first_chunk_p95_s']:.2f} | {r['errors']} | {r['rss_spread']:+.1%} | {kv} |")
-    if len(results) == 2 and results[0]["audio_s_per_s"] > 0:
-        print(f"\n{results[1]['backend']} / {results[0]['backend']} aggregate audio-s/s: "
-              f"{results[1]['audio_s_per_s'] / results[0]['audio_s_per_s']:.2f}x")
+    base = next((r for r in results if r["backend"] == "threaded"), None)
+    for r in results:
+        if base is not None and r is not base and base["audio_s_per_s"] > 0:
+            print(f"{r['backend']} / threaded aggregate audio-s/s: {r['audio_s_per_s'] / base['audio_s_per_s']:.2f}x")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
     return 0

@@ -112,9 +112,24 @@ def test_cli_flags(model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixtur
         main(["speak", "Hi.", "-o", str(tmp_path / "x.wav"), "--flow-steps", "0"])
     assert exit_info.value.code == 2 and "--flow-steps: must be at least 1" in capsys.readouterr().err
     for argv, message in ((["serve", "--flow-steps", "0"], "--flow-steps must be at least 1"),
-                          (["serve", "--ray", "--flow-steps", "3"], "not supported with --ray")):
+                          (["serve", "--ray", "--flow-steps", "0"], "--flow-steps must be at least 1"),
+                          (["serve", "--token2wav-cache-mib", "-1"], "--token2wav-cache-mib must be at least 0"),
+                          (["serve", "--ray", "--precision", "int4"], "unknown precision 'int4'")):
         assert main(argv) == 2
         assert message in capsys.readouterr().err
+
+
+def test_server_model_options(model_dir: Path) -> None:
+    """What `vocalis serve` (and each Ray replica) loads: the flags reach the engine that serves."""
+    from vocalis.serve.config import ModelOptions
+
+    tts = ModelOptions(precision="int8", flow_steps=3, token2wav_cache_mib=7, final_chunk="causal").load(model_dir)
+    with tts:
+        assert len(tts.synthesize("Hi there.", seed=0)) > 0
+        t2w = tts.engine.token2wav
+        assert (t2w.n_timesteps, t2w.config.final_attention, t2w.config.max_cache_mib) == (3, "causal", 7)
+        assert tts.runtime.precision == "int8"
+    assert ModelOptions().load(model_dir).token2wav_config.final_attention == "full"  # the reference's last chunk
 
 
 def test_cv3_engine_takes_the_steps(cv3_model, cv3_dir: Path) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import logging
 import os
 from pathlib import Path
@@ -46,6 +45,11 @@ def add_serve_commands(sub: argparse._SubParsersAction) -> None:
                     help="comma-separated browser origins (https://app.example) that may call the API ('*': any)")
     sv.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     sv.add_argument("--device", default="cpu", help="cpu or cuda")
+    sv.add_argument("--precision", default="fp32", help="fp32, bf16, fp16 (GPU), int8 (CPU) or auto (the fastest here)")
+    sv.add_argument("--backend", default="torch", help="torch, onnx, tensorrt (GPU), compile or auto")
+    sv.add_argument("--final-chunk", default="full", choices=("full", "causal"),
+                    help="a stream's last chunk: full = the reference's full-attention pass, exactly (default); "
+                         "causal = block-causal like the others, one flow pass cheaper per request")
     sv.add_argument("--flow-steps", type=int, metavar="N",
                     help="Euler steps of the flow: fewer is faster, the mel coarser (default: the model's, 10)")
     sv.add_argument("--token2wav-cache-mib", type=int, metavar="MIB",
@@ -104,37 +108,41 @@ def serve_config(args: argparse.Namespace):  # -> ServeConfig
         raise InputError(f"vocalis serve: {exc}") from None
 
 
+def model_options(args: argparse.Namespace):  # -> ModelOptions
+    from vocalis.runtime.backends import resolve
+    from vocalis.serve.config import ModelOptions
+
+    resolve(args.backend, args.precision, args.device)  # before any replica starts: an unknown choice is a usage error
+    try:
+        return ModelOptions(device=args.device, precision=args.precision, backend=args.backend,
+                            flow_steps=args.flow_steps, token2wav_cache_mib=args.token2wav_cache_mib,
+                            final_chunk=args.final_chunk)
+    except ValueError as exc:
+        raise InputError(f"vocalis serve: {exc}") from None
+
+
 def serve_command(args: argparse.Namespace) -> int:
     try:
         import fastapi  # noqa: F401
         import uvicorn  # noqa: F401
     except ImportError:
         raise InputError("serving needs the serve extra: pip install 'vocalis[serve]'") from None
-    if args.flow_steps is not None and args.flow_steps < 1:
-        raise InputError(f"--flow-steps must be at least 1, got {args.flow_steps}")
-    if args.token2wav_cache_mib is not None and args.token2wav_cache_mib < 0:
-        raise InputError(f"--token2wav-cache-mib must be at least 0, got {args.token2wav_cache_mib}")
     config = serve_config(args)
+    options = model_options(args)
     backend_opts = {"max_queue": args.max_queue}  # the app's deadlines apply the queue and request timeouts
     if args.ray:
-        for flag, value in (("--flow-steps", args.flow_steps), ("--token2wav-cache-mib", args.token2wav_cache_mib)):
-            if value is not None:
-                raise InputError(f"{flag} is not supported with --ray yet (the replicas load the model's default)")
         from vocalis.serve.ray_app import run_ray
 
-        return run_ray(args.model, config, backend_opts, host=args.host, port=args.port, replicas=args.replicas,
-                       threads=args.threads, device=args.device)
+        return run_ray(args.model, config, backend_opts, options, host=args.host, port=args.port,
+                       replicas=args.replicas, threads=args.threads)
     from vocalis.serve.app import create_app
     from vocalis.serve.engine_backend import EngineBackend
-    from vocalis.tts import TTS
 
     if args.threads > 0:
         import torch
 
         torch.set_num_threads(args.threads)
-    tts = TTS.load(args.model, device=args.device, flow_steps=args.flow_steps)
-    if args.token2wav_cache_mib is not None:
-        tts.token2wav_config = dataclasses.replace(tts.token2wav_config, max_cache_mib=args.token2wav_cache_mib)
+    tts = options.load(args.model)
     if tts.model.kind == "random":
         log.warning("no trained model is installed: the built-in model has RANDOM weights and makes noise")
     app = create_app(EngineBackend(tts, **backend_opts), config)

@@ -15,7 +15,7 @@ import signal
 import threading
 from typing import Any
 
-from vocalis.serve.config import ServeConfig
+from vocalis.serve.config import ModelOptions, ServeConfig
 
 log = logging.getLogger(__name__)
 APP_NAME = "vocalis"
@@ -28,17 +28,16 @@ def _deployment_class() -> Any:
     class VocalisReplica:
         """One model copy behind Ray Serve; the ASGI app is built after __init__ on the replica."""
 
-        def __init__(self, model: str | None, config: ServeConfig, backend_opts: dict[str, Any], threads: int,
-                     device: str) -> None:
+        def __init__(self, model: str | None, config: ServeConfig, backend_opts: dict[str, Any],
+                     options: ModelOptions, threads: int) -> None:
             import torch
 
             from vocalis.serve.engine_backend import EngineBackend
-            from vocalis.tts import TTS
 
             if threads > 0:
                 torch.set_num_threads(threads)
             self.config = config
-            self.backend = EngineBackend(TTS.load(model, device=device), **backend_opts)
+            self.backend = EngineBackend(options.load(model), **backend_opts)
 
         def __serve_build_asgi_app__(self) -> Any:
             from vocalis.serve.app import create_app
@@ -48,9 +47,9 @@ def _deployment_class() -> Any:
     return VocalisReplica
 
 
-def deploy(model: str | None, config: ServeConfig, backend_opts: dict[str, Any], *, host: str = "127.0.0.1",
-           port: int = 8000, replicas: int = 1, threads: int = 0, device: str = "cpu",
-           num_cpus: int | None = None) -> None:
+def deploy(model: str | None, config: ServeConfig, backend_opts: dict[str, Any],
+           options: ModelOptions | None = None, *, host: str = "127.0.0.1", port: int = 8000, replicas: int = 1,
+           threads: int = 0, num_cpus: int | None = None) -> None:
     """Start (or join) Ray, start Serve's HTTP proxy on host:port and deploy `replicas` model replicas."""
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no phoning home
     import ray
@@ -64,6 +63,7 @@ def deploy(model: str | None, config: ServeConfig, backend_opts: dict[str, Any],
                      _node_ip_address="127.0.0.1")
     serve.start(http_options={"host": host, "port": port})
     per_replica_cpus = max(1, threads) if threads > 0 else 1
+    options = options or ModelOptions()
     deployment = serve.deployment(_deployment_class(), name="VocalisReplica").options(
         num_replicas=replicas,
         # Ray's own per-replica limit must not cut in before our bounded queue answers 503.
@@ -71,7 +71,7 @@ def deploy(model: str | None, config: ServeConfig, backend_opts: dict[str, Any],
         ray_actor_options={"num_cpus": per_replica_cpus},
         graceful_shutdown_timeout_s=10,
     )
-    serve.run(deployment.bind(model, config, backend_opts, threads, device), name=APP_NAME, route_prefix="/")
+    serve.run(deployment.bind(model, config, backend_opts, options, threads), name=APP_NAME, route_prefix="/")
     log.info("Ray Serve: %d replica(s) of %s at http://%s:%d", replicas, model or "the built-in model", host, port)
 
 
@@ -85,8 +85,8 @@ def shutdown() -> None:
         ray.shutdown()
 
 
-def run_ray(model: str | None, config: ServeConfig, backend_opts: dict[str, Any], *, host: str, port: int,
-            replicas: int, threads: int, device: str) -> int:
+def run_ray(model: str | None, config: ServeConfig, backend_opts: dict[str, Any], options: ModelOptions, *,
+            host: str, port: int, replicas: int, threads: int) -> int:
     """`vocalis serve --ray`: deploy, then wait for Ctrl-C or SIGTERM and take everything down."""
     try:
         import ray  # noqa: F401
@@ -101,7 +101,7 @@ def run_ray(model: str | None, config: ServeConfig, backend_opts: dict[str, Any]
         raise InputError("--replicas must be at least 1")
     stop = threading.Event()
     try:
-        deploy(model, config, backend_opts, host=host, port=port, replicas=replicas, threads=threads, device=device)
+        deploy(model, config, backend_opts, options, host=host, port=port, replicas=replicas, threads=threads)
         # After ray.init, which installs its own fatal-signal handlers: a SIGTERM must mean "shut down cleanly".
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: stop.set())
