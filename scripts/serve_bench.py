@@ -261,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---|---|---|---|---|")
     for r in results:
         kv = "n/a" if r["kv_usage_idle"] is None else f"{r['kv_usage_idle']:.3f}"
-        print(f"| {r['backend']} | {r['audio_s_per_s']:.2f} | {r['first_chunk_p50_s']:.2f} / "
+        print(f"| {r['backend']} | {r['audio_s_per_s']:.3g} | {r['first_chunk_p50_s']:.2f} / "
               f"{r['first_chunk_p95_s']:.2f} | {r['errors']} | {r['rss_spread']:+.1%} | {kv} |")
     base = next((r for r in results if r["backend"] == "threaded"), None)
     for r in results:

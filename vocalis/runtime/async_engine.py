@@ -18,7 +18,8 @@ loop piece by piece.
 Abort (explicit, or the consumer cancelled) frees the job's KV blocks and token2wav caches on the loop's next
 iteration boundary: at once when idle, after the step in flight otherwise. Each time the loop runs out of work it
 gives the heap's free memory back to the system (`runtime.heap`; `release_heap_when_idle`), so a server's RSS does
-not creep up from burst to burst.
+not creep up from burst to burst; under sustained load it does so after a step once RSS has grown past a slack
+(`HeapWatch`), so the holes that large batched steps free never add up to more than the machine has.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ from vocalis.kernels.threads import release_openmp_pool
 from vocalis.model_dir import LoadedModel
 from vocalis.runtime.backends import Runtime, make_llm_engine
 from vocalis.runtime.handle import END, EngineClosed, Job, StreamHandle, new_job_id
-from vocalis.runtime.heap import release_free_heap
+from vocalis.runtime.heap import HeapWatch, release_free_heap
 from vocalis.runtime.step_grouping import StepGrouping, StreamReadiness, plan_token2wav_step
 from vocalis.runtime.text_pump import TextPump
 from vocalis.token2wav.config import Token2WavConfig
@@ -68,6 +69,7 @@ class AsyncEngine:
         self.release_heap_when_idle = release_heap_when_idle
         self._heap_used = False  # loop thread only: work ran since the heap was last released
         self.num_heap_releases = 0
+        self.heap_watch = HeapWatch()  # loop thread only
         self.llm = llm
         self.token2wav = token2wav
         self.grouping = grouping if grouping is not None else StepGrouping()
@@ -254,6 +256,7 @@ class AsyncEngine:
                 self._heap_used = False
                 if self.release_heap_when_idle and release_free_heap():
                     self.num_heap_releases += 1
+                    self.heap_watch.base = None  # the next step measures from the released size
                 continue
             self._heap_used = True
             for kind, payload in inbox:
@@ -264,6 +267,8 @@ class AsyncEngine:
                 return
             try:
                 self._iteration()
+                if self.release_heap_when_idle:
+                    self.heap_watch.after_step()
             except Exception as exc:  # a bug: fail what is running rather than hang every caller
                 log.exception("engine step failed")
                 for job_id in list(self._jobs):
