@@ -46,7 +46,7 @@ from vocalis.kernels.threads import release_openmp_pool
 from vocalis.model_dir import LoadedModel
 from vocalis.runtime.backends import Runtime, make_llm_engine
 from vocalis.runtime.handle import END, EngineClosed, Job, StreamHandle, new_job_id
-from vocalis.runtime.heap import HeapWatch, release_free_heap
+from vocalis.runtime.heap import HeapWatch
 from vocalis.runtime.step_grouping import StepGrouping, StreamReadiness, plan_token2wav_step
 from vocalis.runtime.text_pump import TextPump
 from vocalis.token2wav.config import Token2WavConfig
@@ -254,9 +254,8 @@ class AsyncEngine:
                     closing = self._closing
             if idle:  # out of work after some: free heap back to the system, outside the lock, then sleep
                 self._heap_used = False
-                if self.release_heap_when_idle and release_free_heap():
+                if self.release_heap_when_idle and self.heap_watch.release():
                     self.num_heap_releases += 1
-                    self.heap_watch.base = None  # the next step measures from the released size
                 continue
             self._heap_used = True
             for kind, payload in inbox:

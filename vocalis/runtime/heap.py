@@ -61,27 +61,35 @@ def _page_size() -> int:
 
 
 class HeapWatch:
-    """Release the heap's free memory after a step when RSS has grown by more than `slack` since the last release
-    (at least `min_slack_bytes`, else `slack_fraction` of the RSS then): a bounded overshoot for the cost of a
-    /proc read per step and a `malloc_trim` (~0.1 s per GB freed) only when the holes are large."""
+    """The engine loop's heap releases: `release()` when it runs out of work, and `after_step()` after a step,
+    which releases when RSS has grown by more than the slack since the last release (at least `min_slack_bytes`,
+    else `slack_fraction` of the RSS then): a bounded overshoot for the cost of a /proc read per step and a
+    `malloc_trim` (~0.1 s per GB freed) only when the holes are large."""
 
     def __init__(self, min_slack_bytes: int = 1 << 30, slack_fraction: float = 0.25) -> None:
         self.min_slack_bytes = min_slack_bytes
         self.slack_fraction = slack_fraction
-        self.base: int | None = None  # RSS after the last release
-        self.releases = 0
+        self.base: int | None = None  # RSS after the last release (None: measured at the next step)
+        self.releases = 0  # by after_step
+
+    def release(self) -> bool:
+        """Release now; True when the C library could be asked. The next step measures from the released size."""
+        self.base = None
+        return release_free_heap()
 
     def after_step(self) -> bool:
         """True when it released."""
+        if _malloc_trim() is None:
+            return False
         rss = rss_bytes()
-        if rss is None or _malloc_trim() is None:
+        if rss is None:
             return False
         if self.base is None or rss < self.base:
             self.base = rss
             return False
         if rss - self.base <= max(self.min_slack_bytes, int(self.slack_fraction * self.base)):
             return False
-        release_free_heap()
+        self.release()
         self.base = rss_bytes()
         self.releases += 1
         return True
