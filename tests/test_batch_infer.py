@@ -180,3 +180,22 @@ def test_streaming_run_in_process_records_first_chunk(job: dict[str, Path], tmp_
     assert summary is not None and summary["done"] == 1 and summary["stream"] is True
     assert 0 < summary["items"]["s1"]["first_chunk_seconds"] <= summary["items"]["s1"]["compute_seconds"]
     assert is_finished(tmp_path / "out" / "s1.wav")
+
+
+def test_model_flags_reach_the_engine(job: dict[str, Path], tmp_path: Path) -> None:
+    """`vocalis infer --precision/--flow-steps/--final-chunk` load the ranks' engine as `vocalis serve` does."""
+    manifest = tmp_path / "one.jsonl"
+    manifest.write_text('{"id": "s1", "text": "Hi there."}\n', encoding="utf-8")
+    runs = {"default": [], "steps": ["--flow-steps", "2", "--final-chunk", "causal"], "int8": ["--precision", "int8"]}
+    audio, summaries = {}, {}
+    for name, flags in runs.items():
+        out = tmp_path / name
+        argv = ["infer", "--manifest", str(manifest), "--out", str(out), "--model", str(job["model"]),
+                "--no-progress", "--stream", *flags]
+        assert main(argv) == 0
+        audio[name], _ = sf.read(str(out / "s1.wav"), dtype="float32")
+        summaries[name] = _summary(out)
+    assert "precision fp32" in summaries["default"]["runtime"] and "precision int8" in summaries["int8"]["runtime"]
+    assert (summaries["steps"]["flow_steps"], summaries["steps"]["final_chunk"]) == (2, "causal")
+    # same seed, same fp32 LLM: the same tokens, so the same length; 2 Euler steps instead of 10: other samples
+    assert audio["steps"].shape == audio["default"].shape and not np.allclose(audio["steps"], audio["default"])

@@ -108,20 +108,29 @@ def test_cli_flags(model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixtur
     assert main(["speak", "Hi there.", "-o", str(out), "--model", str(model_dir), "--flow-steps", "2"]) == 0
     wav, sr = sf.read(out)
     assert sr == 24000 and len(wav) > 0 and np.isfinite(wav).all()
-    with pytest.raises(SystemExit) as exit_info:
-        main(["speak", "Hi.", "-o", str(tmp_path / "x.wav"), "--flow-steps", "0"])
-    assert exit_info.value.code == 2 and "--flow-steps: must be at least 1" in capsys.readouterr().err
-    for argv, message in ((["serve", "--flow-steps", "0"], "--flow-steps must be at least 1"),
-                          (["serve", "--ray", "--flow-steps", "0"], "--flow-steps must be at least 1"),
-                          (["serve", "--token2wav-cache-mib", "-1"], "--token2wav-cache-mib must be at least 0"),
-                          (["serve", "--ray", "--precision", "int4"], "unknown precision 'int4'")):
-        assert main(argv) == 2
-        assert message in capsys.readouterr().err
+    # every entry point that loads a model takes the same flags, with the same usage errors before anything loads
+    commands = {"speak": ["speak", "Hi.", "-o", str(tmp_path / "x.wav")], "serve": ["serve"],
+                "serve --ray": ["serve", "--ray"],
+                "infer": ["infer", "--manifest", str(tmp_path / "m.jsonl"), "--out", str(tmp_path / "out")],
+                "export-triton": ["export-triton", str(tmp_path / "repo")]}
+    for name, argv in commands.items():
+        for flags, message in ((["--flow-steps", "0"], "--flow-steps: must be at least 1"),
+                               (["--token2wav-cache-mib", "-1"], "--token2wav-cache-mib: must be at least 0"),
+                               (["--final-chunk", "half"], "--final-chunk: invalid choice")):
+            with pytest.raises(SystemExit) as exit_info:
+                main(argv + flags)
+            assert exit_info.value.code == 2 and message in capsys.readouterr().err, (name, flags)
+        assert main(argv + ["--precision", "int4"]) == 2
+        assert "--precision must be one of auto, fp32" in capsys.readouterr().err, name
+    for name in ("speak", "serve", "serve --ray", "infer"):  # the machine it runs on is checked before loading
+        assert main(commands[name] + ["--precision", "fp16"]) == 2
+        assert "fp16 needs a CUDA GPU" in capsys.readouterr().err, name
+    assert not (tmp_path / "out").exists() and not (tmp_path / "repo").exists()
 
 
 def test_server_model_options(model_dir: Path) -> None:
     """What `vocalis serve` (and each Ray replica) loads: the flags reach the engine that serves."""
-    from vocalis.serve.config import ModelOptions
+    from vocalis.model_options import ModelOptions
 
     tts = ModelOptions(precision="int8", flow_steps=3, token2wav_cache_mib=7, final_chunk="causal").load(model_dir)
     with tts:

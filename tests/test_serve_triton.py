@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import py_compile
+import re
 import shutil
 import subprocess
 import sys
@@ -32,13 +33,20 @@ def test_export_writes_a_decoupled_python_repository(tmp_path: Path, tmp_path_fa
     from serve_support import _QUICK
 
     model = Path(str(_QUICK["dir"]))
-    r = export(tmp_path / "repo", "--model", str(model), "--max-batch-size", "4")
+    r = export(tmp_path / "repo", "--model", str(model), "--max-batch-size", "4", "--precision", "int8",
+               "--flow-steps", "4", "--final-chunk", "causal")
     assert r.returncode == 0, r.stderr
     repo = tmp_path / "repo"
     config = (repo / "vocalis" / "config.pbtxt").read_text()
     for needle in ('backend: "python"', "decoupled: true", "dynamic_batching", "max_batch_size: 4",
-                   f'string_value: "{model}"', 'name: "TEXT", data_type: TYPE_STRING', 'name: "AUDIO"'):
+                   f'string_value: "{model}"', 'name: "TEXT", data_type: TYPE_STRING', 'name: "AUDIO"', "KIND_CPU"):
         assert needle in config, needle
+    # the model loads with what the flags said (the same options `vocalis serve` takes)
+    from vocalis.model_options import ModelOptions
+
+    params = dict(re.findall(r'key: "(\w+)", value: \{ string_value: "([^"]*)" \}', config))
+    assert ModelOptions.from_params(params) == ModelOptions(precision="int8", flow_steps=4, final_chunk="causal")
+    assert ModelOptions.from_params(ModelOptions().as_params()) == ModelOptions()
     py_compile.compile(str(repo / "vocalis" / "1" / "model.py"), doraise=True)
     assert "tritonserver" in (repo / "Dockerfile").read_text() and "generate_stream" in (repo / "README.md").read_text()
     again = export(tmp_path / "repo")

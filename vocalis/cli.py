@@ -11,13 +11,13 @@ from pathlib import Path
 import numpy as np
 
 from vocalis.errors import VocalisError
+from vocalis.model_options import add_model_arguments, at_least, model_options
 
 log = logging.getLogger("vocalis")
 
 
 def _speak(args: argparse.Namespace) -> int:
     from vocalis.audio_file import check_output_path, write_audio
-    from vocalis.tts import TTS
 
     check_output_path(args.output)
     text = sys.stdin.read() if args.text == "-" else args.text
@@ -26,8 +26,7 @@ def _speak(args: argparse.Namespace) -> int:
     if args.prompt_text and not args.prompt_wav:
         raise VocalisError("--prompt-text needs --prompt-wav")
     start = time.perf_counter()
-    tts = TTS.load(args.model, device=args.device, backend=args.backend, precision=args.precision,
-                   flow_steps=args.flow_steps)
+    tts = model_options(args, "speak").load(args.model)
     if tts.model.kind == "random":
         log.warning(
             "no trained model is installed: using the tiny preset with RANDOM weights, so the output is noise, not "
@@ -93,21 +92,12 @@ def _info(args: argparse.Namespace) -> int:
     return 0
 
 
-def _positive_int(value: str) -> int:
-    try:
-        n = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
-    return n
-
-
 def _infer(args: argparse.Namespace) -> int:
     from vocalis.batch.infer import InferOptions, describe_summary, run_batch
 
-    options = InferOptions(Path(args.manifest), Path(args.out), args.model, args.stream, args.device, args.seed,
-                           progress=not args.no_progress, in_flight=args.in_flight)
+    options = InferOptions(Path(args.manifest), Path(args.out), args.model, args.stream,
+                           model_options(args, "infer"), args.seed, progress=not args.no_progress,
+                           in_flight=args.in_flight)
     summary = run_batch(options)
     for line in describe_summary(summary) if summary is not None else ():
         log.info("%s", line)
@@ -142,12 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--seed", type=int, help="random seed for reproducible output")
     sp.add_argument("--language", default="auto", help="text normalisation language: auto, en, zh, ja")
     sp.add_argument("--no-text-frontend", action="store_true", help="skip text normalisation and sentence split")
-    sp.add_argument("--device", default="cpu", help="cpu or cuda")
-    sp.add_argument("--precision", default="fp32", help="fp32, bf16, fp16 (GPU), int8 (CPU) or auto")
-    sp.add_argument("--backend", default="torch",
-                    help="torch, onnx, tensorrt (GPU), compile, vllm (needs VOCALIS_VLLM_PYTHON) or auto")
-    sp.add_argument("--flow-steps", type=_positive_int, metavar="N",
-                    help="Euler steps of the flow: fewer is faster, the mel coarser (default: the model's, 10)")
+    add_model_arguments(sp)
     sp.set_defaults(func=_speak)
 
     cv = sub.add_parser("convert", help="official CosyVoice2 directory -> Vocalis directory (safetensors + json)")
@@ -165,8 +150,8 @@ def build_parser() -> argparse.ArgumentParser:
     bi.add_argument("--model", help="model directory (default: the built-in model)")
     bi.add_argument("--stream", action="store_true", help="synthesise chunk by chunk (records first-chunk latency)")
     bi.add_argument("--seed", type=int, default=0, help="base seed; an item's seed is this + crc32(id)")
-    bi.add_argument("--device", default="auto", help="auto (cuda:LOCAL_RANK if available), cpu or cuda")
-    bi.add_argument("--in-flight", type=_positive_int, default=8,
+    add_model_arguments(bi, device="auto")  # auto: cuda:LOCAL_RANK where CUDA is visible
+    bi.add_argument("--in-flight", type=at_least(1), default=8,
                     help="items synthesised at once per rank (batched by the engine; default 8)")
     bi.add_argument("--no-progress", action="store_true", help="no progress bar")
     bi.set_defaults(func=_infer)

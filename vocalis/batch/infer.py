@@ -36,6 +36,7 @@ import soundfile as sf
 import torch
 
 from vocalis.errors import InputError, VocalisError
+from vocalis.model_options import ModelOptions
 from vocalis.batch.manifest import ManifestItem, read_manifest
 
 log = logging.getLogger(__name__)
@@ -71,7 +72,8 @@ class InferOptions:
     out_dir: Path
     model: str | None = None  # model directory; None: the built-in model
     stream: bool = False  # synthesise chunk by chunk (also records first-chunk latency)
-    device: str = "auto"  # "auto": cuda:<LOCAL_RANK> when CUDA is available, else cpu
+    # device "auto": cuda:<LOCAL_RANK> when CUDA is available, else cpu
+    load: ModelOptions = field(default_factory=lambda: ModelOptions(device="auto"))
     seed: int = 0
     progress: bool = True
     in_flight: int = 8  # items synthesised at once per rank (the engine batches them)
@@ -96,6 +98,7 @@ class RankReport:
     load_seconds: float = 0.0
     wall_seconds: float = 0.0
     model: str | None = None
+    runtime: str | None = None  # what the rank loaded: backend and precision as resolved, on which device
     sample_rate: int | None = None
 
 
@@ -164,12 +167,7 @@ class _Worker:
     batches their LLM and token2wav steps)."""
 
     def __init__(self, options: InferOptions, info: RankInfo) -> None:
-        from vocalis.tts import TTS
-
-        device = options.device
-        if device == "auto":
-            device = f"cuda:{info.local_rank}" if torch.cuda.is_available() else "cpu"
-        self.tts = TTS.load(options.model, device=device)
+        self.tts = options.load.load(options.model, local_rank=info.local_rank)
         if self.tts.model.kind == "random":
             log.warning("rank %d: no trained model given: the built-in RANDOM-weight model writes noise", info.rank)
         self.options = options
@@ -234,6 +232,7 @@ def _run_shard(options: InferOptions, info: RankInfo, items: list[ManifestItem])
     worker = _Worker(options, info)
     report.load_seconds = time.perf_counter() - load_start
     report.model, report.sample_rate = worker.tts.model.describe(), worker.tts.sample_rate
+    report.runtime = worker.tts.runtime.describe()
     progress = _Progress(len(items), len(items) - len(todo), options.progress and info.rank == 0,
                          f"rank 0/{info.world_size}" if info.world_size > 1 else "infer")
     def process(item: ManifestItem) -> ItemResult:
@@ -293,6 +292,7 @@ def merge_reports(reports: list[dict[str, Any]], previous: dict[str, Any] | None
     return {
         **context,
         "model": next((rep["model"] for rep in reports if rep["model"]), (previous or {}).get("model")),
+        "runtime": next((rep["runtime"] for rep in reports if rep.get("runtime")), (previous or {}).get("runtime")),
         "sample_rate": next((rep["sample_rate"] for rep in reports if rep["sample_rate"]),
                             (previous or {}).get("sample_rate")),
         "total": len(results),
@@ -325,7 +325,7 @@ def _barrier(info: RankInfo) -> None:
 def _init_process_group(options: InferOptions, info: RankInfo) -> None:
     import torch.distributed as dist
 
-    use_cuda = options.device.startswith("cuda") or (options.device == "auto" and torch.cuda.is_available())
+    use_cuda = options.load.resolved_device(info.local_rank).startswith("cuda")
     if use_cuda:
         torch.cuda.set_device(info.local_rank)
     dist.init_process_group("nccl" if use_cuda else "gloo", timeout=_BARRIER_TIMEOUT)
@@ -370,7 +370,9 @@ def _merge_on_rank0(options: InferOptions, info: RankInfo, total: int) -> dict[s
         except (OSError, ValueError):
             log.warning("ignoring unreadable %s", summary_path)
     context = {"manifest": str(options.manifest), "out_dir": str(options.out_dir), "world_size": info.world_size,
-               "stream": options.stream, "seed": options.seed}
+               "stream": options.stream, "seed": options.seed, "precision": options.load.precision,
+               "backend": options.load.backend, "flow_steps": options.load.flow_steps,
+               "final_chunk": options.load.final_chunk}
     summary = merge_reports(reports, previous, context)
     if summary["total"] != total:  # every item must be accounted for by exactly one rank
         raise RuntimeError(f"merged {summary['total']} results for {total} manifest items")

@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 from vocalis.errors import InputError
+from vocalis.model_options import add_model_arguments, model_options
 
 log = logging.getLogger("vocalis")
 
@@ -44,17 +45,7 @@ def add_serve_commands(sub: argparse._SubParsersAction) -> None:
     sv.add_argument("--allowed-origins", default="", metavar="ORIGINS",
                     help="comma-separated browser origins (https://app.example) that may call the API ('*': any)")
     sv.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
-    sv.add_argument("--device", default="cpu", help="cpu or cuda")
-    sv.add_argument("--precision", default="fp32", help="fp32, bf16, fp16 (GPU), int8 (CPU) or auto (the fastest here)")
-    sv.add_argument("--backend", default="torch", help="torch, onnx, tensorrt (GPU), compile or auto")
-    sv.add_argument("--final-chunk", default="full", choices=("full", "causal"),
-                    help="a stream's last chunk: full = the reference's full-attention pass, exactly (default); "
-                         "causal = block-causal like the others, one flow pass cheaper per request")
-    sv.add_argument("--flow-steps", type=int, metavar="N",
-                    help="Euler steps of the flow: fewer is faster, the mel coarser (default: the model's, 10)")
-    sv.add_argument("--token2wav-cache-mib", type=int, metavar="MIB",
-                    help="memory for the streams' token2wav caches; beyond it the largest recompute their chunks "
-                         "(default: a quarter of the device's memory)")
+    add_model_arguments(sv)
     sv.add_argument("--no-web-page", action="store_true", help="do not serve the web page at /")
     sv.add_argument("--ray", action="store_true", help="run as a Ray Serve deployment (needs ray[serve])")
     sv.add_argument("--replicas", type=int, default=1, help="Ray Serve replicas (with --ray)")
@@ -65,6 +56,8 @@ def add_serve_commands(sub: argparse._SubParsersAction) -> None:
     tr.add_argument("--model", help="model directory the Triton model loads (default: the built-in model)")
     tr.add_argument("--name", default="vocalis", help="Triton model name")
     tr.add_argument("--max-batch-size", type=int, default=8)
+    tr.add_argument("--gpu", action="store_true", help="instances on the GPU (KIND_GPU; default KIND_CPU)")
+    add_model_arguments(tr, device=None)
     tr.set_defaults(func=export_triton_command)
 
 
@@ -108,19 +101,6 @@ def serve_config(args: argparse.Namespace):  # -> ServeConfig
         raise InputError(f"vocalis serve: {exc}") from None
 
 
-def model_options(args: argparse.Namespace):  # -> ModelOptions
-    from vocalis.runtime.backends import resolve
-    from vocalis.serve.config import ModelOptions
-
-    resolve(args.backend, args.precision, args.device)  # before any replica starts: an unknown choice is a usage error
-    try:
-        return ModelOptions(device=args.device, precision=args.precision, backend=args.backend,
-                            flow_steps=args.flow_steps, token2wav_cache_mib=args.token2wav_cache_mib,
-                            final_chunk=args.final_chunk)
-    except ValueError as exc:
-        raise InputError(f"vocalis serve: {exc}") from None
-
-
 def serve_command(args: argparse.Namespace) -> int:
     try:
         import fastapi  # noqa: F401
@@ -128,7 +108,7 @@ def serve_command(args: argparse.Namespace) -> int:
     except ImportError:
         raise InputError("serving needs the serve extra: pip install 'vocalis[serve]'") from None
     config = serve_config(args)
-    options = model_options(args)
+    options = model_options(args, "serve")
     backend_opts = {"max_queue": args.max_queue}  # the app's deadlines apply the queue and request timeouts
     if args.ray:
         from vocalis.serve.ray_app import run_ray
@@ -157,6 +137,9 @@ def serve_command(args: argparse.Namespace) -> int:
 def export_triton_command(args: argparse.Namespace) -> int:
     from vocalis.serve.triton_export import export_triton
 
-    out = export_triton(Path(args.out_dir), args.model, name=args.name, max_batch_size=args.max_batch_size)
+    # not checked against this machine: the repository is served on another host
+    options = model_options(args, "export-triton", check=False)
+    out = export_triton(Path(args.out_dir), args.model, name=args.name, max_batch_size=args.max_batch_size,
+                        gpu=args.gpu, options=options)
     log.info("wrote Triton model repository %s", out)
     return 0

@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from vocalis.tts import TTS
 
 
 def default_voices_dir() -> Path:
@@ -76,41 +72,3 @@ class ServeConfig:
                  self.header_timeout_s, self.body_timeout_s, self.shutdown_grace_s)
         if any(t < 0 for t in times):
             raise ValueError("timeouts and the shutdown grace must be >= 0")
-
-
-@dataclass(frozen=True, slots=True)
-class ModelOptions:
-    """How a server (or each Ray Serve replica) loads its model: what `TTS.load` and the token2wav config take.
-
-    precision / backend: as `vocalis speak` (`vocalis.runtime.backends`; "auto" picks by the CPU or GPU).
-    flow_steps: Euler steps of the flow (None: the model's).
-    token2wav_cache_mib: the streams' token2wav cache budget (None: a quarter of the device's memory).
-    final_chunk: "full" (the reference's last call exactly: one more full-attention flow pass per streamed
-        request) or "causal" (block-causal like the earlier chunks: linear cost; the last hop may differ from
-        the reference by how much the model's two attention modes disagree on it).
-    """
-
-    device: str = "cpu"
-    precision: str = "fp32"
-    backend: str = "torch"
-    flow_steps: int | None = None
-    token2wav_cache_mib: int | None = None
-    final_chunk: str = "full"
-
-    def __post_init__(self) -> None:
-        if self.flow_steps is not None and self.flow_steps < 1:
-            raise ValueError(f"--flow-steps must be at least 1, got {self.flow_steps}")
-        if self.token2wav_cache_mib is not None and self.token2wav_cache_mib < 0:
-            raise ValueError(f"--token2wav-cache-mib must be at least 0, got {self.token2wav_cache_mib}")
-        if self.final_chunk not in ("full", "causal"):
-            raise ValueError(f"--final-chunk must be 'full' or 'causal', got {self.final_chunk!r}")
-
-    def load(self, model: str | None) -> TTS:
-        from vocalis.tts import TTS
-
-        tts = TTS.load(model, device=self.device, backend=self.backend, precision=self.precision,
-                       flow_steps=self.flow_steps)
-        tts.token2wav_config = replace(tts.token2wav_config, final_attention=self.final_chunk,
-                                       **({} if self.token2wav_cache_mib is None
-                                          else {"max_cache_mib": self.token2wav_cache_mib}))
-        return tts

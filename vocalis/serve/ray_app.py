@@ -15,7 +15,8 @@ import signal
 import threading
 from typing import Any
 
-from vocalis.serve.config import ModelOptions, ServeConfig
+from vocalis.model_options import ModelOptions
+from vocalis.serve.config import ServeConfig
 
 log = logging.getLogger(__name__)
 APP_NAME = "vocalis"

@@ -16,6 +16,7 @@ import shutil
 from pathlib import Path
 
 from vocalis.errors import InputError
+from vocalis.model_options import ModelOptions
 
 TEMPLATE = Path(__file__).resolve().parent / "triton" / "model.py"
 
@@ -39,7 +40,7 @@ output [
 instance_group [ {{ count: 1, kind: {kind} }} ]
 parameters {{ key: "model_dir", value: {{ string_value: "{model_dir}" }} }}
 parameters {{ key: "torch_threads", value: {{ string_value: "{threads}" }} }}
-"""
+{model_options}"""
 
 _DOCKERFILE = """\
 # Triton + Vocalis. Build from the folder `vocalis export-triton` wrote, with the Vocalis source (or a wheel)
@@ -60,8 +61,10 @@ dynamic batching (max batch {max_batch_size}). Inputs: TEXT (string), optional V
 SPEED (fp32), SEED (int64). Outputs: AUDIO (fp32 samples), SAMPLE_RATE (int32).
 
 Run: `tritonserver --model-repository=$PWD` in an environment where `pip install vocalis` was done (see
-Dockerfile; on a GPU host set `kind: KIND_GPU` in config.pbtxt). Model weights: the `model_dir` parameter
-(`{model_dir}`; empty = the built-in model) must exist inside the container — mount it there.
+Dockerfile; on a GPU host export with `--gpu` or set `kind: KIND_GPU` in config.pbtxt). Model weights: the `model_dir` parameter
+(`{model_dir}`; empty = the built-in model) must exist inside the container — mount it there. The `precision`,
+`backend`, `flow_steps`, `final_chunk` and `token2wav_cache_mib` parameters are `vocalis serve`'s flags of the
+same names (empty = the default).
 
 Stream over HTTP (server-sent events):
 
@@ -72,8 +75,9 @@ or with gRPC: `tritonclient.grpc.InferenceServerClient(...).start_stream(callbac
 
 
 def export_triton(out: Path, model: str | None = None, *, name: str = "vocalis", max_batch_size: int = 8,
-                  gpu: bool = False, threads: int = 0) -> Path:
-    """Write the repository; refuses to overwrite an existing model folder."""
+                  gpu: bool = False, threads: int = 0, options: ModelOptions | None = None) -> Path:
+    """Write the repository; refuses to overwrite an existing model folder. `options` (precision, backend, flow
+    steps, final chunk, cache budget) become parameters the Triton model loads with; the device is the instance's."""
     if not name.replace("_", "").replace("-", "").isalnum():
         raise InputError(f"invalid Triton model name {name!r}: use letters, digits, '_' and '-'")
     if max_batch_size < 1:
@@ -89,7 +93,9 @@ def export_triton(out: Path, model: str | None = None, *, name: str = "vocalis",
         raise InputError(f"{target} already exists; choose another OUT folder or --name")
     (target / "1").mkdir(parents=True)
     fields = {"name": name, "max_batch_size": max_batch_size, "model_dir": model_dir.replace('"', '\\"'),
-              "kind": "KIND_GPU" if gpu else "KIND_CPU", "threads": threads}
+              "kind": "KIND_GPU" if gpu else "KIND_CPU", "threads": threads,
+              "model_options": "".join(f'parameters {{ key: "{k}", value: {{ string_value: "{v}" }} }}\n'
+                                       for k, v in (options or ModelOptions()).as_params().items())}
     (target / "config.pbtxt").write_text(_CONFIG.format(**fields))
     shutil.copyfile(TEMPLATE, target / "1" / "model.py")
     (out / "Dockerfile").write_text(_DOCKERFILE.format(**fields))

@@ -2,7 +2,8 @@
 
 Written into a model repository by `vocalis export-triton` (as `<name>/1/model.py`); the Python environment
 Triton runs the stub in must have `vocalis` installed. Parameters (config.pbtxt): `model_dir` (empty: the
-built-in model), `torch_threads`.
+built-in model), `torch_threads`, and `precision`, `backend`, `flow_steps`, `final_chunk`, `token2wav_cache_mib`
+(`vocalis serve`'s flags of the same names; empty: the default).
 
 Inputs (each request is one utterance; batch dimension of 1 per request):
   TEXT (BYTES)          text to say
@@ -45,14 +46,16 @@ class TritonPythonModel:
     def initialize(self, args: dict) -> None:
         import torch
 
-        from vocalis.tts import TTS
+        from vocalis.model_options import ModelOptions
 
         config = json.loads(args["model_config"])
         params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
         threads = int(params.get("torch_threads", "0") or 0)
         if threads > 0:
             torch.set_num_threads(threads)
-        self.tts = TTS.load(params.get("model_dir") or None)
+        # the instance's device; precision, backend, flow steps, final chunk, cache budget from the parameters
+        device = f"cuda:{args.get('model_instance_device_id', '0')}" if args.get("model_instance_kind") == "GPU" else "cpu"
+        self.tts = ModelOptions.from_params(params, device=device).load(params.get("model_dir") or None)
         self.sample_rate = np.array([self.tts.sample_rate], dtype=np.int32)
         # one thread per request in flight: each only waits on its chunks, the engine loop does the work
         self.pool = ThreadPoolExecutor(max_workers=int(params.get("max_in_flight", "64") or 64),
