@@ -94,7 +94,8 @@ def sse_events(url: str, body: dict) -> list[dict]:
 def test_triton_serves_the_exported_model(tmp_path: Path) -> None:
     dist = triton_venv()
     model = make_quick_tiny_model_dir(tmp_path / "model")
-    assert export(tmp_path / "repo", "--model", str(model)).returncode == 0
+    flags = ["--flow-steps", "3", "--final-chunk", "causal"]  # the Triton model must load with them
+    assert export(tmp_path / "repo", "--model", str(model), *flags).returncode == 0
     proc, url = start_tritonserver(dist, tmp_path / "repo", tmp_path)
     try:
         deadline = time.monotonic() + 120
@@ -113,9 +114,10 @@ def test_triton_serves_the_exported_model(tmp_path: Path) -> None:
         assert {e["SAMPLE_RATE"][0] if isinstance(e["SAMPLE_RATE"], list) else e["SAMPLE_RATE"] for e in events} == {
             24000}
         got = np.concatenate([np.asarray(e["AUDIO"], dtype=np.float32).reshape(-1) for e in events])
-        from vocalis.tts import TTS
+        from vocalis.model_options import ModelOptions
 
-        ref = np.concatenate([c.samples for c in TTS.load(model).stream(text, seed=7)])
+        with ModelOptions(flow_steps=3, final_chunk="causal").load(str(model)) as tts:
+            ref = np.concatenate([c.samples for c in tts.stream(text, seed=7)])
         np.testing.assert_allclose(got, ref, atol=1e-4)
         bad = sse_events(url + "/v2/models/vocalis/generate_stream", {"TEXT": "Hi.", "SPEED": 9.0})
         assert "speed" in json.dumps(bad)
