@@ -25,7 +25,6 @@ not creep up from burst to burst; under sustained load it does so after a step o
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
 import threading
 import time
@@ -47,6 +46,7 @@ from vocalis.model_dir import LoadedModel
 from vocalis.runtime.backends import Runtime, make_llm_engine
 from vocalis.runtime.handle import END, EngineClosed, Job, StreamHandle, new_job_id
 from vocalis.runtime.heap import HeapWatch
+from vocalis.runtime.rate import RateMeter
 from vocalis.runtime.step_grouping import StepGrouping, StreamReadiness, plan_token2wav_step
 from vocalis.runtime.text_pump import TextPump
 from vocalis.token2wav.config import Token2WavConfig
@@ -85,10 +85,9 @@ class AsyncEngine:
         self._closing = False
         self.num_llm_steps = 0
         self.num_token2wav_steps = 0
-        self.num_generated_tokens = 0
         self.last_llm_batch = 0  # requests in the last LLM step
         self.last_token2wav_batch = 0  # streams in the last token2wav step
-        self._token_times: collections.deque[tuple[float, int]] = collections.deque(maxlen=256)
+        self.generated = RateMeter()  # generated speech tokens: total and per second (for /metrics)
 
     @classmethod
     def from_model(cls, model: LoadedModel, config: EngineConfig | None = None,
@@ -193,18 +192,7 @@ class AsyncEngine:
                 "llm_steps": self.num_llm_steps, "token2wav_steps": self.num_token2wav_steps,
                 "llm_batch": self.last_llm_batch, "token2wav_batch": self.last_token2wav_batch,
                 "token2wav_waiting": self.token2wav.held,
-                "generated_tokens": self.num_generated_tokens, "tokens_per_s": self._tokens_per_s()}
-
-    def _tokens_per_s(self, window_s: float = 5.0) -> float:
-        samples = list(self._token_times)
-        now = time.monotonic()
-        recent = [(at, n) for at, n in samples if now - at <= window_s]
-        if not recent:
-            return 0.0
-        older = [(at, n) for at, n in samples if now - at > window_s]
-        base_at, base_n = older[-1] if older else (recent[0][0], recent[0][1])
-        span = now - base_at
-        return (recent[-1][1] - base_n) / span if span > 0 else 0.0
+                "generated_tokens": self.generated.total, "tokens_per_s": self.generated.rate()}
 
     # ---- preparing a job (executor thread; touches no engine state) ------------------------------------
     def _prepare(self, request: SynthesisRequest, stream: bool, handle: StreamHandle) -> Job:
@@ -302,8 +290,7 @@ class AsyncEngine:
             events = self.llm.step()
             elapsed = time.perf_counter() - start
             self.last_llm_batch = len(events)
-            self.num_generated_tokens += sum(1 for _, token in events if token is not None)
-            self._token_times.append((time.monotonic(), self.num_generated_tokens))
+            self.generated.add(sum(1 for _, token in events if token is not None))
             self._llm_step_s = elapsed if self.num_llm_steps == 0 else 0.8 * self._llm_step_s + 0.2 * elapsed
             self.num_llm_steps += 1
             for job in list(self._jobs.values()):
