@@ -62,9 +62,14 @@ def serve_side(args: argparse.Namespace) -> None:
         from vocalis.token2wav.config import Token2WavConfig
 
         final = "causal" if args._serve == "engine-causal" else "full"  # `vocalis serve --final-chunk`
+        from vocalis.model_options import ModelOptions
+
         t2w = Token2WavConfig(final_attention=final, max_cache_mib=args.t2w_cache_mib, wait_for_cache=args.t2w_wait)
+        cap = ModelOptions(max_streams=args.max_streams).streams_cap("cpu", t2w.max_batch)  # as `vocalis serve`
+        t2w = dataclasses.replace(t2w, max_streams=cap)
         backend = EngineBackend(BenchTTS(model, token2wav=t2w, runtime=runtime), **opts)
-    print(f"server: {args._serve}: {described}", file=sys.stderr, flush=True)
+    print(f"server: {args._serve}: {described}" + ("" if args._serve == "threaded" else f", max_streams {cap}"),
+          file=sys.stderr, flush=True)
     # throughput, not timeouts: no request is timed out however long it waits
     app = create_app(backend, ServeConfig(queue_timeout_s=3600.0, request_timeout_s=3600.0))
     uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning")
@@ -169,6 +174,8 @@ def run_backend(name: str, args: argparse.Namespace) -> dict[str, Any]:
         cmd += ["--t2w-cache-mib", str(args.t2w_cache_mib)]
     if args.t2w_wait:
         cmd.append("--t2w-wait")
+    if args.max_streams is not None:
+        cmd += ["--max-streams", str(args.max_streams)]
     proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
         deadline = time.monotonic() + 900
@@ -219,6 +226,7 @@ class _Args:
     threads: int
     t2w_cache_mib: int | None
     t2w_wait: bool
+    max_streams: int | None
     warmup: int | None
     seed: int
     json: str | None
@@ -241,6 +249,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--t2w-cache-mib", type=int, help="the engine server's token2wav cache budget (default: its own)")
     p.add_argument("--t2w-wait", action="store_true", help="new streams wait for token2wav cache room")
+    p.add_argument("--max-streams", type=int, help="the engine server's requests in flight (0: no cap; default: "
+                   "`vocalis serve`'s)")
     p.add_argument("--warmup", type=int, help="concurrent requests of the uncounted warm-up (default: --clients; "
                    "the threaded server serves them one after another)")
     p.add_argument("--seed", type=int, default=0)

@@ -240,6 +240,43 @@ def test_streams_beyond_the_cache_budget_wait_instead_of_recomputing(model: Load
                                    atol=ATOL, rtol=0)
 
 
+def test_requests_beyond_max_streams_queue_in_order(model: LoadedModel) -> None:
+    """`max_streams=1`: each request starts when the one before it has ended (its first chunk after the other's
+    last), a queued bi-stream keeps the text pieces that arrived while it waited, an aborted queued request just
+    ends, and the audio equals the uncapped engine's."""
+    requests = [_request(model, t, seed=i) for i, t in enumerate(TEXTS[:2])]
+
+    async def run(cap: int | None) -> tuple[list[list[AudioChunk]], list[tuple[float, float]]]:
+        with AsyncEngine.from_model(model, token2wav_config=Token2WavConfig(max_streams=cap)) as eng:
+            handles = [eng.submit(r) for r in requests]
+            handles.append(eng.submit(_pieces_request(model, iter(PIECES), seed=4)))
+            dropped = eng.submit(_request(model, TEXTS[2], seed=9))
+            await asyncio.sleep(0.05)
+            assert eng.stats()["jobs_queued"] == (3 if cap == 1 else 0)
+            await dropped.aclose()
+
+            async def timed(h: StreamHandle) -> tuple[list[AudioChunk], tuple[float, float]]:
+                chunks, first = [], None
+                async for c in h:
+                    first = first or time.monotonic()
+                    chunks.append(c)
+                return chunks, (first, time.monotonic())
+
+            out = await asyncio.gather(*[timed(h) for h in handles])
+            assert [c async for c in dropped] == [] and eng.stats()["jobs"] == eng.stats()["jobs_queued"] == 0
+            assert eng.llm.block_manager.num_free_blocks == eng.llm.block_manager.num_blocks
+            return [o[0] for o in out], [o[1] for o in out]
+
+    capped, spans = asyncio.run(run(1))
+    free, free_spans = asyncio.run(run(None))
+    assert spans[0][1] <= spans[1][0] and spans[1][1] <= spans[2][0]  # one at a time, in order
+    assert free_spans[1][0] < free_spans[0][1]  # uncapped, they overlap
+    for a, b in zip(capped, free):
+        assert a[-1].final and len(a) == len(b)
+        np.testing.assert_allclose(np.concatenate([c.samples for c in a]), np.concatenate([c.samples for c in b]),
+                                   atol=ATOL, rtol=0)
+
+
 def _rss_mib() -> float:
     with open("/proc/self/status", encoding="ascii") as f:
         return next(int(line.split()[1]) / 1024 for line in f if line.startswith("VmRSS:"))

@@ -116,7 +116,8 @@ def test_cli_flags(model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixtur
     for name, argv in commands.items():
         for flags, message in ((["--flow-steps", "0"], "--flow-steps: must be at least 1"),
                                (["--token2wav-cache-mib", "-1"], "--token2wav-cache-mib: must be at least 0"),
-                               (["--final-chunk", "half"], "--final-chunk: invalid choice")):
+                               (["--final-chunk", "half"], "--final-chunk: invalid choice"),
+                               (["--max-streams", "-1"], "--max-streams: must be at least 0")):
             with pytest.raises(SystemExit) as exit_info:
                 main(argv + flags)
             assert exit_info.value.code == 2 and message in capsys.readouterr().err, (name, flags)
@@ -132,13 +133,18 @@ def test_server_model_options(model_dir: Path) -> None:
     """What `vocalis serve` (and each Ray replica) loads: the flags reach the engine that serves."""
     from vocalis.model_options import ModelOptions
 
-    tts = ModelOptions(precision="int8", flow_steps=3, token2wav_cache_mib=7, final_chunk="causal").load(model_dir)
+    tts = ModelOptions(precision="int8", flow_steps=3, token2wav_cache_mib=7, final_chunk="causal",
+                       max_streams=2).load(model_dir)
     with tts:
         assert len(tts.synthesize("Hi there.", seed=0)) > 0
         t2w = tts.engine.token2wav
         assert (t2w.n_timesteps, t2w.config.final_attention, t2w.config.max_cache_mib) == (3, "causal", 7)
+        assert t2w.config.max_streams == 2
         assert tts.runtime.precision == "int8"
-    assert ModelOptions().load(model_dir).token2wav_config.final_attention == "full"  # the reference's last chunk
+    default = ModelOptions().load(model_dir).token2wav_config
+    assert default.final_attention == "full"  # the reference's last chunk
+    assert default.max_streams == default.max_batch == 16  # on a CPU, what one token2wav step takes
+    assert ModelOptions(max_streams=0).load(model_dir).token2wav_config.max_streams is None  # 0: no cap
 
 
 def test_cv3_engine_takes_the_steps(cv3_model, cv3_dir: Path) -> None:

@@ -149,7 +149,7 @@ def test_metrics_show_the_engine_and_a_dropped_stream_frees_its_kv(tts: TTS, tmp
         assert _metric(text, "vocalis_generated_tokens") > 0
         assert _metric(text, "vocalis_llm_waiting_requests") == 0
         for name in ("vocalis_llm_batch_size", "vocalis_token2wav_batch_size", "vocalis_token2wav_waiting_streams",
-                     "vocalis_generated_tokens_per_second"):
+                     "vocalis_generated_tokens_per_second", "vocalis_engine_queued_requests"):
             _metric(text, name)  # present
         full = client.post("/v1/audio/speech", json={**body, "stream": False, "response_format": "wav"})
         assert full.status_code == 200 and len(full.content) > 44

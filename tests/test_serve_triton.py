@@ -34,7 +34,7 @@ def test_export_writes_a_decoupled_python_repository(tmp_path: Path, tmp_path_fa
 
     model = Path(str(_QUICK["dir"]))
     r = export(tmp_path / "repo", "--model", str(model), "--max-batch-size", "4", "--precision", "int8",
-               "--flow-steps", "4", "--final-chunk", "causal")
+               "--flow-steps", "4", "--final-chunk", "causal", "--max-streams", "6")
     assert r.returncode == 0, r.stderr
     repo = tmp_path / "repo"
     config = (repo / "vocalis" / "config.pbtxt").read_text()
@@ -45,7 +45,8 @@ def test_export_writes_a_decoupled_python_repository(tmp_path: Path, tmp_path_fa
     from vocalis.model_options import ModelOptions
 
     params = dict(re.findall(r'key: "(\w+)", value: \{ string_value: "([^"]*)" \}', config))
-    assert ModelOptions.from_params(params) == ModelOptions(precision="int8", flow_steps=4, final_chunk="causal")
+    assert ModelOptions.from_params(params) == ModelOptions(precision="int8", flow_steps=4, final_chunk="causal",
+                                                            max_streams=6)
     assert ModelOptions.from_params(ModelOptions().as_params()) == ModelOptions()
     py_compile.compile(str(repo / "vocalis" / "1" / "model.py"), doraise=True)
     assert "tritonserver" in (repo / "Dockerfile").read_text() and "generate_stream" in (repo / "README.md").read_text()

@@ -28,6 +28,10 @@ class ModelOptions:
     final_chunk: "full" (the reference's last call exactly: one more full-attention flow pass per streamed
         request) or "causal" (block-causal like the earlier chunks: linear cost; the last hop may differ from
         the reference by how much the model's two attention modes disagree on it).
+    max_streams: most requests synthesised at once, more wait in order (`Token2WavConfig.max_streams`). None:
+        on a CPU, as many as one token2wav step takes (`Token2WavConfig.max_batch`, 16): more in flight only
+        wait for step slots while holding their flow caches, and on a CPU a wider step finishes no more audio per
+        second (docs/benchmarks.md, "Requests in flight"); no cap on a GPU. 0: no cap.
     """
 
     device: str = "cpu"
@@ -36,6 +40,7 @@ class ModelOptions:
     flow_steps: int | None = None
     token2wav_cache_mib: int | None = None
     final_chunk: str = "full"
+    max_streams: int | None = None
 
     def __post_init__(self) -> None:
         from vocalis.runtime.backends import BACKENDS, PRECISIONS
@@ -48,6 +53,8 @@ class ModelOptions:
             raise ValueError(f"--flow-steps must be at least 1, got {self.flow_steps}")
         if self.token2wav_cache_mib is not None and self.token2wav_cache_mib < 0:
             raise ValueError(f"--token2wav-cache-mib must be at least 0, got {self.token2wav_cache_mib}")
+        if self.max_streams is not None and self.max_streams < 0:
+            raise ValueError(f"--max-streams must be at least 0, got {self.max_streams}")
         if self.final_chunk not in FINAL_CHUNKS:
             raise ValueError(f"--final-chunk must be 'full' or 'causal', got {self.final_chunk!r}")
 
@@ -71,12 +78,21 @@ class ModelOptions:
             raise InputError(f"unknown device {self.device!r}; use cpu, cuda, cuda:N or auto") from None
         resolve(self.backend, self.precision, device)
 
+    def streams_cap(self, device: str, step_rows: int) -> int | None:
+        """The engine's cap on requests in flight on `device` when a token2wav step takes `step_rows` (None: no
+        cap)."""
+        if self.max_streams is not None:
+            return self.max_streams or None
+        return None if device.startswith("cuda") else step_rows
+
     def load(self, model: str | None, local_rank: int = 0) -> TTS:
         from vocalis.tts import TTS
 
-        tts = TTS.load(model, device=self.resolved_device(local_rank), backend=self.backend,
-                       precision=self.precision, flow_steps=self.flow_steps)
+        device = self.resolved_device(local_rank)
+        tts = TTS.load(model, device=device, backend=self.backend, precision=self.precision,
+                       flow_steps=self.flow_steps)
         tts.token2wav_config = replace(tts.token2wav_config, final_attention=self.final_chunk,
+                                       max_streams=self.streams_cap(device, tts.token2wav_config.max_batch),
                                        **({} if self.token2wav_cache_mib is None
                                           else {"max_cache_mib": self.token2wav_cache_mib}))
         return tts
@@ -95,7 +111,7 @@ class ModelOptions:
         return cls(device=device, precision=params.get("precision") or "fp32",
                    backend=params.get("backend") or "torch", flow_steps=number("flow_steps"),
                    token2wav_cache_mib=number("token2wav_cache_mib"),
-                   final_chunk=params.get("final_chunk") or "full")
+                   final_chunk=params.get("final_chunk") or "full", max_streams=number("max_streams"))
 
 
 def at_least(low: int) -> Callable[[str], int]:
@@ -131,6 +147,9 @@ def add_model_arguments(parser: argparse.ArgumentParser, *, device: str | None =
     parser.add_argument("--token2wav-cache-mib", type=at_least(0), metavar="MIB",
                         help="memory for the streams' token2wav caches; beyond it the largest recompute their chunks "
                              "(default: a quarter of the device's memory)")
+    parser.add_argument("--max-streams", type=at_least(0), metavar="N",
+                        help="most requests synthesised at once; more wait in order (0: no cap; default: 16, "
+                             "what one token2wav step takes, on a CPU; no cap on a GPU)")
 
 
 def model_options(args: argparse.Namespace, command: str, *, check: bool = True) -> ModelOptions:
@@ -139,7 +158,8 @@ def model_options(args: argparse.Namespace, command: str, *, check: bool = True)
     try:
         options = ModelOptions(device=getattr(args, "device", "cpu"), precision=args.precision,
                                backend=args.backend, flow_steps=args.flow_steps,
-                               token2wav_cache_mib=args.token2wav_cache_mib, final_chunk=args.final_chunk)
+                               token2wav_cache_mib=args.token2wav_cache_mib, final_chunk=args.final_chunk,
+                               max_streams=args.max_streams)
     except ValueError as exc:
         raise InputError(f"vocalis {command}: {exc}") from None
     if check:

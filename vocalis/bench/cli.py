@@ -246,6 +246,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="speech tokens of the saved zero-shot voice's prompt (default 75 = 3 s; 1 = almost none)")
     p.add_argument("--batches", help="LLM batch sizes, comma separated (default 1,4,16)")
     p.add_argument("--concurrency", help="concurrent streams, comma separated (default 1,4,8,16)")
+    p.add_argument("--max-streams", type=int, metavar="N",
+                   help="the engine's cap on requests in flight; more queue (as `vocalis serve --max-streams`)")
     p.add_argument("--parts", default=",".join(PARTS),
                    help=f"what to measure, comma separated: {', '.join(PARTS)} (e.g. --parts llm: LLM only, quick)")
     p.add_argument("--e2e-repeats", type=int,
@@ -266,6 +268,10 @@ def config_from_args(args: argparse.Namespace) -> Any:
         raise InputError(f"--parts takes a comma-separated subset of {', '.join(PARTS)}, got {args.parts!r}")
     if args.tokens is not None:
         kw["tokens"] = args.tokens
+    if args.max_streams is not None:
+        if args.max_streams < 1:
+            raise InputError(f"--max-streams must be >= 1, got {args.max_streams}")
+        kw["max_streams"] = args.max_streams
     if args.e2e_repeats is not None:
         kw["e2e_repeats"] = args.e2e_repeats
     if args.prompt_tokens is not None:

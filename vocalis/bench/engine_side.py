@@ -182,13 +182,15 @@ def _t2w_run(cfg: BenchConfig, t2w: Any, prompt: Any, tokens: list[int], streami
 async def _engine_e2e(cfg: BenchConfig, model: LoadedModel, runtime: Runtime | None, voice: Voice) -> dict[str, Any]:
     from vocalis.engine.config import EngineConfig
     from vocalis.runtime.backends import make_llm_engine
+    from vocalis.token2wav.config import Token2WavConfig
     from vocalis.token2wav.engine import Token2WavEngine
 
     FixedLengthEngine = fixed_length_engine(cfg.tokens)
 
     top = max(cfg.concurrency)
     engine = FixedLengthEngine(model, make_llm_engine(model, EngineConfig(max_num_seqs=max(top, 1)), runtime),
-                               Token2WavEngine(model.flow, model.hift))  # the engines' defaults otherwise
+                               Token2WavEngine(model.flow, model.hift, Token2WavConfig(max_streams=cfg.max_streams)))
+    # the engines' defaults otherwise
     results: dict[str, Any] = {}
     with engine:
         for c in cfg.concurrency:

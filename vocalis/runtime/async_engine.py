@@ -78,7 +78,8 @@ class AsyncEngine:
         self.sample_rate = model.config.sample_rate
         self._cond = threading.Condition()
         self._inbox: list[tuple[str, Any]] = []
-        self._jobs: dict[str, Job] = {}  # loop thread only
+        self._jobs: dict[str, Job] = {}  # loop thread only: jobs started (LLM or token2wav work in flight)
+        self._queued: dict[str, Job] = {}  # loop thread only: jobs waiting for `max_streams` room, oldest first
         self._handles: dict[str, StreamHandle] = {}  # under _cond: handles not yet ended, for abort by id
         self._thread: threading.Thread | None = None
         self._text: TextPump | None = None  # reads bi-streams' text pieces (runtime.text_pump)
@@ -187,7 +188,7 @@ class AsyncEngine:
         scheduler = getattr(self.llm, "scheduler", None)
         running = len(scheduler.running) if scheduler is not None else self.llm.num_unfinished
         waiting = len(scheduler.waiting) if scheduler is not None else 0
-        return {"jobs": len(self._jobs), "llm_requests": self.llm.num_unfinished, "llm_running": running,
+        return {"jobs": len(self._jobs), "jobs_queued": len(self._queued), "llm_requests": self.llm.num_unfinished, "llm_running": running,
                 "llm_waiting": waiting, "kv_usage": 1.0 - bm.num_free_blocks / bm.num_blocks,
                 "llm_steps": self.num_llm_steps, "token2wav_steps": self.num_token2wav_steps,
                 "llm_batch": self.last_llm_batch, "token2wav_batch": self.last_token2wav_batch,
@@ -249,7 +250,7 @@ class AsyncEngine:
             for kind, payload in inbox:
                 self._handle(kind, payload)
             if closing:
-                for job_id in list(self._jobs):
+                for job_id in [*self._queued, *self._jobs]:
                     self._abort(job_id, EngineClosed("the engine was closed"))
                 return
             try:
@@ -270,6 +271,10 @@ class AsyncEngine:
             self._abort(*payload)
         else:  # "text" / "text_end" of a bi-stream (dropped if the job is gone)
             job_id = payload[0] if kind == "text" else payload
+            queued = self._queued.get(job_id)
+            if queued is not None:  # replayed when it starts
+                queued.early_text.append(payload[1] if kind == "text" else None)
+                return
             job = self._jobs.get(job_id)
             if job is None or job.llm_request is None:
                 return
@@ -358,6 +363,20 @@ class AsyncEngine:
         if job.handle._aborted:
             job.handle._put(END)
             return
+        cap = self.token2wav.config.max_streams
+        if self._queued or (cap is not None and len(self._jobs) >= cap):
+            self._queued[job.job_id] = job  # [throughput] started when one in flight finishes
+            return
+        self._start(job)
+
+    def _admit(self) -> None:
+        """Start queued jobs, oldest first, while `max_streams` has room."""
+        cap = self.token2wav.config.max_streams
+        while self._queued and (cap is None or len(self._jobs) < cap):
+            job = self._queued.pop(next(iter(self._queued)))
+            self._start(job)
+
+    def _start(self, job: Job) -> None:
         self._jobs[job.job_id] = job
         if job.segments or job.text is not None:
             self._start_llm(job)
@@ -415,6 +434,12 @@ class AsyncEngine:
             return
         job.llm_request = req
         self.llm.add_request(req)
+        for piece in job.early_text:  # what arrived while the job was queued
+            if piece is None:
+                self.llm.end_text(req.request_id)
+            else:
+                self.llm.add_text(req.request_id, piece)
+        job.early_text.clear()
 
     def llm_params(self, text_ids: list[int]) -> SamplingParams:
         """Sampling of one sentence: the model's RAS settings and length bounds (the bench forces a count)."""
@@ -432,10 +457,15 @@ class AsyncEngine:
             if last_segment:
                 del self._jobs[job.job_id]
                 job.handle._put(END)
+                self._admit()
             else:
                 job.emitting += 1
 
     def _abort(self, job_id: str, error: BaseException | None) -> None:
+        queued = self._queued.pop(job_id, None)
+        if queued is not None:  # nothing started: no KV blocks or caches to free
+            queued.handle._put(error if error is not None else END)
+            return
         job = self._jobs.pop(job_id, None)
         if job is None:
             return
@@ -445,3 +475,4 @@ class AsyncEngine:
         for s in job.states:
             self.token2wav.abort(s)  # drops its flow and HiFT caches now
         job.handle._put(error if error is not None else END)
+        self._admit()

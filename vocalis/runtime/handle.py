@@ -53,6 +53,7 @@ class Job:
     submitted: float = field(default_factory=time.monotonic)
     first_chunk_at: float | None = None
     ready_since: tuple[int, float] | None = None  # (LLM step count, monotonic time) its chunk became ready
+    early_text: list[str | None] = field(default_factory=list)  # a queued bi-stream's pieces (None: the end)
 
 
 class StreamHandle:

@@ -16,6 +16,7 @@ _ENGINE_GAUGES = (
     ("llm_batch", "vocalis_llm_batch_size", "Requests sampled in the last LLM step"),
     ("token2wav_batch", "vocalis_token2wav_batch_size", "Streams vocoded together in the last token2wav step"),
     ("token2wav_waiting", "vocalis_token2wav_waiting_streams", "Ready streams waiting for token2wav cache room"),
+    ("jobs_queued", "vocalis_engine_queued_requests", "Requests waiting for --max-streams room in the engine"),
     ("generated_tokens", "vocalis_generated_tokens", "Speech tokens generated since start"),
     ("tokens_per_s", "vocalis_generated_tokens_per_second", "Speech tokens generated per second, last 5 s"),
 )

@@ -63,8 +63,8 @@ SPEED (fp32), SEED (int64). Outputs: AUDIO (fp32 samples), SAMPLE_RATE (int32).
 Run: `tritonserver --model-repository=$PWD` in an environment where `pip install vocalis` was done (see
 Dockerfile; on a GPU host export with `--gpu` or set `kind: KIND_GPU` in config.pbtxt). Model weights: the `model_dir` parameter
 (`{model_dir}`; empty = the built-in model) must exist inside the container — mount it there. The `precision`,
-`backend`, `flow_steps`, `final_chunk` and `token2wav_cache_mib` parameters are `vocalis serve`'s flags of the
-same names (empty = the default).
+`backend`, `flow_steps`, `final_chunk`, `token2wav_cache_mib` and `max_streams` parameters are `vocalis serve`'s
+flags of the same names (empty = the default).
 
 Stream over HTTP (server-sent events):
 

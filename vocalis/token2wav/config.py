@@ -46,6 +46,11 @@ class Token2WavConfig:
     waits cost more (first chunk p95 334 s against 152 s, 7 % less throughput); with 16 s utterances (tiny
     shapes, 8 streams, 8 MiB) it gave 11 % more throughput, the recomputing being quadratic in the utterance.
     Both engines (CosyVoice 3: `token2wav.cv3_budget`).
+    max_streams: most requests with token2wav work in flight at once (from their LLM's start to their last
+    chunk); a request beyond it waits, before its LLM starts, for one to finish (first come, first served). None:
+    no cap. Every stream in flight holds flow caches and widens every token2wav step, and the later chunks of
+    wide steps cost more per stream than narrow ones, so past some width a server finishes more audio per second
+    by letting requests queue than by starting them all (figures in docs/benchmarks.md).
     compute: "auto" runs the incremental estimator's GEMMs, convs and attention in the dtype its Linear weights
     were reduced to by a backend (bf16/fp16: `CastLinear`), with bf16/fp16 activations into them and fp32
     norms, residual stream and Euler state (`token2wav.compute.ComputeWeights`); at fp32 and int8 the modules run
@@ -68,6 +73,7 @@ class Token2WavConfig:
     dit_cache_dtype: str | None = None
     max_cache_mib: int | None = None
     wait_for_cache: bool = False
+    max_streams: int | None = None
     compute: str = "auto"
     flow_steps: int | None = None
     native_kernels: bool = True
@@ -81,6 +87,8 @@ class Token2WavConfig:
         for name in ("cache_dtype", "dit_cache_dtype"):
             if getattr(self, name) not in CACHE_DTYPES:
                 raise ValueError(f"{name} must be None, 'bf16' or 'fp16', got {getattr(self, name)!r}")
+        if self.max_streams is not None and self.max_streams < 1:
+            raise ValueError(f"max_streams must be >= 1 (or None for no cap), got {self.max_streams}")
         if self.compute not in ("auto", "modules"):
             raise ValueError(f"compute must be 'auto' or 'modules', got {self.compute!r}")
         if self.max_cache_mib is not None and self.max_cache_mib < 0:

@@ -2,8 +2,8 @@
 
 Written into a model repository by `vocalis export-triton` (as `<name>/1/model.py`); the Python environment
 Triton runs the stub in must have `vocalis` installed. Parameters (config.pbtxt): `model_dir` (empty: the
-built-in model), `torch_threads`, and `precision`, `backend`, `flow_steps`, `final_chunk`, `token2wav_cache_mib`
-(`vocalis serve`'s flags of the same names; empty: the default).
+built-in model), `torch_threads`, and `precision`, `backend`, `flow_steps`, `final_chunk`, `token2wav_cache_mib`,
+`max_streams` (`vocalis serve`'s flags of the same names; empty: the default).
 
 Inputs (each request is one utterance; batch dimension of 1 per request):
   TEXT (BYTES)          text to say
