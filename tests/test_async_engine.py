@@ -241,19 +241,35 @@ def test_streams_beyond_the_cache_budget_wait_instead_of_recomputing(model: Load
 
 
 def test_requests_beyond_max_streams_queue_in_order(model: LoadedModel) -> None:
-    """`max_streams=1`: each request starts when the one before it has ended (its first chunk after the other's
-    last), a queued bi-stream keeps the text pieces that arrived while it waited, an aborted queued request just
-    ends, and the audio equals the uncapped engine's."""
-    requests = [_request(model, t, seed=i) for i, t in enumerate(TEXTS[:2])]
+    """`max_streams=1`: while a bi-stream waits for its text the others queue; an aborted queued request just ends;
+    each request starts when the one before it has ended (its first chunk after the other's last); a queued
+    bi-stream keeps the text pieces that arrived while it waited; the audio equals the uncapped engine's."""
 
     async def run(cap: int | None) -> tuple[list[list[AudioChunk]], list[tuple[float, float]]]:
+        gate = asyncio.Event()
+
+        async def held_pieces() -> AsyncIterator[str]:  # in flight until the test lets its text go on
+            yield "Sure, "
+            await gate.wait()
+            for p in PIECES[1:]:
+                yield p
+
+        async def until(what: str, value: int) -> None:
+            deadline = time.monotonic() + 60
+            while eng.stats()[what] != value:
+                assert time.monotonic() < deadline, (what, eng.stats()[what], value)
+                await asyncio.sleep(0.01)
+
         with AsyncEngine.from_model(model, token2wav_config=Token2WavConfig(max_streams=cap)) as eng:
-            handles = [eng.submit(r) for r in requests]
-            handles.append(eng.submit(_pieces_request(model, iter(PIECES), seed=4)))
+            handles = [eng.submit(_pieces_request(model, held_pieces(), seed=4)),
+                       eng.submit(_request(model, TEXTS[0], seed=0)),
+                       eng.submit(_pieces_request(model, iter(PIECES), seed=5))]
             dropped = eng.submit(_request(model, TEXTS[2], seed=9))
-            await asyncio.sleep(0.05)
-            assert eng.stats()["jobs_queued"] == (3 if cap == 1 else 0)
+            if cap == 1:
+                await until("jobs_queued", 3)
             await dropped.aclose()
+            await until("jobs_queued", 2 if cap == 1 else 0)
+            gate.set()
 
             async def timed(h: StreamHandle) -> tuple[list[AudioChunk], tuple[float, float]]:
                 chunks, first = [], None
@@ -267,8 +283,8 @@ def test_requests_beyond_max_streams_queue_in_order(model: LoadedModel) -> None:
             assert eng.llm.block_manager.num_free_blocks == eng.llm.block_manager.num_blocks
             return [o[0] for o in out], [o[1] for o in out]
 
-    capped, spans = asyncio.run(run(1))
-    free, free_spans = asyncio.run(run(None))
+    capped, spans = asyncio.run(asyncio.wait_for(run(1), 300))  # a lost text piece would wait forever
+    free, free_spans = asyncio.run(asyncio.wait_for(run(None), 300))
     assert spans[0][1] <= spans[1][0] and spans[1][1] <= spans[2][0]  # one at a time, in order
     assert free_spans[1][0] < free_spans[0][1]  # uncapped, they overlap
     for a, b in zip(capped, free):

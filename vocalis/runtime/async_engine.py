@@ -28,7 +28,6 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Self
 
@@ -37,12 +36,13 @@ import numpy as np
 from vocalis.config import StreamConfig
 from vocalis.engine.config import EngineConfig
 from vocalis.engine.llm_engine import LLMEngine
-from vocalis.engine.request import Request, RequestStatus, SamplingParams
+from vocalis.engine.request import RequestStatus, SamplingParams
 from vocalis.errors import InputError
 from vocalis.frontend.prompt_cv3 import frontend_for
 from vocalis.frontend.request import AudioChunk, Mode, SynthesisRequest
 from vocalis.kernels.threads import release_openmp_pool
 from vocalis.model_dir import LoadedModel
+from vocalis.runtime.admission import AdmissionQueue
 from vocalis.runtime.backends import Runtime, make_llm_engine
 from vocalis.runtime.handle import END, EngineClosed, Job, StreamHandle, new_job_id
 from vocalis.runtime.heap import HeapWatch
@@ -79,7 +79,7 @@ class AsyncEngine:
         self._cond = threading.Condition()
         self._inbox: list[tuple[str, Any]] = []
         self._jobs: dict[str, Job] = {}  # loop thread only: jobs started (LLM or token2wav work in flight)
-        self._queued: dict[str, Job] = {}  # loop thread only: jobs waiting for `max_streams` room, oldest first
+        self._queue = AdmissionQueue(token2wav.config.max_streams)  # loop thread only: jobs not started yet
         self._handles: dict[str, StreamHandle] = {}  # under _cond: handles not yet ended, for abort by id
         self._thread: threading.Thread | None = None
         self._text: TextPump | None = None  # reads bi-streams' text pieces (runtime.text_pump)
@@ -188,7 +188,8 @@ class AsyncEngine:
         scheduler = getattr(self.llm, "scheduler", None)
         running = len(scheduler.running) if scheduler is not None else self.llm.num_unfinished
         waiting = len(scheduler.waiting) if scheduler is not None else 0
-        return {"jobs": len(self._jobs), "jobs_queued": len(self._queued), "llm_requests": self.llm.num_unfinished, "llm_running": running,
+        return {"jobs": len(self._jobs), "jobs_queued": len(self._queue), "llm_requests": self.llm.num_unfinished,
+                "llm_running": running,
                 "llm_waiting": waiting, "kv_usage": 1.0 - bm.num_free_blocks / bm.num_blocks,
                 "llm_steps": self.num_llm_steps, "token2wav_steps": self.num_token2wav_steps,
                 "llm_batch": self.last_llm_batch, "token2wav_batch": self.last_token2wav_batch,
@@ -250,7 +251,7 @@ class AsyncEngine:
             for kind, payload in inbox:
                 self._handle(kind, payload)
             if closing:
-                for job_id in [*self._queued, *self._jobs]:
+                for job_id in [*self._queue.ids(), *self._jobs]:
                     self._abort(job_id, EngineClosed("the engine was closed"))
                 return
             try:
@@ -271,7 +272,7 @@ class AsyncEngine:
             self._abort(*payload)
         else:  # "text" / "text_end" of a bi-stream (dropped if the job is gone)
             job_id = payload[0] if kind == "text" else payload
-            queued = self._queued.get(job_id)
+            queued = self._queue.get(job_id)
             if queued is not None:  # replayed when it starts
                 queued.early_text.append(payload[1] if kind == "text" else None)
                 return
@@ -363,17 +364,11 @@ class AsyncEngine:
         if job.handle._aborted:
             job.handle._put(END)
             return
-        cap = self.token2wav.config.max_streams
-        if self._queued or (cap is not None and len(self._jobs) >= cap):
-            self._queued[job.job_id] = job  # [throughput] started when one in flight finishes
-            return
-        self._start(job)
+        if not self._queue.offer(job, len(self._jobs)):  # [throughput] queued: started as one in flight ends
+            self._start(job)
 
     def _admit(self) -> None:
-        """Start queued jobs, oldest first, while `max_streams` has room."""
-        cap = self.token2wav.config.max_streams
-        while self._queued and (cap is None or len(self._jobs) < cap):
-            job = self._queued.pop(next(iter(self._queued)))
+        while (job := self._queue.next(len(self._jobs))) is not None:
             self._start(job)
 
     def _start(self, job: Job) -> None:
@@ -397,7 +392,7 @@ class AsyncEngine:
         text_ids = job.segments[i]
         state = job.states[i]
 
-        sink = self._sink(job, state)
+        sink = job.token_sink(state)
         engine = self.llm
         params = self.llm_params(text_ids)
         req = engine.make_request(text_ids, *job.llm_prompt, params, request_id=f"{job.job_id}/{i}", sink=sink,
@@ -408,24 +403,10 @@ class AsyncEngine:
         except InputError as exc:
             self._abort(job.job_id, exc)
 
-    @staticmethod
-    def _sink(job: Job, state: StreamState) -> Callable[[Request, int | None, bool], None]:
-        """Where the LLM engine puts one sentence's speech ids: its token2wav stream (and the job's start time)."""
-
-        def sink(req: Request, token: int | None, finished: bool) -> None:
-            if job.handle.started is None:
-                job.handle.started = time.monotonic()
-            if token is not None:
-                state.add_tokens((token,))
-            if finished:
-                state.end_input()
-
-        return sink
-
     def _start_bistream(self, job: Job) -> None:
         state = job.states[0]
 
-        sink = self._sink(job, state)
+        sink = job.token_sink(state)
         try:  # the vllm backend's engine cannot take text in pieces: it says so here
             req = self.llm.make_bistream_request(*job.llm_prompt, self.llm_params([]), request_id=f"{job.job_id}/0",
                                                  sink=sink, generator=job.llm_gen)
@@ -462,7 +443,7 @@ class AsyncEngine:
                 job.emitting += 1
 
     def _abort(self, job_id: str, error: BaseException | None) -> None:
-        queued = self._queued.pop(job_id, None)
+        queued = self._queue.pop(job_id)
         if queued is not None:  # nothing started: no KV blocks or caches to free
             queued.handle._put(error if error is not None else END)
             return

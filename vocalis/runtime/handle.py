@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -54,6 +54,19 @@ class Job:
     first_chunk_at: float | None = None
     ready_since: tuple[int, float] | None = None  # (LLM step count, monotonic time) its chunk became ready
     early_text: list[str | None] = field(default_factory=list)  # a queued bi-stream's pieces (None: the end)
+
+    def token_sink(self, state: StreamState) -> Callable[[Request, int | None, bool], None]:
+        """Where the LLM engine puts one sentence's speech ids: its token2wav stream (and the job's start time)."""
+
+        def sink(req: Request, token: int | None, finished: bool) -> None:
+            if self.handle.started is None:
+                self.handle.started = time.monotonic()
+            if token is not None:
+                state.add_tokens((token,))
+            if finished:
+                state.end_input()
+
+        return sink
 
 
 class StreamHandle:
