@@ -105,8 +105,11 @@ class ModelOptions:
     @classmethod
     def from_params(cls, params: dict[str, str], device: str = "cpu") -> ModelOptions:
         def number(key: str) -> int | None:
-            value = params.get(key, "")
-            return int(value) if value else None
+            value = params.get(key, "").strip()
+            try:
+                return int(value) if value else None
+            except ValueError:
+                raise ValueError(f"parameter {key!r} must be a whole number or empty, got {value!r}") from None
 
         return cls(device=device, precision=params.get("precision") or "fp32",
                    backend=params.get("backend") or "torch", flow_steps=number("flow_steps"),
