@@ -17,7 +17,7 @@ Stages (each a `vocalis` command, printed before it runs):
           (RUN/prep_labels: the flow's and LLM's data from L2 on)
   hift    L1: vocalis train hift on prep: mel (4 windows) + multi-resolution STFT + F0 losses, no critic
   flow    L2: vocalis train flow on prep_labels (speech ids = the true labels) at the builtin-phones preset; only
-          once the committed L1 figures pass their gate (or with --only flow: a rehearsal)
+          once the committed L1 figures pass their gate (or with --only flow: beside L1, on the other core)
   gate    (--gate L1 | L2) the newest HiFT | flow checkpoint -> fp16 weights in RUN/gates/<rung>; measure them with
           scripts/measure_builtin.py --voices slt --rows L1 --hift RUN/gates/L1/hift.safetensors --json
           RUN/gates/L1/figures.json (L2: --rows L2 --hift <the L1 weights> --flow RUN/gates/L2/flow.safetensors);
