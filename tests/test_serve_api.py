@@ -270,8 +270,8 @@ def test_full_engine_answers_503_with_retry_after(tts) -> None:
 
 
 def test_request_timeout_is_504(tts) -> None:
-    with serve(tts, request_timeout_s=0.01) as srv:
-        r = httpx.post(srv.url + "/v1/audio/speech", json={"input": "Hi.", "stream": False}, timeout=60)
+    with serve(tts, request_timeout_s=0.01) as srv:  # a long text: "Hi." was done within 10 ms once
+        r = httpx.post(srv.url + "/v1/audio/speech", json={"input": LONG_TEXT, "stream": False}, timeout=60)
         assert r.status_code == 504 and "longer than" in r.json()["error"]["message"]
 
 
