@@ -23,6 +23,10 @@ cmu_us_slt_arctic_hts, speaking the 50 held-out WordNet sentences (`vocalis.corp
 
   L1  teacher mel -> our HiFT (vocoder alone): WER <= 1.15x the teacher's
   L2  the teacher's true 25 Hz labels (its own alignment) -> our flow -> our HiFT: WER <= 1.3x the teacher's
+  L4  our LLM's labels for the sentence's phones (no prompt, seeded RAS sampling): >= 90 % of the sentences
+      within 0.8-1.25x the teacher's length; its WER through our flow and HiFT is printed beside it
+
+    python scripts/measure_builtin.py --voices slt --rows L4 --llm RUN/gates/L4/llm.safetensors --flow ... --hift ...
 
 Needs festival with the three voices, pocketsphinx and resemblyzer (`pip install -e '.[eval]'` and
 `pip install --no-deps resemblyzer webrtcvad-wheels`).
@@ -52,8 +56,10 @@ def load16(path: Path) -> np.ndarray:
 
 # ---- the ladder (--voices slt) ---------------------------------------------------------------------------
 
-GATES = {"L1": 1.15, "L2": 1.3}
-ROWS = {"L1": "teacher mel -> our HiFT", "L2": "true labels -> our flow -> our HiFT"}
+GATES = {"L1": 1.15, "L2": 1.3, "L4": 0.9}  # L1, L2: most WER x the teacher's; L4: least share of lengths in range
+ROWS = {"L1": "teacher mel -> our HiFT", "L2": "true labels -> our flow -> our HiFT",
+        "L4": "phones -> our LLM's labels -> our flow -> our HiFT"}
+LENGTH_RANGE = (0.8, 1.25)  # L4: a sentence's label count over the teacher's
 
 
 def _load_part(module, path: Path | None, flag: str, rows: str):  # -> the module, in eval mode
@@ -77,12 +83,31 @@ def load_hift(path: Path | None, rows: str = "L1"):  # -> HiFTGenerator
     return _load_part(HiFTGenerator(PRESETS["builtin-phones"].hift), path, "--hift", rows)
 
 
-def load_flow(path: Path | None):  # -> CausalMaskedDiffWithXvec
+def load_flow(path: Path | None, rows: str = "L2"):  # -> CausalMaskedDiffWithXvec
     """The phone-based built-in preset's flow (114 label ids)."""
     from vocalis.config import PRESETS
     from vocalis.models.flow.flow import CausalMaskedDiffWithXvec
 
-    return _load_part(CausalMaskedDiffWithXvec(PRESETS["builtin-phones"].flow), path, "--flow", "L2")
+    return _load_part(CausalMaskedDiffWithXvec(PRESETS["builtin-phones"].flow), path, "--flow", rows)
+
+
+def load_llm(path: Path | None):  # -> Qwen2LM
+    """The phone-based built-in preset's LLM (phone ids in, 25 Hz labels out)."""
+    from vocalis.config import PRESETS
+    from vocalis.models.speech_lm import Qwen2LM
+
+    return _load_part(Qwen2LM(PRESETS["builtin-phones"].llm), path, "--llm", "L4")
+
+
+def llm_labels(llm, text: str, seed: int) -> list[int]:
+    """L4: the sentence's phone ids (the inference frontend) -> labels decoded to eos (the model's length bounds,
+    the released RAS sampling, seeded), no prompt."""
+    import torch
+
+    from vocalis.frontend.phones import text_ids
+    from vocalis.reference.decode import generate
+
+    return list(generate(llm, text_ids(text), generator=torch.Generator().manual_seed(seed)))
 
 
 def labels_to_wav(flow, hift, labels: list[int], seed: int):  # -> (N,) float32 tensor at 24 kHz
@@ -132,12 +157,19 @@ def measure_ladder(args: argparse.Namespace) -> int:
     figures["wer_teacher"] = teacher.rate
     rows = [{"text": text, "teacher_asr": hyp} for text, hyp in zip(texts, hyps_teacher)]
     hift = load_hift(args.hift, " ".join(args.rows))
-    flow = load_flow(args.flow) if "L2" in args.rows else None
+    flow = load_flow(args.flow, " ".join(args.rows)) if {"L2", "L4"} & set(args.rows) else None
+    llm = load_llm(args.llm) if "L4" in args.rows else None
     for rung in args.rows:
-        counts, start, audio_s = EditCounts(0, 0, 0, 0), time.perf_counter(), 0.0
+        counts, start, audio_s, lengths = EditCounts(0, 0, 0, 0), time.perf_counter(), 0.0, []
         for i, text in enumerate(texts):
             teacher_wav = out / f"teacher-{i:03d}.wav"
-            if rung == "L1":
+            if rung == "L4":
+                true = utterance_record(f"{i:03d}", text, teacher_wav)["labels"]
+                labels = llm_labels(llm, text, args.seed)
+                lengths.append(len(labels) / len(true))
+                rows[i]["L4_length"] = round(lengths[-1], 3)
+                wav = labels_to_wav(flow, hift, labels, args.seed) if labels else torch.zeros(1)
+            elif rung == "L1":
                 mel = prompt_mel(load_wav(teacher_wav, SAMPLE_RATE, max_seconds=None)).transpose(0, 1)  # (80, T)
                 with torch.inference_mode():
                     voc, _ = hift.inference(mel.unsqueeze(0), generator=torch.Generator().manual_seed(args.seed))
@@ -153,16 +185,24 @@ def measure_ladder(args: argparse.Namespace) -> int:
                          "gate": GATES[rung],
                          "vocoder_rtf" if rung == "L1" else "rtf": (time.perf_counter() - start) / max(audio_s, 1e-9),
                          "weights": args.hift.name, "step": _weights_step(args.hift)}
-        if rung == "L2":
+        if rung in ("L2", "L4"):
             figures[rung].update(flow_weights=args.flow.name, flow_step=_weights_step(args.flow))
+        if rung == "L4":
+            lo, hi = LENGTH_RANGE
+            within = sum(lo <= r <= hi for r in lengths) / len(lengths)
+            figures[rung].update(within=within, median_length=float(np.median(lengths)), passes=within >= GATES[rung],
+                                 llm_weights=args.llm.name, llm_step=_weights_step(args.llm))
+        elif figures[rung]["ratio"] is not None:
+            figures[rung]["passes"] = figures[rung]["ratio"] <= GATES[rung]
     print(f"| rung ({len(texts)} held-out WordNet sentences, festival SLT) | WER | x teacher | gate | passes |")
     print("|---|---|---|---|---|")
     print(f"| teacher (festival cmu_us_slt_arctic_hts) | {teacher.rate:.1%} | 1.00 | | |")
     for rung in args.rows:
         r = figures[rung]
         ratio = f"{r['ratio']:.2f}" if r["ratio"] is not None else "-"
-        ok = r["ratio"] is not None and r["ratio"] <= r["gate"]
-        print(f"| {rung} {ROWS[rung]} | {r['wer']:.1%} | {ratio} | <= {r['gate']} | {'yes' if ok else 'no'} |")
+        gate = (f"lengths within {LENGTH_RANGE[0]}-{LENGTH_RANGE[1]}x: {r['within']:.0%} (>= {r['gate']:.0%}), "
+                f"median {r['median_length']:.2f}x") if rung == "L4" else f"<= {r['gate']}"
+        print(f"| {rung} {ROWS[rung]} | {r['wer']:.1%} | {ratio} | {gate} | {'yes' if r.get('passes') else 'no'} |")
     if args.json:
         args.json.write_text(json.dumps({"figures": figures, "rows": rows}, indent=1), encoding="utf-8")
     return 0
@@ -182,7 +222,8 @@ def main() -> int:
                     help="all: the three festival teachers (the original measurement); slt: the ladder rows")
     ap.add_argument("--rows", nargs="+", default=["L1"], choices=tuple(GATES), help="with --voices slt: rungs to measure")
     ap.add_argument("--hift", type=Path, help="with --voices slt: HiFT weights (.safetensors, fp16 or fp32), every row")
-    ap.add_argument("--flow", type=Path, help="with --voices slt: flow weights (.safetensors) for L2")
+    ap.add_argument("--flow", type=Path, help="with --voices slt: flow weights (.safetensors) for L2 and L4")
+    ap.add_argument("--llm", type=Path, help="with --voices slt: LLM weights (.safetensors) for L4")
     args = ap.parse_args()
     if args.voices == "slt":
         return measure_ladder(args)

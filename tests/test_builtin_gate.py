@@ -92,3 +92,22 @@ def _hift_run(run: Path) -> Path:
     save_atomic({"models": {"hift": HiFTGenerator(PRESETS["builtin"].hift).state_dict()}, "step": 100},
                 checkpoint_path(run, 100))
     return run
+
+
+def test_l4_gate_llm_weights_decode_phones_to_labels(tmp_path: Path) -> None:
+    """L4: the LLM's newest checkpoint -> fp16 gate weights -> measure_builtin's phones -> labels decode: label ids
+    only (no stop id), at least one per text id and at most the phone model's bound of four."""
+    from vocalis.frontend.phones import NUM_LABELS, text_ids
+    from vocalis.models.speech_lm import Qwen2LM
+
+    recipe, measure = _script("train_builtin"), _script("measure_builtin")
+    torch.manual_seed(0)
+    llm = Qwen2LM(PRESETS["builtin-phones"].llm)
+    save_atomic({"models": {"llm": llm.state_dict()}, "step": 100}, checkpoint_path(tmp_path / "llm", 100))
+    path = recipe.save_gate(tmp_path / "llm", tmp_path / "gates" / "L4", "llm")
+    assert all(v.dtype == torch.float16 for v in load_file(str(path)).values())
+    text = "A dealer in stolen goods."
+    labels = measure.llm_labels(measure.load_llm(path), text, seed=0)
+    n = len(text_ids(text))
+    assert n <= len(labels) <= 4 * n and all(0 <= t < NUM_LABELS for t in labels)
+    assert labels == measure.llm_labels(measure.load_llm(path), text, seed=0)  # seeded: the same labels again

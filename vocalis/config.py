@@ -307,7 +307,10 @@ def phone_config(config: ModelConfig) -> ModelConfig:
     """`config` reading phones: the phone set as its text vocabulary, the 25 Hz phone-state labels as its speech
     vocabulary (docs/builtin-model.md); every other shape unchanged."""
     qwen = dataclasses.replace(config.llm.qwen, vocab_size=PHONE_TEXT_IDS)
-    llm = dataclasses.replace(config.llm, qwen=qwen, speech_token_size=PHONE_LABELS)
+    # Length bounds per text id: a phone (or boundary) id lasts ~1.9 labels (1.5-2.9 over the SLT corpus), so the
+    # BPE model's minimum of 2 would force most utterances longer than spoken.
+    llm = dataclasses.replace(config.llm, qwen=qwen, speech_token_size=PHONE_LABELS, min_token_text_ratio=1.0,
+                              max_token_text_ratio=4.0)
     flow = dataclasses.replace(config.flow, vocab_size=PHONE_LABELS)
     return dataclasses.replace(config, llm=llm, flow=flow, text_frontend="phones")
 
