@@ -23,6 +23,8 @@ cmu_us_slt_arctic_hts, speaking the 50 held-out WordNet sentences (`vocalis.corp
 
   L1  teacher mel -> our HiFT (vocoder alone): WER <= 1.15x the teacher's
   L2  the teacher's true 25 Hz labels (its own alignment) -> our flow -> our HiFT: WER <= 1.3x the teacher's
+  L3  the teacher's audio -> our prompt tokenizer's labels (frame accuracy >= 90 % against its alignment) -> our
+      flow -> our HiFT: WER <= 1.35x the teacher's
   L4  our LLM's labels for the sentence's phones (no prompt, seeded RAS sampling): >= 90 % of the sentences
       within 0.8-1.25x the teacher's length; its WER through our flow and HiFT is printed beside it
 
@@ -56,8 +58,11 @@ def load16(path: Path) -> np.ndarray:
 
 # ---- the ladder (--voices slt) ---------------------------------------------------------------------------
 
-GATES = {"L1": 1.15, "L2": 1.3, "L4": 0.9}  # L1, L2: most WER x the teacher's; L4: least share of lengths in range
+# L1-L3: most WER x the teacher's; L4: least share of lengths in range
+GATES = {"L1": 1.15, "L2": 1.3, "L3": 1.35, "L4": 0.9}
+MIN_FRAME_ACCURACY = 0.9  # L3, beside its WER
 ROWS = {"L1": "teacher mel -> our HiFT", "L2": "true labels -> our flow -> our HiFT",
+        "L3": "teacher audio -> our labels -> our flow -> our HiFT",
         "L4": "phones -> our LLM's labels -> our flow -> our HiFT"}
 LENGTH_RANGE = (0.8, 1.25)  # L4: a sentence's label count over the teacher's
 
@@ -97,6 +102,22 @@ def load_llm(path: Path | None):  # -> Qwen2LM
     from vocalis.models.speech_lm import Qwen2LM
 
     return _load_part(Qwen2LM(PRESETS["builtin-phones"].llm), path, "--llm", "L4")
+
+
+def load_labeller(path: Path | None):  # -> FrameLabeller
+    """The phone model's prompt tokenizer at the builtin preset."""
+    from vocalis.config import PHONE_LABELS
+    from vocalis.models.speech_tokenizer.labeller import FrameLabeller, labeller_config
+
+    return _load_part(FrameLabeller(labeller_config("builtin", PHONE_LABELS)), path, "--labeller", "L3")
+
+
+def audio_labels(labeller, wav: Path) -> list[int]:
+    """L3: a clip -> its 16 kHz Whisper log-mel -> the labeller's 25 Hz labels."""
+    from vocalis.frontend.audio import whisper_log_mel
+
+    (labels,) = labeller.tokenize_mels([whisper_log_mel(load16(wav))])
+    return labels
 
 
 def llm_labels(llm, text: str, seed: int) -> list[int]:
@@ -157,13 +178,22 @@ def measure_ladder(args: argparse.Namespace) -> int:
     figures["wer_teacher"] = teacher.rate
     rows = [{"text": text, "teacher_asr": hyp} for text, hyp in zip(texts, hyps_teacher)]
     hift = load_hift(args.hift, " ".join(args.rows))
-    flow = load_flow(args.flow, " ".join(args.rows)) if {"L2", "L4"} & set(args.rows) else None
+    flow = load_flow(args.flow, " ".join(args.rows)) if {"L2", "L3", "L4"} & set(args.rows) else None
     llm = load_llm(args.llm) if "L4" in args.rows else None
+    labeller = load_labeller(args.labeller) if "L3" in args.rows else None
     for rung in args.rows:
-        counts, start, audio_s, lengths = EditCounts(0, 0, 0, 0), time.perf_counter(), 0.0, []
+        counts, start, audio_s, lengths, hits = EditCounts(0, 0, 0, 0), time.perf_counter(), 0.0, [], [0, 0]
         for i, text in enumerate(texts):
             teacher_wav = out / f"teacher-{i:03d}.wav"
-            if rung == "L4":
+            if rung == "L3":
+                true = utterance_record(f"{i:03d}", text, teacher_wav)["labels"]
+                labels = audio_labels(labeller, teacher_wav)
+                n = min(len(true), len(labels))  # the clip's frame count and the alignment's may differ by one
+                hits[0] += sum(a == b for a, b in zip(true[:n], labels[:n]))
+                hits[1] += n
+                rows[i]["L3_accuracy"] = round(sum(a == b for a, b in zip(true[:n], labels[:n])) / max(n, 1), 3)
+                wav = labels_to_wav(flow, hift, labels, args.seed)
+            elif rung == "L4":
                 true = utterance_record(f"{i:03d}", text, teacher_wav)["labels"]
                 labels = llm_labels(llm, text, args.seed)
                 lengths.append(len(labels) / len(true))
@@ -185,13 +215,18 @@ def measure_ladder(args: argparse.Namespace) -> int:
                          "gate": GATES[rung],
                          "vocoder_rtf" if rung == "L1" else "rtf": (time.perf_counter() - start) / max(audio_s, 1e-9),
                          "weights": args.hift.name, "step": _weights_step(args.hift)}
-        if rung in ("L2", "L4"):
+        if rung in ("L2", "L3", "L4"):
             figures[rung].update(flow_weights=args.flow.name, flow_step=_weights_step(args.flow))
         if rung == "L4":
             lo, hi = LENGTH_RANGE
             within = sum(lo <= r <= hi for r in lengths) / len(lengths)
             figures[rung].update(within=within, median_length=float(np.median(lengths)), passes=within >= GATES[rung],
                                  llm_weights=args.llm.name, llm_step=_weights_step(args.llm))
+        elif rung == "L3":
+            accuracy = hits[0] / max(hits[1], 1)
+            ok = figures[rung]["ratio"] is not None and figures[rung]["ratio"] <= GATES[rung]
+            figures[rung].update(frame_accuracy=accuracy, passes=ok and accuracy >= MIN_FRAME_ACCURACY,
+                                 labeller_weights=args.labeller.name, labeller_step=_weights_step(args.labeller))
         elif figures[rung]["ratio"] is not None:
             figures[rung]["passes"] = figures[rung]["ratio"] <= GATES[rung]
     print(f"| rung ({len(texts)} held-out WordNet sentences, festival SLT) | WER | x teacher | gate | passes |")
@@ -202,6 +237,8 @@ def measure_ladder(args: argparse.Namespace) -> int:
         ratio = f"{r['ratio']:.2f}" if r["ratio"] is not None else "-"
         gate = (f"lengths within {LENGTH_RANGE[0]}-{LENGTH_RANGE[1]}x: {r['within']:.0%} (>= {r['gate']:.0%}), "
                 f"median {r['median_length']:.2f}x") if rung == "L4" else f"<= {r['gate']}"
+        if rung == "L3":
+            gate += f"; frame accuracy {r['frame_accuracy']:.1%} (>= {MIN_FRAME_ACCURACY:.0%})"
         print(f"| {rung} {ROWS[rung]} | {r['wer']:.1%} | {ratio} | {gate} | {'yes' if r.get('passes') else 'no'} |")
     if args.json:
         args.json.write_text(json.dumps({"figures": figures, "rows": rows}, indent=1), encoding="utf-8")
@@ -222,7 +259,8 @@ def main() -> int:
                     help="all: the three festival teachers (the original measurement); slt: the ladder rows")
     ap.add_argument("--rows", nargs="+", default=["L1"], choices=tuple(GATES), help="with --voices slt: rungs to measure")
     ap.add_argument("--hift", type=Path, help="with --voices slt: HiFT weights (.safetensors, fp16 or fp32), every row")
-    ap.add_argument("--flow", type=Path, help="with --voices slt: flow weights (.safetensors) for L2 and L4")
+    ap.add_argument("--flow", type=Path, help="with --voices slt: flow weights (.safetensors) for L2-L4")
+    ap.add_argument("--labeller", type=Path, help="with --voices slt: prompt tokenizer weights (.safetensors) for L3")
     ap.add_argument("--llm", type=Path, help="with --voices slt: LLM weights (.safetensors) for L4")
     args = ap.parse_args()
     if args.voices == "slt":

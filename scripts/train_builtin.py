@@ -18,14 +18,18 @@ Stages (each a `vocalis` command, printed before it runs):
   hift    L1: vocalis train hift on prep: mel (4 windows) + multi-resolution STFT + F0 losses, no critic
   flow    L2: vocalis train flow on prep_labels (speech ids = the true labels) at the builtin-phones preset; only
           once the committed L1 figures pass their gate (or with --only flow: beside L1, on the other core)
+  labeller L3: vocalis train labeller on prep_labels (the prompt tokenizer: the 16 kHz Whisper log-mel of the
+          stored audio -> one label per 25 Hz frame, cross-entropy); only once the committed L2 figures pass (or
+          with --only labeller: it learns from the corpus alone)
   llm     L4: vocalis train llm on prep_labels (phones in, the 25 Hz labels out: a duration and prosody model);
           only once the committed L3 figures pass (or with --only llm: it learns from the corpus alone)
-  gate    (--gate L1 | L2 | L4) the newest HiFT | flow | LLM checkpoint -> fp16 weights in RUN/gates/<rung>;
+  gate    (--gate L1 | L2 | L3 | L4) the newest HiFT | flow | labeller | LLM checkpoint -> fp16 weights in RUN/gates/<rung>;
           measure them with scripts/measure_builtin.py --voices slt --rows L1 --hift RUN/gates/L1/hift.safetensors
           --json RUN/gates/L1/figures.json (L2: --rows L2 --hift <the L1 weights> --flow
-          RUN/gates/L2/flow.safetensors; L4: --rows L4 --llm RUN/gates/L4/llm.safetensors and the L1/L2 weights);
+          RUN/gates/L2/flow.safetensors; L3: --rows L3 --labeller RUN/gates/L3/labeller.safetensors and the L1/L2
+          weights; L4: --rows L4 --llm RUN/gates/L4/llm.safetensors and the L1/L2 weights);
           when the figure improves, --gate <rung> --install copies the folder to vocalis/assets/builtin/ladder/<rung>
-          (commit it). On a new machine the hift, flow and llm stages start from those weights.
+          (commit it). On a new machine the hift, flow, labeller and llm stages start from those weights.
 """
 
 from __future__ import annotations
@@ -100,7 +104,10 @@ FLOW_L2 = ["model.preset=builtin-phones", "optim.lr=5e-4", "scheduler.name=noam_
 # assumes BPE pacing, ~3 speech ids per text id, where a phone lasts ~1.9 labels).
 LLM_L4 = ["model.preset=builtin-phones", "llm.bistream_prob=0", "optim.lr=1e-3", "scheduler.name=noam_hold",
           "scheduler.warmup_steps=200", "scheduler.hold_steps=30000", "scheduler.decay_rate=1.0"]
-PARTS = {"L1": "hift", "L2": "flow", "L4": "llm"}
+# L3: the prompt tokenizer, a frame classifier over the labels (`FrameLabeller`, ~1.9 M parameters).
+LABELLER_L3 = ["labeller.preset=builtin", "optim.lr=1e-3", "scheduler.name=noam_hold", "scheduler.warmup_steps=200",
+               "scheduler.hold_steps=30000", "scheduler.decay_rate=1.0", "data.max_frames_in_batch=3000"]
+PARTS = {"L1": "hift", "L2": "flow", "L3": "labeller", "L4": "llm"}
 
 
 def passes(rung: str) -> bool:
@@ -195,6 +202,7 @@ def main() -> int:
     ap.add_argument("--workers", type=int, default=1, help="corpus and prepare processes")
     ap.add_argument("--hift-steps", type=int, default=100000)
     ap.add_argument("--flow-steps", type=int, default=100000)
+    ap.add_argument("--labeller-steps", type=int, default=100000)
     ap.add_argument("--llm-steps", type=int, default=100000)
     ap.add_argument("--hift-set", action="append", default=[], metavar="KEY=VALUE",
                     help="an override after the L1 settings (repeatable), e.g. an annealed learning rate when "
@@ -239,6 +247,11 @@ def main() -> int:
         vocalis("train", "flow", "--data", str(run / "prep_labels"),
                 *train_args(run / "flow", args.flow_steps, args.device, FLOW_L2 + start_from_ladder(run, "L2", "flow")),
                 pid_file=args.pid_file)
+    if (args.only is None and passes("L2")) or (args.only is not None and "labeller" in args.only):
+        labels_stage(run)
+        vocalis("train", "labeller", "--data", str(run / "prep_labels"),
+                *train_args(run / "labeller", args.labeller_steps, args.device,
+                            LABELLER_L3 + start_from_ladder(run, "L3", "labeller")), pid_file=args.pid_file)
     if (args.only is None and passes("L3")) or (args.only is not None and "llm" in args.only):
         labels_stage(run)
         vocalis("train", "llm", "--data", str(run / "prep_labels"),

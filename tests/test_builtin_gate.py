@@ -111,3 +111,23 @@ def test_l4_gate_llm_weights_decode_phones_to_labels(tmp_path: Path) -> None:
     n = len(text_ids(text))
     assert n <= len(labels) <= 4 * n and all(0 <= t < NUM_LABELS for t in labels)
     assert labels == measure.llm_labels(measure.load_llm(path), text, seed=0)  # seeded: the same labels again
+
+
+def test_l3_gate_labeller_weights_label_a_clip(tmp_path: Path) -> None:
+    """L3: the labeller's newest checkpoint -> fp16 gate weights -> measure_builtin's clip -> 25 Hz labels path."""
+    import numpy as np
+    import soundfile as sf
+
+    from vocalis.config import PHONE_LABELS
+    from vocalis.models.speech_tokenizer.labeller import FrameLabeller, labeller_config
+
+    recipe, measure = _script("train_builtin"), _script("measure_builtin")
+    torch.manual_seed(0)
+    model = FrameLabeller(labeller_config("builtin", PHONE_LABELS))
+    save_atomic({"models": {"labeller": model.state_dict()}, "step": 100},
+                checkpoint_path(tmp_path / "labeller", 100))
+    path = recipe.save_gate(tmp_path / "labeller", tmp_path / "gates" / "L3", "labeller")
+    wav = tmp_path / "clip.wav"
+    sf.write(str(wav), 0.1 * np.sin(np.arange(48000) / 24000 * 2 * np.pi * 300).astype(np.float32), 24000)
+    labels = measure.audio_labels(measure.load_labeller(path), wav)
+    assert abs(len(labels) - 50) <= 1 and all(0 <= t < PHONE_LABELS for t in labels)  # 2 s at 25 Hz

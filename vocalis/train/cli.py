@@ -12,7 +12,7 @@ from pathlib import Path
 
 log = logging.getLogger("vocalis")
 
-TASKS = ("llm", "flow", "hift", "tokenizer")
+TASKS = ("llm", "flow", "hift", "tokenizer", "labeller")
 
 
 def _prepare(args: argparse.Namespace) -> int:
@@ -91,7 +91,7 @@ def add_training_commands(sub: argparse._SubParsersAction) -> None:
     pp.add_argument("--no-audio", action="store_true", help="do not store the 24 kHz waveform (no vocoder training)")
     pp.set_defaults(func=_prepare)
 
-    tp = sub.add_parser("train", help="train llm, flow, hift or tokenizer (torchrun for several processes)")
+    tp = sub.add_parser("train", help="train llm, flow, hift, tokenizer or labeller (torchrun for several processes)")
     tp.add_argument("task", choices=TASKS)
     tp.add_argument("--config", help="toml, json or yaml with [trainer], [data], [optim], [scheduler], [model] ...")
     tp.add_argument("--data", nargs="+", help="prepared folders, data.list files or .parquet shards")

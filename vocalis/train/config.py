@@ -84,6 +84,11 @@ class TokenizerTaskConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class LabellerTaskConfig:
+    preset: str = "builtin"  # architecture (models.speech_tokenizer.labeller.LABELLER_PRESETS)
+
+
+@dataclass(frozen=True, slots=True)
 class TrainerConfig:
     out_dir: str = "exp"
     max_steps: int = 0  # optimizer steps; 0 = run max_epochs
@@ -123,6 +128,7 @@ class TrainConfig:
     llm: LLMTaskConfig = field(default_factory=LLMTaskConfig)
     hift: HiFTTaskConfig = field(default_factory=HiFTTaskConfig)
     tokenizer: TokenizerTaskConfig = field(default_factory=TokenizerTaskConfig)
+    labeller: LabellerTaskConfig = field(default_factory=LabellerTaskConfig)
 
     def __post_init__(self) -> None:
         if self.task not in TASKS:

@@ -10,7 +10,8 @@ shards when there are enough, otherwise every n-th row).
 
 Batching lengths ("frames") per task: llm = text + speech ids + 2; flow = mel frames (2 per speech token);
 hift = the segment length in mel frames; tokenizer = 50 Hz mel frames (its input is the 100 Hz Whisper log-mel
-of the 16 kHz audio, computed here from the stored 24 kHz audio; its CTC targets come from `target_encoder`).
+of the 16 kHz audio, computed here from the stored 24 kHz audio; its CTC targets come from `target_encoder`);
+labeller = the same input, its targets the stored speech ids (the phone model's 25 Hz labels, one per frame).
 
 Legend: B batch, T mel frames, Nt text ids, Ns speech ids, N samples, 80 mel bins.
 """
@@ -35,13 +36,14 @@ from vocalis.errors import InputError
 
 log = logging.getLogger(__name__)
 
-TASKS = ("llm", "flow", "hift", "tokenizer")
+TASKS = ("llm", "flow", "hift", "tokenizer", "labeller")
 N_MELS = 80
 _COLUMNS = {
     "llm": ("utt", "text_token", "speech_token", "num_frames"),
     "flow": ("utt", "speaker", "text_token", "speech_token", "embedding", "num_frames", "mel"),
     "hift": ("utt", "text_token", "num_frames", "mel", "f0", "audio"),
     "tokenizer": ("utt", "text", "language", "text_token", "num_frames", "audio"),
+    "labeller": ("utt", "text_token", "speech_token", "num_frames", "audio"),
 }
 
 
@@ -220,6 +222,11 @@ class ShardDataset(IterableDataset):
             return Example(utt, len(text_token) + len(speech) + 2, text_token=text_token, speech_token=speech)
         if self.task == "tokenizer":
             return self._tokenizer_example(row)
+        if self.task == "labeller":
+            mel = _whisper_mel(row["audio"])
+            if mel is None or len(row["speech_token"]) == 0:
+                return None
+            return Example(utt, t, mel=mel, speech_token=row["speech_token"])
         mel = row["mel"].reshape(t, N_MELS)
         if self.task == "flow":
             n = min(t // TOKEN_MEL_RATIO, len(row["speech_token"]))
@@ -244,15 +251,11 @@ class ShardDataset(IterableDataset):
         return Example(utt, seg, mel=mel, f0=f0, audio=audio)
 
     def _tokenizer_example(self, row: dict) -> Example | None:
-        from vocalis.frontend.audio import whisper_log_mel
-
         assert self.target_encoder is not None
         target = self.target_encoder(row["text"], row["language"])
-        pcm = np.frombuffer(row["audio"], dtype="<i2")
-        if not target or len(pcm) == 0:
+        mel = _whisper_mel(row["audio"])
+        if not target or mel is None:
             return None
-        wav16 = soxr.resample(pcm.astype(np.float32) / 32767.0, SAMPLE_RATE, PROMPT_SAMPLE_RATE_16K)
-        mel = whisper_log_mel(wav16).numpy().T  # (T100, 128)
         return Example(row["utt"], row["num_frames"], text=row["text"], mel=mel,
                        target=np.asarray(target, dtype=np.int64))
 
@@ -272,6 +275,17 @@ class ShardDataset(IterableDataset):
     def __iter__(self) -> Iterator[Batch]:
         for group in _dynamic_batches(self.examples(), self.config.max_frames_in_batch):
             yield collate(group, self.task)
+
+
+def _whisper_mel(audio: bytes) -> np.ndarray | None:
+    """Stored 24 kHz int16 audio -> the 100 Hz Whisper log-mel of its 16 kHz resampling (T100, 128); None: no audio."""
+    from vocalis.frontend.audio import whisper_log_mel
+
+    pcm = np.frombuffer(audio, dtype="<i2")
+    if len(pcm) == 0:
+        return None
+    wav16 = soxr.resample(pcm.astype(np.float32) / 32767.0, SAMPLE_RATE, PROMPT_SAMPLE_RATE_16K)
+    return whisper_log_mel(wav16).numpy().T
 
 
 def _row(cols: dict, i: int) -> dict:

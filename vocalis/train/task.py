@@ -161,6 +161,10 @@ def build_task(config: TrainConfig, shards: list[Path]) -> Task:
         from vocalis.train.task_hift import HiFTTask
 
         return HiFTTask(config)
+    if config.task == "labeller":
+        from vocalis.train.task_labeller import LabellerTask
+
+        return LabellerTask(config)
     from vocalis.train.task_tokenizer import TokenizerTask
 
     return TokenizerTask(config, shards)
