@@ -18,7 +18,7 @@ Stages (each a `vocalis` command, printed before it runs):
   hift    L1: vocalis train hift on prep: mel (4 windows) + multi-resolution STFT + F0 losses, no critic
   flow    L2: vocalis train flow on prep_labels (speech ids = the true labels) at the builtin-phones preset; only
           once the committed L1 figures pass their gate (or with --only flow: beside L1, on the other core)
-  labeller L3: vocalis train labeller on prep_labels (the prompt tokenizer: the 16 kHz Whisper log-mel of the
+  labeller L3: vocalis train labeller on prep_labels_audio (prep_labels with the audio; the prompt tokenizer: the 16 kHz Whisper log-mel of the
           stored audio -> one label per 25 Hz frame, cross-entropy); only once the committed L2 figures pass (or
           with --only labeller: it learns from the corpus alone)
   llm     L4: vocalis train llm on prep_labels (phones in, the 25 Hz labels out: a duration and prosody model);
@@ -123,18 +123,22 @@ def passes(rung: str) -> bool:
     return r.get("ratio") is not None and r["ratio"] <= r["gate"]
 
 
-def labels_stage(run: Path) -> None:
-    """RUN/prep_labels with zero x-vectors of the flow's size (prep's are CAM++-sized zeros: no speaker encoder)."""
+def labels_stage(run: Path, keep_audio: bool = False) -> Path:
+    """RUN/prep_labels with zero x-vectors of the flow's size (prep's are CAM++-sized zeros: no speaker encoder);
+    keep_audio: RUN/prep_labels_audio, the same with the 24 kHz audio the labeller reads. -> the folder."""
     import json
 
     from vocalis.config import PRESETS
     from vocalis.train.phone_labels import attach_labels
 
     dim = PRESETS["builtin-phones"].flow.spk_embed_dim
-    summary = run / "prep_labels" / "summary.json"
+    out = run / ("prep_labels_audio" if keep_audio else "prep_labels")
+    summary = out / "summary.json"
     if summary.is_file() and json.loads(summary.read_text(encoding="utf-8")).get("embedding_dim") == dim:
-        return
-    log(f"labels: {attach_labels(run / 'prep', run / 'corpus' / 'labels.jsonl', run / 'prep_labels', embedding_dim=dim)}")
+        return out
+    labels = run / "corpus" / "labels.jsonl"
+    log(f"labels: {attach_labels(run / 'prep', labels, out, keep_audio=keep_audio, embedding_dim=dim)}")
+    return out
 
 
 def make_base(run: Path) -> Path:
@@ -248,8 +252,7 @@ def main() -> int:
                 *train_args(run / "flow", args.flow_steps, args.device, FLOW_L2 + start_from_ladder(run, "L2", "flow")),
                 pid_file=args.pid_file)
     if (args.only is None and passes("L2")) or (args.only is not None and "labeller" in args.only):
-        labels_stage(run)
-        vocalis("train", "labeller", "--data", str(run / "prep_labels"),
+        vocalis("train", "labeller", "--data", str(labels_stage(run, keep_audio=True)),
                 *train_args(run / "labeller", args.labeller_steps, args.device,
                             LABELLER_L3 + start_from_ladder(run, "L3", "labeller")), pid_file=args.pid_file)
     if (args.only is None and passes("L3")) or (args.only is not None and "llm" in args.only):
