@@ -87,3 +87,29 @@ def test_tts_reads_phones_on_the_engine(tmp_path: Path, monkeypatch: pytest.Monk
         assert phones.text_ids("Hello forty two.")[-1] == phones.TEXT_IDS["."]
         with pytest.raises(InputError, match="reads phones"):
             tts.synthesize("Hello.", instruct="Speak slowly.")
+
+
+def test_a_phone_model_dir_tokenizes_prompts_with_its_labeller(tmp_path: Path) -> None:
+    """`labeller.safetensors` + `.json` beside a phone model are its speech tokenizer (prompt audio -> 25 Hz labels),
+    kept by `save_vocalis`; a labeller over another label set is refused at load."""
+    from vocalis.errors import ModelLoadError
+    from vocalis.frontend.speech_tokenizer import LabellerSpeechTokenizer
+    from vocalis.models.speech_tokenizer.labeller import FrameLabeller, labeller_config, save_labeller
+
+    path, _ = _phone_model_dir(tmp_path / "phones")
+    torch.manual_seed(0)
+    labeller = FrameLabeller(labeller_config("tiny", phones.NUM_LABELS)).eval()
+    save_labeller(labeller, path)
+    loaded = load_model(path)
+    assert isinstance(loaded.speech_tokenizer, LabellerSpeechTokenizer)
+    wav = 0.1 * np.sin(np.arange(16000) / 16000 * 2 * np.pi * 200).astype(np.float32)
+    ids = loaded.speech_tokenizer.tokenize(wav)
+    from vocalis.frontend.audio import whisper_log_mel
+
+    assert ids == labeller.tokenize_mels([whisper_log_mel(wav)])[0] and len(ids) == 25
+    save_vocalis(loaded, tmp_path / "copy", tokenizer_src=BUNDLED_TOKENIZER, frontend_src=path)
+    assert load_model(tmp_path / "copy").speech_tokenizer.tokenize(wav) == ids
+
+    save_labeller(FrameLabeller(labeller_config("tiny", phones.NUM_LABELS + 1)), path)
+    with pytest.raises(ModelLoadError, match="codebook"):
+        load_model(path)

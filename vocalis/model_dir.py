@@ -32,6 +32,7 @@ from vocalis.models.hift.generator import HiFTGenerator
 from vocalis.models.hift.generator import prepare_official_state_dict as prepare_hift_state_dict
 from vocalis.models.speech_lm import Qwen2LM
 from vocalis.models.speech_lm import prepare_official_state_dict as prepare_llm_state_dict
+from vocalis.models.speech_tokenizer.labeller import LABELLER_JSON, LABELLER_WEIGHTS
 from vocalis.official_yaml import model_config_from_official, read_official_yaml, read_qwen_config
 
 log = logging.getLogger(__name__)
@@ -85,19 +86,24 @@ def _eval(*modules: torch.nn.Module) -> None:
 
 def _speech_tokenizer(directory: Path, config: ModelConfig) -> SpeechTokenizer | None:
     weights, onnx = directory / TORCH_SPEECH_TOKENIZER, directory / SPEECH_TOKENIZER_ONNX
-    if weights.is_file():  # ours takes precedence: it is only there on purpose
+    if (directory / LABELLER_WEIGHTS).is_file():  # a phone model's prompt tokenizer: its ids are the labels
+        from vocalis.frontend.speech_tokenizer import LabellerSpeechTokenizer
+
+        tok: SpeechTokenizer = LabellerSpeechTokenizer.load(directory)
+    elif weights.is_file():  # ours takes precedence: it is only there on purpose
         from vocalis.frontend.speech_tokenizer import TorchSpeechTokenizer
 
         if onnx.is_file():
             log.warning("%s holds both %s and %s: using %s", directory, weights.name, onnx.name, weights.name)
         tok = TorchSpeechTokenizer.load(weights)
-        if tok.codebook_size != config.llm.speech_token_size:
-            raise ModelLoadError(
-                f"{weights}: speech tokenizer codebook {tok.codebook_size} != the LLM's speech_token_size "
-                f"{config.llm.speech_token_size}"
-            )
-        return tok
-    return OnnxSpeechTokenizer(onnx) if onnx.is_file() else None
+    else:
+        return OnnxSpeechTokenizer(onnx) if onnx.is_file() else None
+    if tok.codebook_size != config.llm.speech_token_size:
+        raise ModelLoadError(
+            f"{directory}: speech tokenizer codebook {tok.codebook_size} != the LLM's speech_token_size "
+            f"{config.llm.speech_token_size}"
+        )
+    return tok
 
 
 def speaker_encoder_of(directory: Path) -> SpeakerEncoder | None:
@@ -225,7 +231,7 @@ def save_vocalis(model: LoadedModel, out: Path, tokenizer_src: Path, frontend_sr
             shutil.copy2(tokenizer_src / fname, tmp / "tokenizer" / fname)
     if frontend_src is not None:
         for fname in (SPEECH_TOKENIZER_ONNX, CAMPPLUS_ONNX, TORCH_SPEECH_TOKENIZER, "speech_tokenizer.json",
-                      SPEAKER_ENCODER_JSON):
+                      SPEAKER_ENCODER_JSON, LABELLER_WEIGHTS, LABELLER_JSON):
             if (frontend_src / fname).is_file():
                 shutil.copy2(frontend_src / fname, tmp / fname)
     if model.voices:

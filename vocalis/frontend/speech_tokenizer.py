@@ -1,7 +1,8 @@
 """Speech tokenizer: 16 kHz audio -> 25 Hz discrete speech ids (S3Tokenizer v2, codebook 6561).
 
-`SpeechTokenizer` states the contract; `OnnxSpeechTokenizer` runs the released `speech_tokenizer_v2.onnx`.
-A torch port can implement the same contract later.
+`SpeechTokenizer` states the contract; `OnnxSpeechTokenizer` runs the released `speech_tokenizer_v2.onnx`,
+`TorchSpeechTokenizer` our own supervised tokenizer, and `LabellerSpeechTokenizer` the phone model's frame
+labeller (its ids are the 25 Hz phone-state labels).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from vocalis.errors import AudioError, ModelLoadError
 from vocalis.frontend.audio import whisper_log_mel
 
 if TYPE_CHECKING:
+    from vocalis.models.speech_tokenizer.labeller import FrameLabeller
     from vocalis.models.speech_tokenizer.model import SupervisedSpeechTokenizer
     from vocalis.models.speech_tokenizer.symbols import SymbolTable
 
@@ -48,10 +50,11 @@ def open_onnx_session(
 
 
 class SpeechTokenizer(abc.ABC):
-    """Contract: mono float32 16 kHz audio (N,), at most 30 s -> list of 25 Hz speech ids in [0, 6560]."""
+    """Contract: mono float32 16 kHz audio (N,), at most 30 s -> list of 25 Hz speech ids in [0, codebook)."""
 
     sample_rate: int = PROMPT_SAMPLE_RATE_16K
     max_seconds: float = MAX_PROMPT_SECONDS
+    codebook_size: int = 6561  # the released tokenizer's; ours say their own
 
     def tokenize(self, wav16k: np.ndarray | torch.Tensor) -> list[int]:
         """Speech ids of `wav16k` (N,); AudioError beyond the 30 s limit of the released tokenizer."""
@@ -116,3 +119,25 @@ class TorchSpeechTokenizer(SpeechTokenizer):
         """Several 16 kHz clips (N_i,) -> their 25 Hz ids (ceil((N // 160) / 4) each), one padded forward pass."""
         device = self.model.ctc_head.weight.device
         return self.model.tokenize_mels([whisper_log_mel(w).to(device) for w in wavs16k])
+
+
+class LabellerSpeechTokenizer(SpeechTokenizer):
+    """The `SpeechTokenizer` contract served by a phone model's `FrameLabeller`: 16 kHz audio -> 25 Hz labels."""
+
+    def __init__(self, model: FrameLabeller) -> None:
+        self.model = model.eval()
+
+    @classmethod
+    def load(cls, directory: str | Path, device: str | torch.device = "cpu") -> LabellerSpeechTokenizer:
+        """From a model directory holding `labeller.safetensors` + `labeller.json`."""
+        from vocalis.models.speech_tokenizer.labeller import load_labeller
+
+        return cls(load_labeller(directory, device))
+
+    @property
+    def codebook_size(self) -> int:
+        return self.model.config.num_labels
+
+    def _tokenize(self, wav16k: np.ndarray | torch.Tensor) -> list[int]:
+        device = self.model.head.weight.device
+        return self.model.tokenize_mels([whisper_log_mel(wav16k).to(device)])[0]

@@ -10,14 +10,19 @@ Legend: B batch, T mel frames (100 Hz), T4 = ceil(T / 4) label frames (25 Hz), V
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vocalis.checkpoint import load_strict, read_safetensors, write_safetensors
+from vocalis.errors import ModelLoadError
 from vocalis.models.speech_tokenizer.encoder import ConvSubsampler, TransformerStack, length_mask
 from vocalis.models.speech_tokenizer.model import pad_mels
 
@@ -104,3 +109,36 @@ class FrameLabeller(nn.Module):
         finally:
             self.train(was_training)
         return [row[: int(n)].tolist() for row, n in zip(logits.argmax(-1).cpu(), lens.cpu())]
+
+
+# A model directory's prompt tokenizer for the phone model: these two files in place of a speech tokenizer.
+LABELLER_WEIGHTS = "labeller.safetensors"
+LABELLER_JSON = "labeller.json"  # {"format_version": 1, "config": LabellerConfig}
+_FORMAT_VERSION = 1
+
+
+def save_labeller(model: FrameLabeller, directory: str | os.PathLike) -> Path:
+    """Write `labeller.safetensors` + `labeller.json` into `directory` (each atomically) -> the weights path."""
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    write_safetensors(model.state_dict(), out / LABELLER_WEIGHTS)
+    tmp = out / (LABELLER_JSON + ".tmp")
+    tmp.write_text(json.dumps({"format_version": _FORMAT_VERSION, "config": model.config.to_dict()}, indent=1),
+                   encoding="utf-8")
+    tmp.replace(out / LABELLER_JSON)
+    return out / LABELLER_WEIGHTS
+
+
+def load_labeller(directory: str | os.PathLike, device: str | torch.device = "cpu") -> FrameLabeller:
+    """The labeller a model directory holds, in eval mode without gradients; ModelLoadError when unreadable."""
+    d = Path(directory)
+    try:
+        data = json.loads((d / LABELLER_JSON).read_text(encoding="utf-8"))
+        if data.get("format_version") != _FORMAT_VERSION:
+            raise ValueError(f"format_version {data.get('format_version')!r}, expected {_FORMAT_VERSION}")
+        config = LabellerConfig(**data["config"])
+    except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise ModelLoadError(f"cannot read {d / LABELLER_JSON}: {exc}") from exc
+    model = FrameLabeller(config)
+    load_strict(model, read_safetensors(d / LABELLER_WEIGHTS), LABELLER_WEIGHTS)
+    return model.to(device).eval().requires_grad_(False)
