@@ -30,6 +30,11 @@ cmu_us_slt_arctic_hts, speaking the 50 held-out WordNet sentences (`vocalis.corp
 
     python scripts/measure_builtin.py --voices slt --rows L4 --llm RUN/gates/L4/llm.safetensors --flow ... --hift ...
 
+  L5  the whole phone model (`scripts/train_builtin.py RUN --assemble DIR`) through `TTS` (the engine) with its
+      `default` voice, seeded: WER <= 1.5x the teacher's
+
+    python scripts/measure_builtin.py --voices slt --rows L5 --model DIR
+
 Needs festival with the three voices, pocketsphinx and resemblyzer (`pip install -e '.[eval]'` and
 `pip install --no-deps resemblyzer webrtcvad-wheels`).
 """
@@ -59,11 +64,12 @@ def load16(path: Path) -> np.ndarray:
 # ---- the ladder (--voices slt) ---------------------------------------------------------------------------
 
 # L1-L3: most WER x the teacher's; L4: least share of lengths in range
-GATES = {"L1": 1.15, "L2": 1.3, "L3": 1.35, "L4": 0.9}
+GATES = {"L1": 1.15, "L2": 1.3, "L3": 1.35, "L4": 0.9, "L5": 1.5}
 MIN_FRAME_ACCURACY = 0.9  # L3, beside its WER
 ROWS = {"L1": "teacher mel -> our HiFT", "L2": "true labels -> our flow -> our HiFT",
         "L3": "teacher audio -> our labels -> our flow -> our HiFT",
-        "L4": "phones -> our LLM's labels -> our flow -> our HiFT"}
+        "L4": "phones -> our LLM's labels -> our flow -> our HiFT",
+        "L5": "the whole model (TTS, default voice)"}
 LENGTH_RANGE = (0.8, 1.25)  # L4: a sentence's label count over the teacher's
 
 
@@ -177,7 +183,14 @@ def measure_ladder(args: argparse.Namespace) -> int:
         teacher += word_counts(text, hyp, "en")
     figures["wer_teacher"] = teacher.rate
     rows = [{"text": text, "teacher_asr": hyp} for text, hyp in zip(texts, hyps_teacher)]
-    hift = load_hift(args.hift, " ".join(args.rows))
+    hift = load_hift(args.hift, " ".join(args.rows)) if set(args.rows) - {"L5"} else None
+    tts = None
+    if "L5" in args.rows:
+        from vocalis.tts import TTS
+
+        if args.model is None:
+            sys.exit("measure_builtin --rows L5: give the assembled model directory with --model")
+        tts = TTS.load(args.model)
     flow = load_flow(args.flow, " ".join(args.rows)) if {"L2", "L3", "L4"} & set(args.rows) else None
     llm = load_llm(args.llm) if "L4" in args.rows else None
     labeller = load_labeller(args.labeller) if "L3" in args.rows else None
@@ -185,7 +198,9 @@ def measure_ladder(args: argparse.Namespace) -> int:
         counts, start, audio_s, lengths, hits = EditCounts(0, 0, 0, 0), time.perf_counter(), 0.0, [], [0, 0]
         for i, text in enumerate(texts):
             teacher_wav = out / f"teacher-{i:03d}.wav"
-            if rung == "L3":
+            if rung == "L5":
+                wav = torch.from_numpy(tts.synthesize(text, voice="default", seed=args.seed, language="en"))
+            elif rung == "L3":
                 true = utterance_record(f"{i:03d}", text, teacher_wav)["labels"]
                 labels = audio_labels(labeller, teacher_wav)
                 n = min(len(true), len(labels))  # the clip's frame count and the alignment's may differ by one
@@ -213,8 +228,12 @@ def measure_ladder(args: argparse.Namespace) -> int:
             rows[i][f"{rung}_asr"] = hyp
         figures[rung] = {"wer": counts.rate, "ratio": counts.rate / teacher.rate if teacher.rate else None,
                          "gate": GATES[rung],
-                         "vocoder_rtf" if rung == "L1" else "rtf": (time.perf_counter() - start) / max(audio_s, 1e-9),
-                         "weights": args.hift.name, "step": _weights_step(args.hift)}
+                         "vocoder_rtf" if rung == "L1" else "rtf": (time.perf_counter() - start) / max(audio_s, 1e-9)}
+        if rung == "L5":
+            figures[rung]["model"] = str(args.model)
+            figures[rung]["passes"] = figures[rung]["ratio"] is not None and figures[rung]["ratio"] <= GATES[rung]
+            continue
+        figures[rung].update(weights=args.hift.name, step=_weights_step(args.hift))
         if rung in ("L2", "L3", "L4"):
             figures[rung].update(flow_weights=args.flow.name, flow_step=_weights_step(args.flow))
         if rung == "L4":
@@ -250,7 +269,7 @@ def measure_ladder(args: argparse.Namespace) -> int:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", help="model directory (default: the built-in model)")
+    ap.add_argument("--model", help="model directory (default: the built-in model; --rows L5: the assembled phone model)")
     ap.add_argument("-n", type=int, default=50, help="held-out sentences (>= 50 for the issue's measurement)")
     ap.add_argument("--out", type=Path, help="keep the wavs here (default: a temporary folder)")
     ap.add_argument("--json", type=Path, help="also write the figures as JSON")

@@ -23,6 +23,8 @@ Stages (each a `vocalis` command, printed before it runs):
           with --only labeller: it learns from the corpus alone)
   llm     L4: vocalis train llm on prep_labels (phones in, the 25 Hz labels out: a duration and prosody model);
           only once the committed L3 figures pass (or with --only llm: it learns from the corpus alone)
+  assemble (--assemble OUT) a phone-model directory from every part's committed weights (else RUN/gates') and a `default`
+          voice (SLT speaking a fixed prompt, its true labels): what the L5 row measures through `TTS`
   gate    (--gate L1 | L2 | L3 | L4) the newest HiFT | flow | labeller | LLM checkpoint -> fp16 weights in RUN/gates/<rung>;
           measure them with scripts/measure_builtin.py --voices slt --rows L1 --hift RUN/gates/L1/hift.safetensors
           --json RUN/gates/L1/figures.json (L2: --rows L2 --hift <the L1 weights> --flow
@@ -186,6 +188,53 @@ def start_from_ladder(run: Path, rung: str, part: str) -> list[str]:
     return [f"model.checkpoint={init}"]
 
 
+PROMPT_TEXT = "Please read the next sentence slowly and clearly, as if you were talking to a friend."
+
+
+def assemble(run: Path, out: Path, weights: dict[str, Path]) -> Path:
+    """A phone-model directory from fp16 rung weights (llm, flow, hift; labeller optional) with a `default` voice:
+    festival SLT speaking PROMPT_TEXT, its true labels (the teacher's alignment), its mel, a zero x-vector (the
+    flow trains with zeros). What `vocalis speak --model OUT` and the ladder's L5 row run. -> out."""
+    import torch
+    from safetensors.torch import load_file
+
+    from vocalis.checkpoint import load_strict
+    from vocalis.config import SAMPLE_RATE
+    from vocalis.corpus.phone_corpus import speak_batch, utterance_record
+    from vocalis.frontend.audio import align_prompt, load_wav, prompt_mel
+    from vocalis.frontend.phones import text_ids
+    from vocalis.frontend.voice import Voice
+    from vocalis.model_dir import BUNDLED_TOKENIZER, random_model, save_vocalis
+
+    model = random_model("builtin-phones")
+    for part in ("llm", "flow", "hift"):
+        state = {k: v.float() for k, v in load_file(str(weights[part])).items()}
+        load_strict(getattr(model, part), state, str(weights[part]))
+    wav = run / "assemble" / "prompt-slt.wav"
+    if not wav.is_file():
+        wav.parent.mkdir(parents=True, exist_ok=True)
+        speak_batch("slt", [(PROMPT_TEXT, wav)])
+    labels = utterance_record("prompt", PROMPT_TEXT, wav)["labels"]
+    mel, labels = align_prompt(prompt_mel(load_wav(wav, SAMPLE_RATE, max_seconds=None)), labels)
+    model.voices = {"default": Voice("default", PROMPT_TEXT, tuple(text_ids(PROMPT_TEXT)), tuple(labels), mel,
+                                     torch.zeros(model.config.flow.spk_embed_dim))}
+    if out.exists():
+        import shutil
+
+        shutil.rmtree(out)
+    save_vocalis(model, out, tokenizer_src=BUNDLED_TOKENIZER)
+    if "labeller" in weights:
+        from vocalis.config import PHONE_LABELS
+        from vocalis.models.speech_tokenizer.labeller import FrameLabeller, labeller_config, save_labeller
+
+        labeller = FrameLabeller(labeller_config("builtin", PHONE_LABELS))
+        load_strict(labeller, {k: v.float() for k, v in load_file(str(weights["labeller"])).items()},
+                    str(weights["labeller"]))
+        save_labeller(labeller, out)
+    log(f"assembled {out} from {', '.join(f'{k} {v}' for k, v in weights.items())}")
+    return out
+
+
 def install_gate(run: Path, rung: str) -> None:
     """Copy RUN/gates/<rung> (weights + figures.json) into the repository's ladder folder, to be committed."""
     import shutil
@@ -217,10 +266,26 @@ def main() -> int:
     ap.add_argument("--install", action="store_true",
                     help="with --gate: copy RUN/gates/<rung> (weights + figures.json) into vocalis/assets/builtin/ladder")
     ap.add_argument("--pid-file", type=Path, help="the running trainer's pid is written here (for SIGSTOP/SIGCONT)")
+    ap.add_argument("--assemble", type=Path, metavar="OUT",
+                    help="write a phone-model directory to OUT from each part's committed ladder weights (else its "
+                         "RUN/gates weights) and stop")
     args = ap.parse_args()
     run: Path = args.run.resolve()
     run.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    if args.assemble is not None:
+        rungs = {"hift": "L1", "flow": "L2", "labeller": "L3", "llm": "L4"}
+        found = {}
+        for part, rung in rungs.items():
+            for folder in (LADDER / rung, run / "gates" / rung):
+                if (folder / f"{part}.safetensors").is_file():
+                    found[part] = folder / f"{part}.safetensors"
+                    break
+        missing = [p for p in ("llm", "flow", "hift") if p not in found]
+        if missing:
+            raise SystemExit(f"--assemble: no gate weights for {', '.join(missing)} (run --gate for their rungs)")
+        assemble(run, args.assemble.resolve(), found)
+        return 0
     if args.gate is not None:
         if args.install:
             install_gate(run, args.gate)

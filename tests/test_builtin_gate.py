@@ -131,3 +131,48 @@ def test_l3_gate_labeller_weights_label_a_clip(tmp_path: Path) -> None:
     sf.write(str(wav), 0.1 * np.sin(np.arange(48000) / 24000 * 2 * np.pi * 300).astype(np.float32), 24000)
     labels = measure.audio_labels(measure.load_labeller(path), wav)
     assert abs(len(labels) - 50) <= 1 and all(0 <= t < PHONE_LABELS for t in labels)  # 2 s at 25 Hz
+
+
+def test_assemble_builds_a_phone_model_that_speaks_with_its_default_voice(tmp_path: Path, monkeypatch) -> None:
+    """--assemble: gate weights of every part + festival SLT's prompt with its true labels -> a model directory that
+    `TTS` loads (its weights, its labeller as the speech tokenizer) and speaks with on the engine."""
+    import os
+    import shutil
+
+    import pytest
+
+    slt = Path("/usr/share/festival/voices/us/cmu_us_slt_arctic_hts")
+    if shutil.which("festival") is None or not slt.is_dir():
+        if os.environ.get("CI") == "true":
+            pytest.fail("festival with festvox-us-slt-hts is missing: broken CI set-up (.ci/run installs it)")
+        pytest.skip("festival with festvox-us-slt-hts is not installed (.ci/run installs it)")
+    from vocalis.config import PHONE_LABELS
+    from vocalis.frontend.phones import text_ids
+    from vocalis.frontend.speech_tokenizer import LabellerSpeechTokenizer
+    from vocalis.model_dir import random_model
+    from vocalis.models.speech_tokenizer.labeller import FrameLabeller, labeller_config
+    from vocalis.tts import TTS
+
+    recipe = _script("train_builtin")
+    monkeypatch.setattr(recipe, "LADDER", tmp_path / "ladder")  # nothing committed: the run's gates
+    torch.manual_seed(0)
+    parts = random_model("builtin-phones")
+    modules = {"llm": parts.llm, "flow": parts.flow, "hift": parts.hift,
+               "labeller": FrameLabeller(labeller_config("builtin", PHONE_LABELS))}
+    run = tmp_path / "run"
+    weights = {}
+    for (part, module), rung in zip(modules.items(), ("L4", "L2", "L1", "L3")):
+        save_atomic({"models": {part: module.state_dict()}, "step": 100}, checkpoint_path(run / part, 100))
+        weights[part] = recipe.save_gate(run / part, run / "gates" / rung, part)
+    out = recipe.assemble(run, tmp_path / "model", weights)
+
+    with TTS.load(out) as tts:
+        voice = tts.model.voices["default"]
+        assert voice.prompt_text_ids == tuple(text_ids(recipe.PROMPT_TEXT))
+        assert len(voice.prompt_speech_ids) > 50 and max(voice.prompt_speech_ids) < PHONE_LABELS  # festival's labels
+        assert not voice.embedding.any()  # the flow trains with zero x-vectors
+        assert isinstance(tts.model.speech_tokenizer, LabellerSpeechTokenizer)
+        name = "decoder.estimator.final_proj.weight"
+        assert torch.allclose(tts.model.flow.state_dict()[name], parts.flow.state_dict()[name].half().float())
+        wav = tts.synthesize("A quiet room.", voice="default", seed=0)
+        assert wav.ndim == 1 and wav.size > 0
