@@ -52,13 +52,15 @@ def solve_chunk(
     cache_dtype: torch.dtype | None = None,
     compute: ComputeWeights | None = None,
     terms: TimeTerms | None = None,
+    full_attention: bool = False,
 ) -> torch.Tensor:
     """Euler + CFG on new frames. mu, cond (R, 80, n), spks (R, 80); row r covers absolute frames
     [starts[r], starts[r] + lens[r]); caches[r] holds one `EstimatorCache` per Euler step (created on first use)
     and is extended when keeps[r] (a cached chunk must end on a block boundary); cache_dtype stores the cached
     keys/values reduced (e.g. bf16: half the memory, upcast when read); compute runs the estimator's GEMMs, convs
     and attention in a reduced dtype (`ComputeWeights`; None: the modules as they are); terms keeps the time terms
-    across calls (None: computed per step).
+    across calls (None: computed per step). full_attention: every frame sees every frame of its request (the
+    estimator's non-streaming mask: the reference's final and offline pass), from frame 0, keeping nothing.
     Returns mel (R, 80, n) float32 (zeros on padding)."""
     num, _, n = mu.shape
     dev, dtype = mu.device, mu.dtype
@@ -81,6 +83,10 @@ def solve_chunk(
         if keeps[r] and (starts[r] + lens[r]) % estimator.static_chunk_size:
             raise ValueError(f"a cached chunk must end on a {estimator.static_chunk_size}-frame block boundary")
     chunk = estimator.static_chunk_size
+    if full_attention:
+        if any(keeps) or any(starts):
+            raise ValueError("a full-attention pass starts at frame 0 and keeps nothing")
+        chunk = max(lens)  # one block: nothing hidden but padding
     cfg = cfm.config.inference_cfg_rate
     # rows request-major: (conditional, unconditional) of request 0, then of request 1, ... so a request's pair
     # is a slice (a view) for the caches
