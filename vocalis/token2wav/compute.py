@@ -1,5 +1,6 @@
 """Reduced-dtype compute for the token2wav engine's incremental estimator (and its full-attention passes, which
-run on the same path): each layer's weights as its GEMM takes them (the native bf16 GEMM's packed panels on AMX CPUs, or torch's (weight, bias)), made once per engine."""
+run on the same path): each layer's weights as its GEMM takes them (the native bf16 GEMM's packed panels on AMX
+CPUs, or torch's (weight, bias)), made once per engine."""
 
 from __future__ import annotations
 
