@@ -25,8 +25,8 @@ cmu_us_slt_arctic_hts, speaking the 50 held-out WordNet sentences (`vocalis.corp
   L2  the teacher's true 25 Hz labels (its own alignment) -> our flow -> our HiFT: WER <= 1.3x the teacher's
   L3  the teacher's audio -> our prompt tokenizer's labels (frame accuracy >= 90 % against its alignment) -> our
       flow -> our HiFT: WER <= 1.35x the teacher's
-  L4  our LLM's labels for the sentence's phones (no prompt, seeded RAS sampling): >= 90 % of the sentences
-      within 0.8-1.25x the teacher's length; its WER through our flow and HiFT is printed beside it
+  L4  our LLM's labels for the sentence's phones (no prompt, the phone model's seeded sampling): >= 90 % of the
+      sentences within 0.8-1.25x the teacher's length; its WER through our flow and HiFT is printed beside it
 
     python scripts/measure_builtin.py --voices slt --rows L4 --llm RUN/gates/L4/llm.safetensors --flow ... --hift ...
 
@@ -127,14 +127,16 @@ def audio_labels(labeller, wav: Path) -> list[int]:
 
 
 def llm_labels(llm, text: str, seed: int) -> list[int]:
-    """L4: the sentence's phone ids (the inference frontend) -> labels decoded to eos (the model's length bounds,
-    the released RAS sampling, seeded), no prompt."""
+    """L4: the sentence's phone ids (the inference frontend) -> labels decoded to eos (the model's length bounds
+    and sampling, seeded), no prompt."""
     import torch
 
+    from vocalis.config import PRESETS
     from vocalis.frontend.phones import text_ids
     from vocalis.reference.decode import generate
 
-    return list(generate(llm, text_ids(text), generator=torch.Generator().manual_seed(seed)))
+    return list(generate(llm, text_ids(text), sampling=PRESETS["builtin-phones"].sampling,
+                         generator=torch.Generator().manual_seed(seed)))
 
 
 def labels_to_wav(flow, hift, labels: list[int], seed: int):  # -> (N,) float32 tensor at 24 kHz

@@ -113,3 +113,17 @@ def test_a_phone_model_dir_tokenizes_prompts_with_its_labeller(tmp_path: Path) -
     save_labeller(FrameLabeller(labeller_config("tiny", phones.NUM_LABELS + 1)), path)
     with pytest.raises(ModelLoadError, match="codebook"):
         load_model(path)
+
+
+def test_the_phone_model_lets_a_label_run_for_a_phone() -> None:
+    """A label repeats for every 40 ms frame of its phone: the phone model's sampling keeps drawing it after five
+    in a row, where the released RAS (BPE-paced codec ids) excludes it and draws another."""
+    from vocalis.reference.sampling import make_sampler
+
+    scores = torch.full((cfg.PHONE_LABELS,), -10.0)
+    scores[5], scores[7] = 5.0, 0.0
+    history = [3, 3, 5, 5, 5, 5, 5]
+    phone = make_sampler(cfg.PRESETS["builtin-phones"].sampling, torch.Generator().manual_seed(0))
+    released = make_sampler(cfg.PRESETS["builtin"].sampling, torch.Generator().manual_seed(0))
+    assert [phone(scores, history) for _ in range(20)] == [5] * 20
+    assert 5 not in [released(scores, history) for _ in range(20)]
