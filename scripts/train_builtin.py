@@ -103,9 +103,12 @@ HIFT_L1 = ["model.preset=builtin", "hift.adversarial=none", "hift.extra_mel_ffts
 FLOW_L2 = ["model.preset=builtin-phones", "optim.lr=5e-4", "scheduler.name=noam_hold", "scheduler.warmup_steps=200",
            "scheduler.hold_steps=30000", "scheduler.decay_rate=1.0", "data.max_frames_in_batch=3000"]
 # L4: the LLM as a duration/prosody model over phones (unistream: bi-streaming's 5:15 text:speech interleaving
-# assumes BPE pacing, ~3 speech ids per text id, where a phone lasts ~1.9 labels).
-LLM_L4 = ["model.preset=builtin-phones", "llm.bistream_prob=0", "optim.lr=1e-3", "scheduler.name=noam_hold",
-          "scheduler.warmup_steps=200", "scheduler.hold_steps=30000", "scheduler.decay_rate=1.0"]
+# assumes BPE pacing, ~3 speech ids per text id, where a phone lasts ~1.9 labels). Half the utterances are read
+# after another one (data.pair_prob): the corpus's single short sentences alone did not teach it to continue
+# after a prompt utterance (its labels for a prompted text lost far more words than unprompted).
+LLM_L4 = ["model.preset=builtin-phones", "llm.bistream_prob=0", "data.pair_prob=0.5", "optim.lr=1e-3",
+          "scheduler.name=noam_hold", "scheduler.warmup_steps=200", "scheduler.hold_steps=30000",
+          "scheduler.decay_rate=1.0"]
 # L3: the prompt tokenizer, a frame classifier over the labels (`FrameLabeller`, ~1.9 M parameters).
 LABELLER_L3 = ["labeller.preset=builtin", "optim.lr=1e-3", "scheduler.name=noam_hold", "scheduler.warmup_steps=200",
                "scheduler.hold_steps=30000", "scheduler.decay_rate=1.0", "data.max_frames_in_batch=3000"]

@@ -118,3 +118,25 @@ def test_train_cli_reports_bad_input_in_one_line(tmp_path: Path, capsys: pytest.
     assert err[-1].startswith("vocalis: error: training data not found")
     assert main(["train", "flow", "--set", "trainer.bogus=1"]) == 2
     assert "unknown keys ['bogus']" in capsys.readouterr().err
+
+
+def test_llm_pairs_join_two_utterances_of_one_speaker(shards: list[Path]) -> None:
+    """data.pair_prob: an LLM example may be two utterances of one speaker back to back (texts, then speech ids), as
+    a zero-shot prompt precedes the text at inference; every utterance is still read once; 0 changes nothing."""
+    base = DataConfig(shuffle_buffer=0, sort_buffer=0, min_frames=1)
+    alone = {e.utt: e for e in ShardDataset(shards, base, "llm").examples()}
+    paired = list(ShardDataset(shards, DataConfig(shuffle_buffer=0, sort_buffer=0, min_frames=1, pair_prob=1.0),
+                               "llm").examples())
+    joined = [e for e in paired if "+" in e.utt]
+    assert joined and sorted(u for e in paired for u in e.utt.split("+")) == sorted(alone)
+    for e in joined:
+        a, b = (alone[u] for u in e.utt.split("+"))
+        assert a.speaker == b.speaker == e.speaker
+        assert e.text_token.tolist() == a.text_token.tolist() + b.text_token.tolist()
+        assert e.speech_token.tolist() == a.speech_token.tolist() + b.speech_token.tolist()
+        assert e.length == len(e.text_token) + len(e.speech_token) + 2
+    zero = [e.utt for e in ShardDataset(shards, DataConfig(shuffle_buffer=0, sort_buffer=0, min_frames=1,
+                                                           pair_prob=0.0), "llm").examples()]
+    assert zero == list(alone)
+    with pytest.raises(ValueError, match="pair_prob"):
+        DataConfig(pair_prob=1.5)

@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 TASKS = ("llm", "flow", "hift", "tokenizer", "labeller")
 N_MELS = 80
 _COLUMNS = {
-    "llm": ("utt", "text_token", "speech_token", "num_frames"),
+    "llm": ("utt", "speaker", "text_token", "speech_token", "num_frames"),
     "flow": ("utt", "speaker", "text_token", "speech_token", "embedding", "num_frames", "mel"),
     "hift": ("utt", "text_token", "num_frames", "mel", "f0", "audio"),
     "tokenizer": ("utt", "text", "language", "text_token", "num_frames", "audio"),
@@ -62,6 +62,13 @@ class DataConfig:
     max_text_per_frame: float = 2.0
     segment_frames: int = 51  # hift: random crop of this many mel frames (24480 samples)
     use_speaker_embedding: bool = False  # flow: the speaker's mean x-vector instead of the utterance's
+    # llm: share of examples joined to another of the same speaker (texts and speech ids back to back), as a
+    # zero-shot prompt utterance precedes the text at inference; 0 = every example alone (the official recipe)
+    pair_prob: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.pair_prob <= 1.0:
+            raise ValueError(f"data.pair_prob must be in [0, 1], got {self.pair_prob}")
     num_workers: int = 0
     pin_memory: bool = False
     prefetch_factor: int = 2
@@ -72,6 +79,7 @@ class Example:
     utt: str
     length: int  # batching length (see module docstring)
     text: str = ""
+    speaker: str = ""
     text_token: np.ndarray | None = None  # (Nt,) int
     speech_token: np.ndarray | None = None  # (Ns,) int
     embedding: np.ndarray | None = None  # (192,) float32
@@ -219,7 +227,8 @@ class ShardDataset(IterableDataset):
             speech = row["speech_token"]
             if len(speech) == 0:
                 return None
-            return Example(utt, len(text_token) + len(speech) + 2, text_token=text_token, speech_token=speech)
+            return Example(utt, len(text_token) + len(speech) + 2, text_token=text_token, speech_token=speech,
+                           speaker=row["speaker"])
         if self.task == "tokenizer":
             return self._tokenizer_example(row)
         if self.task == "labeller":
@@ -268,6 +277,8 @@ class ShardDataset(IterableDataset):
         stream = (e for e in (self._example(r, rng) for r in self._rows()) if e is not None)
         if c.shuffle_buffer > 1:
             stream = _shuffle(stream, c.shuffle_buffer, rng)
+        if self.task == "llm" and c.pair_prob > 0:
+            stream = _pairs(stream, c.pair_prob, rng)
         if c.sort_buffer > 1:
             stream = _sort(stream, c.sort_buffer)
         return stream
@@ -313,6 +324,26 @@ def _shuffle(stream: Iterator[Example], size: int, rng: random.Random) -> Iterat
             yield buf.pop()
     rng.shuffle(buf)
     yield from buf
+
+
+def _pairs(stream: Iterator[Example], prob: float, rng: random.Random) -> Iterator[Example]:
+    """llm: each example, with probability `prob`, waits for the next chosen one of its speaker and goes out joined
+    to it (the first as the prompt utterance); a partner never found goes out alone at the end."""
+    waiting: dict[str, Example] = {}
+    for e in stream:
+        if rng.random() >= prob:
+            yield e
+            continue
+        first = waiting.pop(e.speaker, None)
+        if first is None:
+            waiting[e.speaker] = e
+            continue
+        assert first.text_token is not None and first.speech_token is not None
+        assert e.text_token is not None and e.speech_token is not None
+        yield Example(f"{first.utt}+{e.utt}", first.length + e.length - 2, speaker=e.speaker,
+                      text_token=np.concatenate([first.text_token, e.text_token]),
+                      speech_token=np.concatenate([first.speech_token, e.speech_token]))
+    yield from waiting.values()
 
 
 def _sort(stream: Iterator[Example], size: int) -> Iterator[Example]:
