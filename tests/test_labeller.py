@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 import soxr
 
 from vocalis.config import PHONE_LABELS, SAMPLE_RATE
@@ -33,17 +34,17 @@ def _labels(rng: np.random.Generator, n: int) -> list[int]:
     return runs[:n]
 
 
-def _shards(directory: Path, count: int) -> Path:
+def _shards(directory: Path, count: int, audio: bool = True) -> Path:
     rng = np.random.default_rng(0)
     rows = []
     for i in range(count):
         labels = _labels(rng, int(rng.integers(30, 50)))
-        audio = (_clip(labels) * 32767).astype("<i2").tobytes()
+        pcm = (_clip(labels) * 32767).astype("<i2").tobytes() if audio else b""
         frames = 2 * len(labels)
         rows.append({"utt": f"u{i}", "wav": f"u{i}.wav", "text": "a", "speaker": "s", "language": "en",
                      "duration": frames / 50, "text_token": [5, 6, 7], "speech_token": labels,
                      "embedding": [0.0] * 192, "num_frames": frames, "mel": np.zeros(frames * 80, np.float32).tolist(),
-                     "f0": [0.0] * frames, "audio": audio})
+                     "f0": [0.0] * frames, "audio": pcm})
     (directory / "shards").mkdir(parents=True)
     write_shard(rows, directory / "shards" / "shard-000000.parquet")
     (directory / "data.list").write_text(str(directory / "shards" / "shard-000000.parquet") + "\n")
@@ -71,3 +72,12 @@ def test_labeller_learns_frame_labels(tmp_path: Path) -> None:
     assert n >= len(truth) - 1
     inner = [i for i in range(1, n - 1) if truth[i - 1] == truth[i] == truth[i + 1]]  # frames away from a tone change
     assert np.mean([got[i] == truth[i] for i in inner]) >= 0.9
+
+
+def test_labeller_data_without_audio_is_an_input_error(tmp_path: Path) -> None:
+    from vocalis.errors import InputError
+    from vocalis.train.data import DataConfig, ShardDataset, resolve_shards
+
+    data = _shards(tmp_path / "data", 2, audio=False)
+    with pytest.raises(InputError, match="no audio"):
+        next(iter(ShardDataset(resolve_shards([str(data)]), DataConfig(), "labeller")))

@@ -233,7 +233,10 @@ class ShardDataset(IterableDataset):
             return self._tokenizer_example(row)
         if self.task == "labeller":
             mel = _whisper_mel(row["audio"])
-            if mel is None or len(row["speech_token"]) == 0:
+            if mel is None:
+                raise InputError(f"utterance {utt} has no audio: the labeller reads it (prepare without --no-audio; "
+                                 "phone labels: attach_labels(keep_audio=True))")
+            if len(row["speech_token"]) == 0:
                 return None
             return Example(utt, t, mel=mel, speech_token=row["speech_token"])
         mel = row["mel"].reshape(t, N_MELS)
