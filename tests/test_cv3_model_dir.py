@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from vocalis.config import CV3_PRESETS, CosyVoice3Config, QwenConfig
+from vocalis.config import QwenConfig
+from vocalis.config_cv3 import CV3_PRESETS, CosyVoice3Config
 from vocalis.errors import ModelLoadError
 from vocalis.model_dir import load_model
 from vocalis.models.cv3.flow import CausalMaskedDiffWithDiT

@@ -14,7 +14,8 @@ import pytest
 import torch
 from cv3_support import ATOL, cv3_reference, max_diff
 
-from vocalis.config import CV3_SILENT_TOKEN_IDS, StreamConfig
+from vocalis.config import StreamConfig
+from vocalis.config_cv3 import CV3_SILENT_TOKEN_IDS
 from vocalis.frontend.prompt import FlowPrompt
 from vocalis.reference.cv3 import stream_token2wav
 from vocalis.token2wav.config import Token2WavConfig

@@ -15,12 +15,7 @@ from typing import Any
 import yaml
 
 from vocalis.config import (
-    CausalHiFTConfig,
     CFMConfig,
-    CosyVoice3Config,
-    CV3FlowConfig,
-    CV3SpeechLMConfig,
-    DiTConfig,
     EstimatorConfig,
     FlowConfig,
     FlowEncoderConfig,
@@ -30,6 +25,7 @@ from vocalis.config import (
     SamplingConfig,
     SpeechLMConfig,
 )
+from vocalis.config_cv3 import CausalHiFTConfig, CosyVoice3Config, CV3FlowConfig, CV3SpeechLMConfig, DiTConfig
 from vocalis.errors import ModelLoadError
 
 

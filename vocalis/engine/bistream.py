@@ -20,7 +20,8 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 
-from vocalis.config import CV3SpeechLMConfig, SpeechLMConfig
+from vocalis.config import SpeechLMConfig
+from vocalis.config_cv3 import CV3SpeechLMConfig
 from vocalis.engine.id_space import IdSpace
 from vocalis.errors import InputError
 

@@ -23,7 +23,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from vocalis.config import CV3SpeechLMConfig, SpeechLMConfig
+from vocalis.config import SpeechLMConfig
+from vocalis.config_cv3 import CV3SpeechLMConfig
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,7 +20,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from vocalis.config import CV3_MAX_SILENT_RUN, CV3_SILENT_TOKEN_IDS, StreamConfig
+from vocalis.config import StreamConfig
+from vocalis.config_cv3 import CV3_MAX_SILENT_RUN, CV3_SILENT_TOKEN_IDS
 
 
 @dataclass(frozen=True, slots=True)
