@@ -24,9 +24,10 @@ import soundfile as sf
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from measure_builtin import PROMPT_TEXT, load16
+from measure_builtin import load16
 
 from vocalis.corpus.build import heldout_sentences
+from vocalis.corpus.sentences import PROMPT_SENTENCE
 from vocalis.corpus.voices import festival_voices
 from vocalis.eval.asr import PocketsphinxTranscriber
 from vocalis.eval.wer import EditCounts, word_counts
@@ -40,7 +41,7 @@ def prompting(tts: TTS, out: Path, texts: list[str]) -> None:
         for i, text in enumerate(texts):
             v = voices[i % len(voices)]
             wav = tts.synthesize(text, prompt_wav=str(out / f"prompt-{v.speaker}.wav"),
-                                 prompt_text=PROMPT_TEXT if mode == "zero_shot" else "", seed=0, language="en")
+                                 prompt_text=PROMPT_SENTENCE if mode == "zero_shot" else "", seed=0, language="en")
             path = out / f"{mode}-{i:03d}.wav"
             sf.write(str(path), wav, tts.sample_rate)
             wer += word_counts(text, asr(load16(path), 16000), "en")

@@ -52,7 +52,7 @@ import numpy as np
 import soundfile as sf
 import soxr
 
-PROMPT_TEXT = "Please read the next sentence slowly and clearly, as if you were talking to a friend."
+from vocalis.corpus.sentences import PROMPT_SENTENCE
 
 
 def load16(path: Path) -> np.ndarray:
@@ -196,6 +196,9 @@ def measure_ladder(args: argparse.Namespace) -> int:
     flow = load_flow(args.flow, " ".join(args.rows)) if {"L2", "L3", "L4"} & set(args.rows) else None
     llm = load_llm(args.llm) if "L4" in args.rows else None
     labeller = load_labeller(args.labeller) if "L3" in args.rows else None
+    # the teacher's own alignment of each sentence, as the corpus labels it (L2-L4)
+    true_labels = [utterance_record(f"{i:03d}", text, out / f"teacher-{i:03d}.wav")["labels"]
+                   for i, text in enumerate(texts)] if {"L2", "L3", "L4"} & set(args.rows) else []
     for rung in args.rows:
         counts, start, audio_s, lengths, hits = EditCounts(0, 0, 0, 0), time.perf_counter(), 0.0, [], [0, 0]
         for i, text in enumerate(texts):
@@ -203,17 +206,16 @@ def measure_ladder(args: argparse.Namespace) -> int:
             if rung == "L5":
                 wav = torch.from_numpy(tts.synthesize(text, voice="default", seed=args.seed, language="en"))
             elif rung == "L3":
-                true = utterance_record(f"{i:03d}", text, teacher_wav)["labels"]
                 labels = audio_labels(labeller, teacher_wav)
-                n = min(len(true), len(labels))  # the clip's frame count and the alignment's may differ by one
-                hits[0] += sum(a == b for a, b in zip(true[:n], labels[:n]))
+                n = min(len(true_labels[i]), len(labels))  # the clip's frames and the alignment's may differ by one
+                hit = sum(a == b for a, b in zip(true_labels[i][:n], labels[:n]))
+                hits[0] += hit
                 hits[1] += n
-                rows[i]["L3_accuracy"] = round(sum(a == b for a, b in zip(true[:n], labels[:n])) / max(n, 1), 3)
+                rows[i]["L3_accuracy"] = round(hit / max(n, 1), 3)
                 wav = labels_to_wav(flow, hift, labels, args.seed)
             elif rung == "L4":
-                true = utterance_record(f"{i:03d}", text, teacher_wav)["labels"]
                 labels = llm_labels(llm, text, args.seed)
-                lengths.append(len(labels) / len(true))
+                lengths.append(len(labels) / len(true_labels[i]))
                 rows[i]["L4_length"] = round(lengths[-1], 3)
                 wav = labels_to_wav(flow, hift, labels, args.seed) if labels else torch.zeros(1)
             elif rung == "L1":
@@ -221,8 +223,8 @@ def measure_ladder(args: argparse.Namespace) -> int:
                 with torch.inference_mode():
                     voc, _ = hift.inference(mel.unsqueeze(0), generator=torch.Generator().manual_seed(args.seed))
                 wav = voc[0]
-            else:  # the teacher's own alignment of this sentence, as the corpus labels it
-                wav = labels_to_wav(flow, hift, utterance_record(f"{i:03d}", text, teacher_wav)["labels"], args.seed)
+            else:  # L2: the teacher's own labels
+                wav = labels_to_wav(flow, hift, true_labels[i], args.seed)
             sf.write(str(out / f"{rung}-{i:03d}.wav"), wav.numpy(), SAMPLE_RATE)
             audio_s += wav.shape[-1] / SAMPLE_RATE
             hyp = asr(load16(out / f"{rung}-{i:03d}.wav"), 16000)
@@ -304,7 +306,7 @@ def main() -> int:
 
     # teachers: every voice speaks its prompt; voice i % V and voice (i + 1) % V speak sentence i
     for v in voices:
-        items = [(PROMPT_TEXT, out / f"prompt-{v.speaker}.wav")]
+        items = [(PROMPT_SENTENCE, out / f"prompt-{v.speaker}.wav")]
         items += [(t, out / f"teacher-{v.speaker}-{i:03d}.wav") for i, t in enumerate(texts)
                   if v in (voices[i % len(voices)], voices[(i + 1) % len(voices)])]
         items = [(t, p) for t, p in items if not p.is_file()]
@@ -318,7 +320,7 @@ def main() -> int:
         v = voices[i % len(voices)]
         path = out / f"model-{i:03d}.wav"
         start = time.perf_counter()
-        wav = tts.synthesize(text, prompt_wav=str(out / f"prompt-{v.speaker}.wav"), prompt_text=PROMPT_TEXT,
+        wav = tts.synthesize(text, prompt_wav=str(out / f"prompt-{v.speaker}.wav"), prompt_text=PROMPT_SENTENCE,
                              seed=args.seed, language="en")
         synth_s += time.perf_counter() - start
         audio_s += len(wav) / tts.sample_rate

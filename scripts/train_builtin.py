@@ -191,12 +191,9 @@ def start_from_ladder(run: Path, rung: str, part: str) -> list[str]:
     return [f"model.checkpoint={init}"]
 
 
-PROMPT_TEXT = "Please read the next sentence slowly and clearly, as if you were talking to a friend."
-
-
 def assemble(run: Path, out: Path, weights: dict[str, Path]) -> Path:
     """A phone-model directory from fp16 rung weights (llm, flow, hift; labeller optional) with a `default` voice:
-    festival SLT speaking PROMPT_TEXT, its true labels (the teacher's alignment), its mel, a zero x-vector (the
+    festival SLT speaking `PROMPT_SENTENCE`, its true labels (the teacher's alignment), its mel, a zero x-vector (the
     flow trains with zeros), and no transcript, so the flow is prompted and the LLM is not (cross-lingual): the
     LLM trains on single utterances, and a prompt sentence before the text made its labels worse (20 held-out
     sentences, LLM step 800: WER 89 % prompted against 50 %). What `vocalis speak --model OUT` and the ladder's
@@ -205,21 +202,25 @@ def assemble(run: Path, out: Path, weights: dict[str, Path]) -> Path:
     from safetensors.torch import load_file
 
     from vocalis.checkpoint import load_strict
-    from vocalis.config import SAMPLE_RATE
+    from vocalis.config import PHONE_LABELS, SAMPLE_RATE
     from vocalis.corpus.phone_corpus import speak_batch, utterance_record
+    from vocalis.corpus.sentences import PROMPT_SENTENCE
     from vocalis.frontend.audio import align_prompt, load_wav, prompt_mel
     from vocalis.frontend.voice import Voice
     from vocalis.model_dir import BUNDLED_TOKENIZER, random_model, save_vocalis
+    from vocalis.models.speech_tokenizer.labeller import FrameLabeller, labeller_config, save_labeller
 
     model = random_model("builtin-phones")
-    for part in ("llm", "flow", "hift"):
-        state = {k: v.float() for k, v in load_file(str(weights[part])).items()}
-        load_strict(getattr(model, part), state, str(weights[part]))
+    modules = {"llm": model.llm, "flow": model.flow, "hift": model.hift}
+    if "labeller" in weights:
+        modules["labeller"] = FrameLabeller(labeller_config("builtin", PHONE_LABELS))
+    for part, module in modules.items():
+        load_strict(module, {k: v.float() for k, v in load_file(str(weights[part])).items()}, str(weights[part]))
     wav = run / "assemble" / "prompt-slt.wav"
     if not wav.is_file():
         wav.parent.mkdir(parents=True, exist_ok=True)
-        speak_batch("slt", [(PROMPT_TEXT, wav)])
-    labels = utterance_record("prompt", PROMPT_TEXT, wav)["labels"]
+        speak_batch("slt", [(PROMPT_SENTENCE, wav)])
+    labels = utterance_record("prompt", PROMPT_SENTENCE, wav)["labels"]
     mel, labels = align_prompt(prompt_mel(load_wav(wav, SAMPLE_RATE, max_seconds=None)), labels)
     model.voices = {"default": Voice("default", "", (), tuple(labels), mel, torch.zeros(model.config.flow.spk_embed_dim))}
     if out.exists():
@@ -227,14 +228,8 @@ def assemble(run: Path, out: Path, weights: dict[str, Path]) -> Path:
 
         shutil.rmtree(out)
     save_vocalis(model, out, tokenizer_src=BUNDLED_TOKENIZER)
-    if "labeller" in weights:
-        from vocalis.config import PHONE_LABELS
-        from vocalis.models.speech_tokenizer.labeller import FrameLabeller, labeller_config, save_labeller
-
-        labeller = FrameLabeller(labeller_config("builtin", PHONE_LABELS))
-        load_strict(labeller, {k: v.float() for k, v in load_file(str(weights["labeller"])).items()},
-                    str(weights["labeller"]))
-        save_labeller(labeller, out)
+    if "labeller" in modules:
+        save_labeller(modules["labeller"], out)
     log(f"assembled {out} from {', '.join(f'{k} {v}' for k, v in weights.items())}")
     return out
 

@@ -26,6 +26,8 @@ WORDNET_DIR = Path("/usr/share/wordnet")
 FORTUNE_DIR = Path("/usr/share/games/fortunes")
 FORTUNE_FILES = ("fortunes", "literature", "riddles", "wisdom", "people", "platitudes", "humorists", "men-women",
                  "work", "love", "food", "pets", "sports", "science", "education", "kids", "miscellaneous")
+# A fixed sentence a teacher speaks as a voice prompt (the measurement's prompts, the phone model's default voice).
+PROMPT_SENTENCE = "Please read the next sentence slowly and clearly, as if you were talking to a friend."
 HELDOUT_SEED = 1_000_021
 NUM_HELDOUT = 50
 MIN_WORDS, MAX_WORDS = 4, 24

@@ -189,8 +189,7 @@ class AsyncEngine:
         running = len(scheduler.running) if scheduler is not None else self.llm.num_unfinished
         waiting = len(scheduler.waiting) if scheduler is not None else 0
         return {"jobs": len(self._jobs), "jobs_queued": len(self._queue), "llm_requests": self.llm.num_unfinished,
-                "llm_running": running,
-                "llm_waiting": waiting, "kv_usage": 1.0 - bm.num_free_blocks / bm.num_blocks,
+                "llm_running": running, "llm_waiting": waiting, "kv_usage": 1.0 - bm.num_free_blocks / bm.num_blocks,
                 "llm_steps": self.num_llm_steps, "token2wav_steps": self.num_token2wav_steps,
                 "llm_batch": self.last_llm_batch, "token2wav_batch": self.last_token2wav_batch,
                 "token2wav_waiting": self.token2wav.held,

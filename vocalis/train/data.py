@@ -65,13 +65,13 @@ class DataConfig:
     # llm: share of examples joined to another of the same speaker (texts and speech ids back to back), as a
     # zero-shot prompt utterance precedes the text at inference; 0 = every example alone (the official recipe)
     pair_prob: float = 0.0
+    num_workers: int = 0
+    pin_memory: bool = False
+    prefetch_factor: int = 2
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.pair_prob <= 1.0:
             raise ValueError(f"data.pair_prob must be in [0, 1], got {self.pair_prob}")
-    num_workers: int = 0
-    pin_memory: bool = False
-    prefetch_factor: int = 2
 
 
 @dataclass(slots=True)

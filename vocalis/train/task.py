@@ -123,14 +123,19 @@ def build_part(config: TrainConfig, part: str) -> tuple[nn.Module, ModelConfig]:
         module = _random_part(model_config, part)
     module.train().requires_grad_(True)
     if m.checkpoint:
-        from vocalis.checkpoint import load_strict
-        from vocalis.train.checkpointing import load_checkpoint
-
-        state = load_checkpoint(m.checkpoint)
-        if part not in state.get("models", {}):
-            raise InputError(f"checkpoint {m.checkpoint} has no {part!r} weights (it has {sorted(state['models'])})")
-        load_strict(module, state["models"][part], f"{m.checkpoint}:{part}")
+        load_checkpoint_part(module, m.checkpoint, part)
     return module, model_config
+
+
+def load_checkpoint_part(module: nn.Module, checkpoint: str, part: str) -> None:
+    """`model.checkpoint`: a training checkpoint's `part` weights into `module` (strictly), starting a new run."""
+    from vocalis.checkpoint import load_strict
+    from vocalis.train.checkpointing import load_checkpoint
+
+    models = load_checkpoint(checkpoint).get("models", {})
+    if part not in models:
+        raise InputError(f"checkpoint {checkpoint} has no {part!r} weights (it has {sorted(models)})")
+    load_strict(module, models[part], f"{checkpoint}:{part}")
 
 
 def _random_part(config: ModelConfig, part: str) -> nn.Module:

@@ -14,7 +14,7 @@ from vocalis.errors import InputError
 from vocalis.models.speech_tokenizer.labeller import FrameLabeller, labeller_config
 from vocalis.train.config import TrainConfig
 from vocalis.train.data import Batch
-from vocalis.train.task import StepContext, Task, Wrap
+from vocalis.train.task import StepContext, Task, Wrap, load_checkpoint_part
 
 log = logging.getLogger(__name__)
 
@@ -40,13 +40,7 @@ class LabellerTask(Task):
         except ValueError as exc:
             raise InputError(str(exc)) from exc
         if config.model.checkpoint:  # start from these weights (a new machine: the committed rung)
-            from vocalis.checkpoint import load_strict
-            from vocalis.train.checkpointing import load_checkpoint
-
-            state = load_checkpoint(config.model.checkpoint).get("models", {})
-            if "labeller" not in state:
-                raise InputError(f"checkpoint {config.model.checkpoint} has no 'labeller' weights")
-            load_strict(model, state["labeller"], f"{config.model.checkpoint}:labeller")
+            load_checkpoint_part(model, config.model.checkpoint, "labeller")
         log.info("frame labeller: %d labels, %.2f M parameters", PHONE_LABELS,
                  sum(p.numel() for p in model.parameters()) / 1e6)
         self.modules = {"labeller": model}
