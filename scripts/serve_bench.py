@@ -8,8 +8,9 @@ the preset's shapes, every utterance forced to `--tokens` speech tokens (as `voc
 with a 3 s prompt. `--clients` concurrent clients each send `--requests` streaming requests (OpenAI route, pcm) per
 round, one after another; a `--drop` share of the requests is dropped by its client after the first chunk. Per
 round: aggregate audio seconds per second (audio received by clients that kept listening / the round's wall
-time), p50 / p95 first chunk, errors, the server's RSS once it is idle. After the last round, once idle: the
-engine's KV-cache usage (from /metrics). Prints one table and a JSON line per backend; `--json OUT` writes them.
+time), p50 / p95 first chunk, errors, the server's RSS once it is idle and its peak so far. After the last round,
+once idle: the engine's KV-cache usage (from /metrics). The threaded server serves one request at a time, so its
+rate does not depend on the load: `--threaded-requests` / `--threaded-rounds` measure it on less of it. Prints one table and a JSON line per backend; `--json OUT` writes them.
 """
 
 from __future__ import annotations
@@ -82,9 +83,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _rss_mib(pid: int) -> float:
+def _rss_mib(pid: int, field: str = "VmRSS") -> float:
+    """The process's resident memory now (VmRSS) or its peak so far (VmHWM), in MiB."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(f"{field}:"):
             return int(line.split()[1]) / 1024
     return float("nan")
 
@@ -188,6 +190,10 @@ def run_backend(name: str, args: argparse.Namespace) -> dict[str, Any]:
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise SystemExit(f"the {name} server did not come up")
             time.sleep(0.5)
+        if name == "threaded":
+            # one request at a time: its rate does not depend on the load, so it may be measured on less of it
+            args = dataclasses.replace(_Args(**vars(args)), requests=args.threaded_requests or args.requests,
+                                       rounds=args.threaded_rounds or args.rounds)
         rng = random.Random(args.seed)
         # warm-up, not counted (first-use allocations, the voice's prefixes): one request per client unless --warmup
         warm = dataclasses.replace(_Args(**vars(args)), requests=1, drop=0.0,  # type: ignore[arg-type]
@@ -198,6 +204,7 @@ def run_backend(name: str, args: argparse.Namespace) -> dict[str, Any]:
             row = asyncio.run(_round(url, args, r, rng))
             _wait_idle(url)
             row["rss_mib"] = _rss_mib(proc.pid)
+            row["peak_rss_mib"] = _rss_mib(proc.pid, "VmHWM")
             rounds.append(row)
             print(f"{name} round {r}: {json.dumps(row)}", file=sys.stderr, flush=True)
         kv = _gauges(url).get("vocalis_kv_cache_usage")  # idle: _wait_idle after the last round
@@ -210,7 +217,9 @@ def run_backend(name: str, args: argparse.Namespace) -> dict[str, Any]:
             "first_chunk_p50_s": statistics.median(r["first_chunk_p50_s"] for r in rounds if r["first_chunk_p50_s"]),
             "first_chunk_p95_s": statistics.median(r["first_chunk_p95_s"] for r in rounds if r["first_chunk_p95_s"]),
             "errors": sum(r["errors"] for r in rounds),
-            "rss_spread": (max(rss) - min(rss)) / min(rss) if rss else None}
+            "rss_spread": (max(rss) - min(rss)) / min(rss) if rss else None,
+            "peak_rss_mib": max(r["peak_rss_mib"] for r in rounds) if rounds else None,
+            "requests": sum(r["requests"] for r in rounds)}
 
 
 @dataclasses.dataclass
@@ -228,6 +237,8 @@ class _Args:
     t2w_wait: bool
     max_streams: int | None
     warmup: int | None
+    threaded_requests: int | None
+    threaded_rounds: int | None
     seed: int
     json: str | None
     port: int
@@ -253,6 +264,9 @@ def main(argv: list[str] | None = None) -> int:
                    "`vocalis serve`'s)")
     p.add_argument("--warmup", type=int, help="concurrent requests of the uncounted warm-up (default: --clients; "
                    "the threaded server serves them one after another)")
+    p.add_argument("--threaded-requests", type=int, help="requests per client per round for the threaded server "
+                   "(default: --requests; it serves one request at a time, so its rate does not depend on the load)")
+    p.add_argument("--threaded-rounds", type=int, help="rounds for the threaded server (default: --rounds)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", help="write the results here")
     p.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
@@ -267,12 +281,15 @@ def main(argv: list[str] | None = None) -> int:
     results = [run_backend(name, args) for name in args.backends.split(",")]
     print(f"\n{args.clients} clients x {args.requests} requests x {args.rounds} rounds, {args.tokens} tokens each, "
           f"{args.drop:.0%} dropped after the first chunk, preset {args.preset}")
-    print("| backend | audio-s/s | first chunk p50 / p95 s | errors | RSS spread | KV usage idle |")
-    print("|---|---|---|---|---|---|")
+    print("| backend | requests | audio-s/s | first chunk p50 / p95 s | errors | idle RSS per round MiB | RSS spread "
+          "| peak RSS MiB | KV usage idle |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in results:
         kv = "n/a" if r["kv_usage_idle"] is None else f"{r['kv_usage_idle']:.3f}"
-        print(f"| {r['backend']} | {r['audio_s_per_s']:.3g} | {r['first_chunk_p50_s']:.2f} / "
-              f"{r['first_chunk_p95_s']:.2f} | {r['errors']} | {r['rss_spread']:+.1%} | {kv} |")
+        per_round = ", ".join(f"{x['rss_mib']:.0f}" for x in r["rounds"])
+        print(f"| {r['backend']} | {r['requests']} | {r['audio_s_per_s']:.3g} | {r['first_chunk_p50_s']:.2f} / "
+              f"{r['first_chunk_p95_s']:.2f} | {r['errors']} | {per_round} | {r['rss_spread']:+.1%} | "
+              f"{r['peak_rss_mib']:.0f} | {kv} |")
     base = next((r for r in results if r["backend"] == "threaded"), None)
     for r in results:
         if base is not None and r is not base and base["audio_s_per_s"] > 0:
