@@ -10,7 +10,8 @@ round, one after another; a `--drop` share of the requests is dropped by its cli
 round: aggregate audio seconds per second (audio received by clients that kept listening / the round's wall
 time), p50 / p95 first chunk, errors, the server's RSS once it is idle and its peak so far. After the last round,
 once idle: the engine's KV-cache usage (from /metrics). The threaded server serves one request at a time, so its
-rate does not depend on the load: `--threaded-requests` / `--threaded-rounds` measure it on less of it. Prints one table and a JSON line per backend; `--json OUT` writes them.
+rate does not depend on the load: `--threaded-requests` / `--threaded-rounds` measure it on less of it. Prints one
+table and a JSON line per backend; `--json OUT` writes them.
 """
 
 from __future__ import annotations
