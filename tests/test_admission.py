@@ -7,8 +7,8 @@ from types import SimpleNamespace
 from vocalis.runtime.admission import AdmissionQueue
 
 
-def _job(name: str) -> SimpleNamespace:
-    return SimpleNamespace(job_id=name)
+def _job(name: str, seq: int | None = None) -> SimpleNamespace:
+    return SimpleNamespace(job_id=name, seq=seq if seq is not None else sum(map(ord, name)))
 
 
 def test_jobs_wait_past_the_cap_and_start_oldest_first() -> None:
@@ -25,3 +25,12 @@ def test_jobs_wait_past_the_cap_and_start_oldest_first() -> None:
 def test_no_cap_never_queues() -> None:
     q = AdmissionQueue(cap=None)
     assert not any(q.offer(_job(str(i)), in_flight=i) for i in range(100)) and len(q) == 0
+
+
+def test_queued_jobs_leave_in_submission_order_not_arrival_order() -> None:
+    """A job whose preparation finished late (arrives after later submissions) still goes first."""
+    q = AdmissionQueue(cap=1)
+    assert q.offer(_job("b", seq=2), in_flight=1) and q.offer(_job("c", seq=3), in_flight=1)
+    assert q.offer(_job("a", seq=1), in_flight=1)
+    assert list(q.ids()) == ["a", "b", "c"]
+    assert [q.next(in_flight=0).job_id for _ in range(3)] == ["a", "b", "c"]

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator
 
@@ -261,9 +264,10 @@ def test_requests_beyond_max_streams_queue_in_order(model: LoadedModel) -> None:
                 await asyncio.sleep(0.01)
 
         with AsyncEngine.from_model(model, token2wav_config=Token2WavConfig(max_streams=cap)) as eng:
-            handles = [eng.submit(_pieces_request(model, held_pieces(), seed=4)),
-                       eng.submit(_request(model, TEXTS[0], seed=0)),
-                       eng.submit(_pieces_request(model, iter(PIECES), seed=5))]
+            handles = [eng.submit(_pieces_request(model, held_pieces(), seed=4))]
+            await until("jobs", 1)  # in flight first; the rest are prepared in any order but start in submit order
+            handles += [eng.submit(_request(model, TEXTS[0], seed=0)),
+                        eng.submit(_pieces_request(model, iter(PIECES), seed=5))]
             dropped = eng.submit(_request(model, TEXTS[2], seed=9))
             if cap == 1:
                 await until("jobs_queued", 3)
@@ -311,6 +315,36 @@ def test_release_free_heap_gives_freed_holes_back() -> None:
     print(f"RSS {before:.0f} -> {after:.0f} MiB")
     assert before - after > 100
     assert all(float(b[0]) == 1.0 for b in keep)
+
+
+_BURST = """
+import sys
+import numpy as np
+from vocalis.runtime.heap import cap_mmap_threshold, rss_bytes
+if sys.argv[1] == "cap":
+    assert cap_mmap_threshold()
+np.ones((16 << 20) // 8).sum()  # a mapped block, freed: glibc would raise its threshold past 16 MiB from here on
+base = rss_bytes()
+keep, blocks = [], []
+for _ in range(300):  # 1 MiB tensors, each followed by a small block that stays alive (a step's outputs)
+    blocks.append(np.ones((1 << 20) // 8))
+    keep.append(np.ones(256))
+del blocks
+print((rss_bytes() - base) >> 20)
+"""
+
+
+@pytest.mark.skipif(not release_free_heap(), reason="no glibc malloc here")
+@pytest.mark.parametrize("cap", [True, False])
+def test_capped_mmap_threshold_leaves_no_holes_after_a_burst(cap: bool) -> None:
+    """After a mapped block is freed glibc serves MiB-sized tensors from the heap, and freeing them leaves ~300
+    MiB of holes behind the small blocks still alive; with the threshold capped (what the engine does at start)
+    they are unmapped as they are freed. A fresh process each: the threshold is process-wide and set once."""
+    env = {k: v for k, v in os.environ.items() if k != "MALLOC_MMAP_THRESHOLD_"}
+    out = subprocess.run([sys.executable, "-c", _BURST, "cap" if cap else "dynamic"], env=env, check=True,
+                         capture_output=True, text=True).stdout
+    grown_mib = int(out)
+    assert grown_mib < 50 if cap else grown_mib > 200, grown_mib
 
 
 def _wait_for(cond: object, timeout_s: float = 10.0) -> None:

@@ -1,5 +1,9 @@
 """The async engine's admission queue: requests past `Token2WavConfig.max_streams` in flight wait here, in
-arrival order, before their LLM starts (loop-thread data, no locking)."""
+submission order, before their LLM starts (loop-thread data, no locking).
+
+Jobs reach the queue when their preparation (text and prompt features, on executor threads) finishes, which
+need not be the order they were submitted in; they leave it by submission number (`Job.seq`), so a request
+whose prompt took longer to prepare is not overtaken by one submitted after it."""
 
 from __future__ import annotations
 
@@ -15,13 +19,13 @@ class AdmissionQueue:
 
     def __init__(self, cap: int | None) -> None:
         self.cap = cap
-        self._jobs: dict[str, Job] = {}  # insertion order = arrival order
+        self._jobs: dict[str, Job] = {}
 
     def __len__(self) -> int:
         return len(self._jobs)
 
     def ids(self) -> Iterator[str]:
-        return iter(list(self._jobs))
+        return iter(sorted(self._jobs, key=lambda i: self._jobs[i].seq))
 
     def offer(self, job: Job, in_flight: int) -> bool:
         """Queue `job` if it may not start now (True), else leave it to start (False). Nothing overtakes a job
@@ -32,10 +36,10 @@ class AdmissionQueue:
         return False
 
     def next(self, in_flight: int) -> Job | None:
-        """The oldest waiting job, removed, if the cap has room for one more; else None."""
+        """The first-submitted waiting job, removed, if the cap has room for one more; else None."""
         if not self._jobs or (self.cap is not None and in_flight >= self.cap):
             return None
-        return self._jobs.pop(next(iter(self._jobs)))
+        return self._jobs.pop(min(self._jobs.values(), key=lambda j: j.seq).job_id)
 
     def get(self, job_id: str) -> Job | None:
         return self._jobs.get(job_id)

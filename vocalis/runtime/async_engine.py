@@ -19,12 +19,14 @@ Abort (explicit, or the consumer cancelled) frees the job's KV blocks and token2
 iteration boundary: at once when idle, after the step in flight otherwise. Each time the loop runs out of work it
 gives the heap's free memory back to the system (`runtime.heap`; `release_heap_when_idle`), so a server's RSS does
 not creep up from burst to burst; under sustained load it does so after a step once RSS has grown past a slack
-(`HeapWatch`), so the holes that large batched steps free never add up to more than the machine has.
+(`HeapWatch`), so the holes that large batched steps free never add up to more than the machine has; and it fixes
+glibc's mmap threshold when it starts (`cap_mmap_threshold`), so large tensors leave no holes at all.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import threading
 import time
@@ -45,7 +47,7 @@ from vocalis.model_dir import LoadedModel
 from vocalis.runtime.admission import AdmissionQueue
 from vocalis.runtime.backends import Runtime, make_llm_engine
 from vocalis.runtime.handle import END, EngineClosed, Job, StreamHandle, new_job_id
-from vocalis.runtime.heap import HeapWatch
+from vocalis.runtime.heap import HeapWatch, cap_mmap_threshold
 from vocalis.runtime.rate import RateMeter
 from vocalis.runtime.step_grouping import StepGrouping, StreamReadiness, plan_token2wav_step
 from vocalis.runtime.text_pump import TextPump
@@ -81,6 +83,7 @@ class AsyncEngine:
         self._jobs: dict[str, Job] = {}  # loop thread only: jobs started (LLM or token2wav work in flight)
         self._queue = AdmissionQueue(token2wav.config.max_streams)  # loop thread only: jobs not started yet
         self._handles: dict[str, StreamHandle] = {}  # under _cond: handles not yet ended, for abort by id
+        self._submissions = itertools.count()  # under _cond: submission numbers (the admission order)
         self._thread: threading.Thread | None = None
         self._text: TextPump | None = None  # reads bi-streams' text pieces (runtime.text_pump)
         self._closing = False
@@ -110,6 +113,7 @@ class AsyncEngine:
             # the loop thread should be the one with an OpenMP pool: the caller's (it loaded the model) would
             # make every op of the loop wait for sleeping workers (threads.release_openmp_pool)
             release_openmp_pool()
+            cap_mmap_threshold()  # [memory] large tensors mapped whole, not left as arena holes (runtime.heap)
             self._thread = threading.Thread(target=self._run, name="vocalis-engine", daemon=True)
             self._thread.start()
         return self
@@ -141,8 +145,8 @@ class AsyncEngine:
         if self._thread is None:
             raise EngineClosed("the engine is not running (call start())")
         loop = asyncio.get_running_loop()
-        handle = StreamHandle(self, request_id or new_job_id(), loop)
         with self._cond:
+            handle = StreamHandle(self, request_id or new_job_id(), loop, next(self._submissions))
             if handle.request_id in self._handles:
                 raise ValueError(f"request id {handle.request_id!r} is already in use")
             self._handles[handle.request_id] = handle

@@ -55,6 +55,11 @@ class Job:
     ready_since: tuple[int, float] | None = None  # (LLM step count, monotonic time) its chunk became ready
     early_text: list[str | None] = field(default_factory=list)  # a queued bi-stream's pieces (None: the end)
 
+    @property
+    def seq(self) -> int:
+        """Its submission number: the admission queue's order."""
+        return self.handle.seq
+
     def token_sink(self, state: StreamState) -> Callable[[Request, int | None, bool], None]:
         """Where the LLM engine puts one sentence's speech ids: its token2wav stream (and the job's start time)."""
 
@@ -75,9 +80,10 @@ class StreamHandle:
     A handle aborted by its owner simply ends; an engine error or shutdown is raised from the iteration.
     """
 
-    def __init__(self, engine: AsyncEngine, request_id: str, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, engine: AsyncEngine, request_id: str, loop: asyncio.AbstractEventLoop, seq: int = 0) -> None:
         self.engine = engine
         self.request_id = request_id
+        self.seq = seq  # submission number (AsyncEngine.submit)
         self._loop = loop
         self._queue: asyncio.Queue[object] = asyncio.Queue()
         self._aborted = False

@@ -9,6 +9,12 @@ loop runs out of work.
 Under sustained load the loop never goes idle, and one batched token2wav step can free many GB in holes (32
 streams at the 0.5B shapes: RSS 5 -> 18 GB over four steps with ~3 GB live, until the kernel killed the process);
 `HeapWatch` releases after a step once RSS has grown by more than its slack since the last release.
+Trimming alone is not enough under a long burst: glibc raises its mmap threshold each time a block it had mmapped
+is freed (up to 32 MiB), after which every tensor up to that size comes from the arenas, and a 16-row decode or
+token2wav step grows RSS by ~200 MB/s in holes faster than a trim per step gives back (0.5B shapes, 32 clients:
+killed at 18 GB). `cap_mmap_threshold` pins the threshold at 256 KiB once, when the engine starts: large tensors
+are then mapped and unmapped whole, and the same load stays under 7 GB. A `MALLOC_MMAP_THRESHOLD_` in the
+environment is the user's choice and wins.
 Elsewhere than glibc (musl, macOS) there is nothing to call and it does nothing.
 """
 
@@ -16,6 +22,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import os
 import sys
 from collections.abc import Callable
 
@@ -32,6 +39,26 @@ def _malloc_trim() -> Callable[[int], int] | None:
     trim.argtypes = [ctypes.c_size_t]
     trim.restype = ctypes.c_int
     return trim
+
+
+_M_MMAP_THRESHOLD = -3  # mallopt's parameter number (malloc.h)
+MMAP_THRESHOLD_BYTES = 256 * 1024  # blocks at least this large are mapped on their own and unmapped when freed
+
+
+@functools.cache
+def cap_mmap_threshold(threshold: int = MMAP_THRESHOLD_BYTES) -> bool:
+    """Fix glibc's mmap threshold at `threshold` for this process (once; it also stops the threshold rising as
+    mapped blocks are freed); True when set. Does nothing where `MALLOC_MMAP_THRESHOLD_` is already set, or
+    where the C library has no `mallopt`."""
+    if not sys.platform.startswith("linux") or "MALLOC_MMAP_THRESHOLD_" in os.environ:
+        return False
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    mallopt.restype = ctypes.c_int
+    return mallopt(_M_MMAP_THRESHOLD, threshold) == 1
 
 
 def release_free_heap() -> bool:
@@ -55,8 +82,6 @@ def rss_bytes() -> int | None:
 
 @functools.cache
 def _page_size() -> int:
-    import os
-
     return os.sysconf("SC_PAGE_SIZE")
 
 
