@@ -67,7 +67,7 @@ def serve_side(args: argparse.Namespace) -> None:
         from vocalis.model_options import ModelOptions
 
         t2w = Token2WavConfig(final_attention=final, max_cache_mib=args.t2w_cache_mib, wait_for_cache=args.t2w_wait)
-        cap = ModelOptions(max_streams=args.max_streams).streams_cap("cpu", t2w.max_batch)  # as `vocalis serve`
+        cap = ModelOptions(max_streams=args.max_streams).streams_cap("cpu")  # as `vocalis serve`
         t2w = dataclasses.replace(t2w, max_streams=cap)
         backend = EngineBackend(BenchTTS(model, token2wav=t2w, runtime=runtime), **opts)
     print(f"server: {args._serve}: {described}" + ("" if args._serve == "threaded" else f", max_streams {cap}"),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -200,6 +202,24 @@ def test_batched_equals_one_at_a_time(modules, alone) -> None:
     assert engine.stats.rows > engine.stats.steps  # steps really batched several requests
     for spec in SPECS:
         _assert_chunks_equal(together[spec[0]], alone[spec[0]][0])
+
+
+def test_a_step_takes_at_most_max_batch_and_the_rest_follow_unchanged(modules, alone) -> None:
+    """More streams ready than one step takes: the rest run in the next steps, oldest first, with the same audio
+    as alone; on a CPU the default step takes 4."""
+    engine = Token2WavEngine(*modules, replace(EXACT, max_batch=2))
+    states = [_make(engine, s) for s in SPECS]
+    for state, spec in zip(states, SPECS):  # every stream has its whole input: all are ready at once
+        state.add_tokens(spec[2])
+        state.end_input()
+    first = engine.step(states)
+    assert [c.request_id for c in first] == [s[0] for s in SPECS[:2]]
+    out = _drive(engine, states, [s[2] for s in SPECS], [s[5] for s in SPECS])
+    for chunk in first:
+        out[chunk.request_id].insert(0, chunk.samples)
+    for spec in SPECS:
+        _assert_chunks_equal(out[spec[0]], alone[spec[0]][0])
+    assert Token2WavEngine(*modules, EXACT).max_batch == 4
 
 
 def test_offline_request_matches_reference_offline(modules, alone) -> None:

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from vocalis.tts import TTS
 
 FINAL_CHUNKS = ("full", "causal")
+CPU_STREAMS = 16  # default requests in flight on a CPU (`ModelOptions.max_streams`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,9 +30,8 @@ class ModelOptions:
         request) or "causal" (block-causal like the earlier chunks: linear cost; the last hop may differ from
         the reference by how much the model's two attention modes disagree on it).
     max_streams: most requests synthesised at once, more wait in order (`Token2WavConfig.max_streams`). None:
-        on a CPU, as many as one token2wav step takes (`Token2WavConfig.max_batch`, 16): more in flight only
-        wait for step slots while holding their flow caches, and on a CPU a wider step finishes no more audio per
-        second (docs/benchmarks.md, "Requests in flight"); no cap on a GPU. 0: no cap.
+        16 on a CPU (more in flight only wait for token2wav steps while holding their flow caches:
+        docs/benchmarks.md, "Requests in flight"); no cap on a GPU. 0: no cap.
     """
 
     device: str = "cpu"
@@ -78,12 +78,11 @@ class ModelOptions:
             raise InputError(f"unknown device {self.device!r}; use cpu, cuda, cuda:N or auto") from None
         resolve(self.backend, self.precision, device)
 
-    def streams_cap(self, device: str, step_rows: int) -> int | None:
-        """The engine's cap on requests in flight on `device` when a token2wav step takes `step_rows` (None: no
-        cap)."""
+    def streams_cap(self, device: str) -> int | None:
+        """The engine's cap on requests in flight on `device` (None: no cap)."""
         if self.max_streams is not None:
             return self.max_streams or None
-        return None if device.startswith("cuda") else step_rows
+        return None if device.startswith("cuda") else CPU_STREAMS
 
     def load(self, model: str | None, local_rank: int = 0) -> TTS:
         from vocalis.tts import TTS
@@ -92,7 +91,7 @@ class ModelOptions:
         tts = TTS.load(model, device=device, backend=self.backend, precision=self.precision,
                        flow_steps=self.flow_steps)
         tts.token2wav_config = replace(tts.token2wav_config, final_attention=self.final_chunk,
-                                       max_streams=self.streams_cap(device, tts.token2wav_config.max_batch),
+                                       max_streams=self.streams_cap(device),
                                        **({} if self.token2wav_cache_mib is None
                                           else {"max_cache_mib": self.token2wav_cache_mib}))
         return tts
@@ -151,8 +150,8 @@ def add_model_arguments(parser: argparse.ArgumentParser, *, device: str | None =
                         help="memory for the streams' token2wav caches; beyond it the largest recompute their chunks "
                              "(default: a quarter of the device's memory)")
     parser.add_argument("--max-streams", type=at_least(0), metavar="N",
-                        help="most requests synthesised at once; more wait in order (0: no cap; default: 16, "
-                             "what one token2wav step takes, on a CPU; no cap on a GPU)")
+                        help="most requests synthesised at once; more wait in order (0: no cap; default: 16 on a "
+                             "CPU, no cap on a GPU)")
 
 
 def model_options(args: argparse.Namespace, command: str, *, check: bool = True) -> ModelOptions:

@@ -31,7 +31,9 @@ class Token2WavConfig:
     voice_cache_size: idle prompt prefixes kept (LRU; one in use by a live request is always kept and shared);
     0 disables prefix reuse altogether (every request computes its prompt). One costs ~4.6 MB per prompt mel
     frame at the 0.5B shapes in fp32 (half in bf16).
-    max_batch: most requests in one step (the rest wait for the next step, oldest first as given).
+    max_batch: most requests in one step (the rest wait for the next step, oldest first as given). None: 16 on a
+    GPU, 4 on a CPU, where a step's flow passes are compute bound and a wider step finishes less audio per
+    second (docs/benchmarks.md, "Requests per token2wav step").
     cache_dtype: "bf16" (default) / "fp16" store the estimator's cached keys/values reduced: half the memory,
     mel max rel error 3.6e-5 at the 0.5B shapes (random weights); None keeps the compute dtype (exact).
     dit_cache_dtype: the same for CosyVoice 3's DiT caches, exact (None) by default: its streamed audio moved by
@@ -68,7 +70,7 @@ class Token2WavConfig:
 
     final_attention: str = "causal"
     voice_cache_size: int = 4
-    max_batch: int = 16
+    max_batch: int | None = None
     cache_dtype: str | None = "bf16"
     dit_cache_dtype: str | None = None
     max_cache_mib: int | None = None
@@ -82,8 +84,8 @@ class Token2WavConfig:
     def __post_init__(self) -> None:
         if self.final_attention not in FINAL_ATTENTION:
             raise ValueError(f"final_attention must be one of {FINAL_ATTENTION}, got {self.final_attention!r}")
-        if self.voice_cache_size < 0 or self.max_batch < 1:
-            raise ValueError("voice_cache_size must be >= 0 and max_batch >= 1")
+        if self.voice_cache_size < 0 or (self.max_batch is not None and self.max_batch < 1):
+            raise ValueError("voice_cache_size must be >= 0 and max_batch >= 1 (or None for the device's own)")
         for name in ("cache_dtype", "dit_cache_dtype"):
             if getattr(self, name) not in CACHE_DTYPES:
                 raise ValueError(f"{name} must be None, 'bf16' or 'fp16', got {getattr(self, name)!r}")
@@ -96,6 +98,12 @@ class Token2WavConfig:
         if self.flow_steps is not None and (isinstance(self.flow_steps, bool) or not isinstance(self.flow_steps, int)
                                             or self.flow_steps < 1):
             raise ValueError(f"flow_steps must be >= 1 (or None for the model's own count), got {self.flow_steps!r}")
+
+    def step_batch(self, device: torch.device) -> int:
+        """`max_batch`, or the device's default when it is None."""
+        if self.max_batch is not None:
+            return self.max_batch
+        return 16 if device.type == "cuda" else 4
 
     def cache_budget_bytes(self, device: torch.device) -> int:
         """`max_cache_mib` in bytes, or a quarter of the device's memory when it is None."""

@@ -134,6 +134,7 @@ class CV3Token2WavEngine:
         self.chunk_frames = flow.estimator.config.static_chunk_size
         self.cache_dtype = CACHE_DTYPES[self.config.dit_cache_dtype]
         self.cache_budget = self.config.cache_budget_bytes(flow.input_embedding.weight.device)
+        self.max_batch = self.config.step_batch(flow.input_embedding.weight.device)
         self._live: weakref.WeakSet[CV3StreamState] = weakref.WeakSet()
         self._voices: OrderedDict[str, list[DiTCache]] = OrderedDict()  # voice key -> prefix caches per Euler step
         self.held = 0  # streams waiting for cache room after the last step (`wait_for_cache`)
@@ -198,7 +199,7 @@ class CV3Token2WavEngine:
                 held.append((s, call, after))  # once one waits, later new streams wait behind it
                 continue
             work.append((s, call, after))
-            if len(work) == self.config.max_batch:
+            if len(work) == self.max_batch:
                 break
         if held and not work and not hold_new:
             work.append(held.pop(0))

@@ -110,6 +110,7 @@ class Token2WavEngine:
         self._voices: OrderedDict[str, VoicePrefix] = OrderedDict()
         self._live: weakref.WeakSet[StreamState] = weakref.WeakSet()
         self.cache_budget = self.config.cache_budget_bytes(flow.input_embedding.weight.device)
+        self.max_batch = self.config.step_batch(flow.input_embedding.weight.device)
         self.held = 0  # streams waiting for cache room after the last step
 
     def _compute_weights(self) -> ComputeWeights | None:
@@ -193,7 +194,7 @@ class Token2WavEngine:
                 held.append(s)  # [order] once one waits, later new streams wait behind it
                 continue
             work.append((s, kind == "final"))
-            if len(work) == self.config.max_batch:
+            if len(work) == self.max_batch:
                 break
         if held and not work and not hold_new:
             work.append((held.pop(0), False))
