@@ -2,7 +2,7 @@
 
 fp16 builds keep LayerNorm, softmax and reductions in fp32 (precision constraints obeyed), the accumulation the
 official fp16 TensorRT path lacks. Only full passes use it (the token2wav engine's cached streaming path runs the
-torch module, kept as `torch_module`). Shapes: batch 2..2*max_batch rows, 4..3000 frames.
+torch module, kept as `torch_module`). Shapes: batch 2..2*GPU_STEP_BATCH rows, 4..3000 frames.
 
 Untested in CI and in the session that wrote it (no GPU there); see the issue note before relying on it.
 """
@@ -19,10 +19,11 @@ from torch import nn
 from vocalis.models.flow.estimator import CausalConditionalDecoder
 from vocalis.models.flow.flow import CausalMaskedDiffWithXvec
 from vocalis.runtime.onnx import export_estimator
+from vocalis.token2wav.config import GPU_STEP_BATCH
 
 log = logging.getLogger(__name__)
 
-MAX_ROWS = 32  # 16 requests with guidance
+MAX_ROWS = 2 * GPU_STEP_BATCH  # a GPU token2wav step's requests, each with its guidance row
 MIN_FRAMES, OPT_FRAMES, MAX_FRAMES = 4, 500, 3000
 _INPUTS = ("x", "mask", "mu", "t", "spks", "cond")
 

@@ -21,6 +21,7 @@ import torch
 
 FINAL_ATTENTION = ("causal", "full")
 CACHE_DTYPES = {None: None, "bf16": torch.bfloat16, "fp16": torch.float16}
+GPU_STEP_BATCH, CPU_STEP_BATCH = 16, 4  # `Token2WavConfig.max_batch` when it is None
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,8 +33,8 @@ class Token2WavConfig:
     0 disables prefix reuse altogether (every request computes its prompt). One costs ~4.6 MB per prompt mel
     frame at the 0.5B shapes in fp32 (half in bf16).
     max_batch: most requests in one step (the rest wait for the next step, oldest first as given). None: 16 on a
-    GPU, 4 on a CPU, where a step's flow passes are compute bound and a wider step finishes less audio per
-    second (docs/benchmarks.md, "Requests per token2wav step").
+    GPU, 4 on a CPU, where steps of 16 finished less audio per second (docs/benchmarks.md, "Requests per
+    token2wav step").
     cache_dtype: "bf16" (default) / "fp16" store the estimator's cached keys/values reduced: half the memory,
     mel max rel error 3.6e-5 at the 0.5B shapes (random weights); None keeps the compute dtype (exact).
     dit_cache_dtype: the same for CosyVoice 3's DiT caches, exact (None) by default: its streamed audio moved by
@@ -103,7 +104,7 @@ class Token2WavConfig:
         """`max_batch`, or the device's default when it is None."""
         if self.max_batch is not None:
             return self.max_batch
-        return 16 if device.type == "cuda" else 4
+        return GPU_STEP_BATCH if device.type == "cuda" else CPU_STEP_BATCH
 
     def cache_budget_bytes(self, device: torch.device) -> int:
         """`max_cache_mib` in bytes, or a quarter of the device's memory when it is None."""
