@@ -192,7 +192,9 @@ def test_grouped_token2wav_steps_give_the_same_audio_in_fewer_steps(model: Loade
     requests = [_request(model, t, seed=i) for i, t in enumerate(TEXTS)]
 
     async def run(grouping: StepGrouping) -> tuple[list[list[AudioChunk]], list[int]]:
-        eng = FixedLength.from_model(model, EngineConfig(max_num_batched_tokens=24), grouping=grouping)
+        # a step wide enough for every request: the grouping is under test, not the step width
+        eng = FixedLength.from_model(model, EngineConfig(max_num_batched_tokens=24),
+                                     token2wav_config=Token2WavConfig(max_batch=len(requests)), grouping=grouping)
         sizes: list[int] = []
         step = eng.token2wav.step
         eng.token2wav.step = lambda states, **kw: (  # type: ignore[method-assign]

@@ -251,14 +251,14 @@ def test_new_streams_wait_for_cache_room(cv3_model, ref) -> None:
     """`wait_for_cache` with room for one stream's caches (8 MiB; a 140-token stream peaks at 200 frames, ~6 MiB):
     three ready streams start one after another while the caller has other work (`hold_new`): none recomputes,
     the caches never pass the budget, each stream's audio equals the reference. Without `hold_new` a step with
-    nothing else to do starts a waiting stream anyway (no stream waits on an idle engine), with the same audio. Without `wait_for_cache` all three start at
-    once and two of them recompute."""
+    nothing else to do starts a waiting stream anyway (no stream waits on an idle engine), with the same audio.
+    Without `wait_for_cache` all three start at once (a step of 3) and two of them recompute."""
     prompt, tokens = _prompt(ref), ref["token"][0, :140].tolist()
     want = _reference(cv3_model, ref, ref["token"][:, :140], prompt)
     assert len(want) == 3
     for hold, wait in ((True, True), (False, True), (True, False)):
         eng = CV3Token2WavEngine(cv3_model.flow, cv3_model.hift,
-                                 replace(OFFICIAL, max_cache_mib=8, wait_for_cache=wait))
+                                 replace(OFFICIAL, max_cache_mib=8, wait_for_cache=wait, max_batch=3))
         states = [eng.new_stream(f"r{i}", prompt) for i in range(3)]
         for s in states:
             s.add_source_tokens(tokens)

@@ -21,7 +21,7 @@ import torch
 
 FINAL_ATTENTION = ("causal", "full")
 CACHE_DTYPES = {None: None, "bf16": torch.bfloat16, "fp16": torch.float16}
-GPU_STEP_BATCH, CPU_STEP_BATCH = 16, 4  # `Token2WavConfig.max_batch` when it is None
+GPU_STEP_BATCH, CPU_STEP_BATCH = 16, 2  # `Token2WavConfig.max_batch` when it is None
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,7 +33,7 @@ class Token2WavConfig:
     0 disables prefix reuse altogether (every request computes its prompt). One costs ~4.6 MB per prompt mel
     frame at the 0.5B shapes in fp32 (half in bf16).
     max_batch: most requests in one step (the rest wait for the next step, oldest first as given). None: 16 on a
-    GPU, 4 on a CPU, where steps of 16 finished less audio per second (docs/benchmarks.md, "Requests per
+    GPU, 2 on a CPU, where wider steps finished less audio per second (docs/benchmarks.md, "Requests per
     token2wav step").
     cache_dtype: "bf16" (default) / "fp16" store the estimator's cached keys/values reduced: half the memory,
     mel max rel error 3.6e-5 at the 0.5B shapes (random weights); None keeps the compute dtype (exact).
