@@ -66,7 +66,8 @@ def serve_side(args: argparse.Namespace) -> None:
         final = "causal" if args._serve == "engine-causal" else "full"  # `vocalis serve --final-chunk`
         from vocalis.model_options import ModelOptions
 
-        t2w = Token2WavConfig(final_attention=final, max_cache_mib=args.t2w_cache_mib, wait_for_cache=args.t2w_wait)
+        t2w = Token2WavConfig(final_attention=final, max_cache_mib=args.t2w_cache_mib, wait_for_cache=args.t2w_wait,
+                              max_batch=args.t2w_step)
         cap = ModelOptions(max_streams=args.max_streams).streams_cap("cpu")  # as `vocalis serve`
         t2w = dataclasses.replace(t2w, max_streams=cap)
         backend = EngineBackend(BenchTTS(model, token2wav=t2w, runtime=runtime), **opts)
@@ -177,6 +178,8 @@ def run_backend(name: str, args: argparse.Namespace) -> dict[str, Any]:
         cmd += ["--t2w-cache-mib", str(args.t2w_cache_mib)]
     if args.t2w_wait:
         cmd.append("--t2w-wait")
+    if args.t2w_step is not None:
+        cmd += ["--t2w-step", str(args.t2w_step)]
     if args.max_streams is not None:
         cmd += ["--max-streams", str(args.max_streams)]
     proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONUNBUFFERED": "1"})
@@ -236,6 +239,7 @@ class _Args:
     threads: int
     t2w_cache_mib: int | None
     t2w_wait: bool
+    t2w_step: int | None
     max_streams: int | None
     warmup: int | None
     threaded_requests: int | None
@@ -261,6 +265,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--t2w-cache-mib", type=int, help="the engine server's token2wav cache budget (default: its own)")
     p.add_argument("--t2w-wait", action="store_true", help="new streams wait for token2wav cache room")
+    p.add_argument("--t2w-step", type=int, help="the engine server's requests per token2wav step (default: its "
+                   "own, `Token2WavConfig.max_batch`)")
     p.add_argument("--max-streams", type=int, help="the engine server's requests in flight (0: no cap; default: "
                    "`vocalis serve`'s)")
     p.add_argument("--warmup", type=int, help="concurrent requests of the uncounted warm-up (default: --clients; "
@@ -276,6 +282,8 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set(args.backends.split(",")) - {"threaded", "engine", "engine-causal"}
     if unknown:
         p.error(f"unknown backends {sorted(unknown)}: choose from threaded, engine, engine-causal")
+    if args.t2w_step is not None and args.t2w_step < 1:
+        p.error("--t2w-step must be >= 1")
     if args._serve:
         serve_side(args)
         return 0
