@@ -30,7 +30,7 @@ class ModelOptions:
         request) or "causal" (block-causal like the earlier chunks: linear cost; the last hop may differ from
         the reference by how much the model's two attention modes disagree on it).
     max_streams: most requests synthesised at once, more wait in order (`Token2WavConfig.max_streams`). None:
-        16 on a CPU (more in flight only wait for token2wav steps while holding their flow caches:
+        `CPU_STREAMS` on a CPU (more in flight only wait for token2wav steps while holding their flow caches:
         docs/benchmarks.md, "Requests in flight"); no cap on a GPU. 0: no cap.
     """
 
@@ -150,8 +150,8 @@ def add_model_arguments(parser: argparse.ArgumentParser, *, device: str | None =
                         help="memory for the streams' token2wav caches; beyond it the largest recompute their chunks "
                              "(default: a quarter of the device's memory)")
     parser.add_argument("--max-streams", type=at_least(0), metavar="N",
-                        help="most requests synthesised at once; more wait in order (0: no cap; default: 16 on a "
-                             "CPU, no cap on a GPU)")
+                        help=f"most requests synthesised at once; more wait in order (0: no cap; default: "
+                             f"{CPU_STREAMS} on a CPU, no cap on a GPU)")
 
 
 def model_options(args: argparse.Namespace, command: str, *, check: bool = True) -> ModelOptions:

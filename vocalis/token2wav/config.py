@@ -32,9 +32,9 @@ class Token2WavConfig:
     voice_cache_size: idle prompt prefixes kept (LRU; one in use by a live request is always kept and shared);
     0 disables prefix reuse altogether (every request computes its prompt). One costs ~4.6 MB per prompt mel
     frame at the 0.5B shapes in fp32 (half in bf16).
-    max_batch: most requests in one step (the rest wait for the next step, oldest first as given). None: 16 on a
-    GPU, 2 on a CPU, where wider steps finished less audio per second (docs/benchmarks.md, "Requests per
-    token2wav step").
+    max_batch: most requests in one step (the rest wait for the next step, oldest first as given). None:
+    `GPU_STEP_BATCH` on a GPU, `CPU_STEP_BATCH` on a CPU, where wider steps finished less audio per second
+    (docs/benchmarks.md, "Requests per token2wav step").
     cache_dtype: "bf16" (default) / "fp16" store the estimator's cached keys/values reduced: half the memory,
     mel max rel error 3.6e-5 at the 0.5B shapes (random weights); None keeps the compute dtype (exact).
     dit_cache_dtype: the same for CosyVoice 3's DiT caches, exact (None) by default: its streamed audio moved by
