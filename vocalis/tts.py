@@ -114,6 +114,11 @@ class TTS:
                 self._blocking = BlockingEngine(self._engine)
             return self._engine, self._blocking
 
+    def hold_kv_budget(self) -> None:
+        """Have the engine, when it is built, hold its whole KV budget from the start, as a long-running server
+        wants (`EngineConfig.reserve_kv_cache`); no effect on an engine already running."""
+        self.engine_config = dataclasses.replace(self.engine_config or EngineConfig(), reserve_kv_cache=True)
+
     def close(self) -> None:
         """Stop the engine; a later call starts a new one."""
         with self._lock:

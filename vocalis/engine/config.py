@@ -28,6 +28,11 @@ class EngineConfig:
     fused_decode: the weight kinds (of FUSED_DECODE_KINDS) whose decode steps of a few rows may run as one native
         call (`decode_stack`, on CPU where it applies); a kind left out runs every step op by op.
     huge_pages: move the decoder's weights and the KV cache onto transparent huge pages (`kernels.huge_pages`).
+    reserve_kv_cache: write the whole KV cache when the engine is built, so that its memory is resident from the
+        start (on a CPU). Otherwise a page becomes resident when a block on it is first used, and since freed
+        blocks keep their prefixes findable until the never-used ones run out, a long-running process's RSS grows
+        into the budget request by request (as a leak would). Servers set it (`TTS.hold_kv_budget`); a one-off
+        synthesis leaves it off and pays only for the blocks it uses.
 
     Environment overrides, applied by `with_env_overrides` when the engine is built (to measure what a fast path
     gives without changing code): VOCALIS_CUDA_GRAPHS=0, VOCALIS_INT8_FUSED=0, VOCALIS_FP32_FUSED=0,
@@ -45,6 +50,7 @@ class EngineConfig:
     cuda_graphs: bool = True
     fused_decode: tuple[str, ...] = FUSED_DECODE_KINDS
     huge_pages: bool = True
+    reserve_kv_cache: bool = False
 
     def __post_init__(self) -> None:
         if self.block_size < 1:

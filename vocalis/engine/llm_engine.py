@@ -39,7 +39,7 @@ class LLMEngine(EngineFront):
         self.max_model_len = min(cfg.max_model_len, llm.config.qwen.max_position_embeddings,
                                  num_blocks * cfg.block_size)
         self.runner = ModelRunner(llm, num_blocks, cfg.block_size, self.max_model_len, packed, cfg.cuda_graphs,
-                                  cfg.fused_decode, cfg.huge_pages)
+                                  cfg.fused_decode, cfg.huge_pages, cfg.reserve_kv_cache)
         self.block_manager = BlockManager(num_blocks, cfg.block_size, cfg.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, cfg.max_num_seqs, cfg.max_num_batched_tokens,
                                    self.family.stop_ids)

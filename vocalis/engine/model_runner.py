@@ -82,11 +82,14 @@ class StepInputs:
 class ModelRunner:
     def __init__(self, llm: SpeechLM, num_blocks: int, block_size: int, max_positions: int,
                  packed: Sequence[PackedLayer | None] | None = None, cuda_graphs: bool = True,
-                 fused_decode: Collection[str] = FUSED_DECODE_KINDS, huge_pages: bool = True) -> None:
+                 fused_decode: Collection[str] = FUSED_DECODE_KINDS, huge_pages: bool = True,
+                 reserve_kv: bool = False) -> None:
         """packed: fused weights per layer (`packed_weights.pack_llm`); None or a None entry: call the modules.
         cuda_graphs: replay decode steps as CUDA graphs when the model is on a CUDA device.
         fused_decode: the weight kinds whose few-row decode steps may run as one native call (`decode_stack`).
-        huge_pages: move the decoder's weights and the KV cache onto huge pages (`kernels.huge_pages`)."""
+        huge_pages: move the decoder's weights and the KV cache onto huge pages (`kernels.huge_pages`).
+        reserve_kv: write the whole KV cache once now, so that all of it is resident from the start
+        (`EngineConfig.reserve_kv_cache`)."""
         q = llm.config.qwen
         self.llm = llm
         self.block_size = block_size
@@ -117,6 +120,9 @@ class ModelRunner:
         on_huge = to_huge_pages(self._long_lived_tensors()) if huge_pages else 0
         if on_huge:
             log.info("decoder weights and KV cache: %.0f MiB on huge pages", on_huge / 2**20)
+        if reserve_kv:  # after the huge-page advice, so that the pages fault in huge
+            for cache in (self.k_cache, self.v_cache):
+                cache.zero_()
         log.info("KV cache: %d blocks x %d positions (%.1f MiB)", num_blocks, block_size,
                  2 * self.k_cache.numel() * self.k_cache.element_size() / 2**20)
 

@@ -4,7 +4,8 @@ fp16 builds keep LayerNorm, softmax and reductions in fp32 (precision constraint
 official fp16 TensorRT path lacks. Only full passes use it (the token2wav engine's cached streaming path runs the
 torch module, kept as `torch_module`). Shapes: batch 2..2*GPU_STEP_BATCH rows, 4..3000 frames.
 
-Untested in CI and in the session that wrote it (no GPU there); see the issue note before relying on it.
+No test runs it yet (CI has no GPU, and `tests/test_cuda.py` does not build an engine): check its output against the
+torch estimator on a GPU before relying on it.
 """
 
 from __future__ import annotations

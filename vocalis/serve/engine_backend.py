@@ -118,9 +118,11 @@ class EngineJobHandle:
 
 class EngineBackend(ModelFacts):
     """Serves `TTS`'s engine to the HTTP layer. `max_queue` bounds the jobs in flight (waiting or running); the
-    app's deadlines (`serve.deadlines`) time them out through `abort()`."""
+    app's deadlines (`serve.deadlines`) time them out through `abort()`. A server holds its KV budget from the
+    start (`TTS.hold_kv_budget`), so that its RSS stays flat from the first requests on."""
 
     def __init__(self, tts: TTS, *, max_queue: int = 64) -> None:
+        tts.hold_kv_budget()
         self.tts = tts
         self.sample_rate: int = tts.sample_rate
         self.max_jobs = max_queue

@@ -56,6 +56,7 @@ class TritonPythonModel:
         # the instance's device; precision, backend, flow steps, final chunk, cache budget from the parameters
         device = f"cuda:{args.get('model_instance_device_id', '0')}" if args.get("model_instance_kind") == "GPU" else "cpu"
         self.tts = ModelOptions.from_params(params, device=device).load(params.get("model_dir") or None)
+        self.tts.hold_kv_budget()  # a server: RSS flat from the first requests on
         self.sample_rate = np.array([self.tts.sample_rate], dtype=np.int32)
         # one thread per request in flight: each only waits on its chunks, the engine loop does the work
         self.pool = ThreadPoolExecutor(max_workers=int(params.get("max_in_flight", "64") or 64),
