@@ -13,9 +13,10 @@ from vocalis.cli import main
 def test_bench_quick_tiny_writes_json_and_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out, png = tmp_path / "bench.json", tmp_path / "bench.png"
     rc = main(["bench", "--preset", "tiny", "--quick", "--batches", "1,2", "--concurrency", "1,2", "--tokens", "30",
-               "--e2e-repeats", "3", "--json", str(out), "--plot", str(png)])
+               "--e2e-repeats", "3", "--t2w-step", "1", "--json", str(out), "--plot", str(png)])
     assert rc == 0
     report = json.loads(out.read_text())
+    assert report["config"]["t2w_step"] == 1  # the 2-stream batch's token2wav runs one stream per step
     ref, eng = report["reference"], report["engine"]["fp32"]
     assert report["machine"]["copy_gbps"] > 0
     assert ref["llm"]["decode_tps"] > 0 and ref["e2e"]["first_chunk_s"] > 0
@@ -66,6 +67,7 @@ def test_bench_llm_part_only(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     (["--precision", "fp16"], "fp16 needs a CUDA GPU"),
     (["--tokens", "0"], "must be positive"),
     (["--parts", "llm,vocoder"], "--parts takes"),
+    (["--t2w-step", "0"], "--t2w-step must be >= 1"),
 ])
 def test_bench_bad_options_exit_2(args: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", *args]) == 2

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import httpx
@@ -53,8 +54,13 @@ def test_ray_serve_two_replicas(model: Path, tmp_path: Path) -> None:
     url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(proc, url, 150, "Ray Serve")
-        replicas = {httpx.get(url + "/health", timeout=10).json()["replica"] for _ in range(24)}
-        assert len(replicas) == 2, replicas  # both replicas answer
+        # both replicas answer (the second may still be loading when the first passes the health check)
+        replicas: set[str] = set()
+        deadline = time.monotonic() + 90
+        while len(replicas) < 2 and time.monotonic() < deadline:
+            replicas.add(httpx.get(url + "/health", timeout=10).json()["replica"])
+            time.sleep(0.05)
+        assert len(replicas) == 2, replicas
         r = httpx.post(url + "/v1/audio/voices", data={"name": "me", "text": "hello there"},
                        files={"audio": ("me.wav", clip)}, timeout=60)
         assert r.status_code == 201, r.text

@@ -248,6 +248,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--concurrency", help="concurrent streams, comma separated (default 1,4,8,16)")
     p.add_argument("--max-streams", type=int, metavar="N",
                    help="the engine's cap on requests in flight; more queue (as `vocalis serve --max-streams`)")
+    p.add_argument("--t2w-step", type=int, metavar="N",
+                   help="the engine's requests per token2wav step (default: the device's, Token2WavConfig.max_batch)")
     p.add_argument("--parts", default=",".join(PARTS),
                    help=f"what to measure, comma separated: {', '.join(PARTS)} (e.g. --parts llm: LLM only, quick)")
     p.add_argument("--e2e-repeats", type=int,
@@ -272,6 +274,10 @@ def config_from_args(args: argparse.Namespace) -> Any:
         if args.max_streams < 1:
             raise InputError(f"--max-streams must be >= 1, got {args.max_streams}")
         kw["max_streams"] = args.max_streams
+    if args.t2w_step is not None:
+        if args.t2w_step < 1:
+            raise InputError(f"--t2w-step must be >= 1, got {args.t2w_step}")
+        kw["t2w_step"] = args.t2w_step
     if args.e2e_repeats is not None:
         kw["e2e_repeats"] = args.e2e_repeats
     if args.prompt_tokens is not None:

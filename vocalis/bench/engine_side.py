@@ -188,8 +188,9 @@ async def _engine_e2e(cfg: BenchConfig, model: LoadedModel, runtime: Runtime | N
     FixedLengthEngine = fixed_length_engine(cfg.tokens)
 
     top = max(cfg.concurrency)
+    t2w = Token2WavConfig(max_streams=cfg.max_streams, max_batch=cfg.t2w_step)
     engine = FixedLengthEngine(model, make_llm_engine(model, EngineConfig(max_num_seqs=max(top, 1)), runtime),
-                               Token2WavEngine(model.flow, model.hift, Token2WavConfig(max_streams=cfg.max_streams)))
+                               Token2WavEngine(model.flow, model.hift, t2w))
     # the engines' defaults otherwise
     results: dict[str, Any] = {}
     with engine:

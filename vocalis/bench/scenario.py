@@ -54,6 +54,7 @@ class BenchConfig:
     parts: tuple[str, ...] = ("llm", "token2wav", "e2e")  # what each side measures (PARTS)
     device: str = "cpu"  # both sides run there ("cuda": the decode limit comes from the GPU's memory bandwidth)
     max_streams: int | None = None  # the engine's cap on requests in flight (Token2WavConfig.max_streams)
+    t2w_step: int | None = None  # the engine's requests per token2wav step (Token2WavConfig.max_batch)
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
