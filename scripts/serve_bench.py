@@ -251,6 +251,8 @@ class _Args:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from vocalis.model_options import at_least
+
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--preset", default="cosyvoice2-0.5b")
     p.add_argument("--tokens", type=int, default=50, help="speech tokens per utterance (50 = 2 s)")
@@ -265,8 +267,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--t2w-cache-mib", type=int, help="the engine server's token2wav cache budget (default: its own)")
     p.add_argument("--t2w-wait", action="store_true", help="new streams wait for token2wav cache room")
-    p.add_argument("--t2w-step", type=int, help="the engine server's requests per token2wav step (default: its "
-                   "own, `Token2WavConfig.max_batch`)")
+    p.add_argument("--t2w-step", type=at_least(1), help="the engine server's requests per token2wav step (default: "
+                   "its own, `Token2WavConfig.max_batch`)")
     p.add_argument("--max-streams", type=int, help="the engine server's requests in flight (0: no cap; default: "
                    "`vocalis serve`'s)")
     p.add_argument("--warmup", type=int, help="concurrent requests of the uncounted warm-up (default: --clients; "
@@ -282,8 +284,6 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set(args.backends.split(",")) - {"threaded", "engine", "engine-causal"}
     if unknown:
         p.error(f"unknown backends {sorted(unknown)}: choose from threaded, engine, engine-causal")
-    if args.t2w_step is not None and args.t2w_step < 1:
-        p.error("--t2w-step must be >= 1")
     if args._serve:
         serve_side(args)
         return 0
