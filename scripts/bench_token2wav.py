@@ -19,7 +19,8 @@ shared machine the medians of alternating rounds tell forms apart where separate
 
 A precision may name the estimator's and HiFT's forms instead of the CPU's default for them (`apply_backend`'s
 flow_int8 / hift_reduced), to measure which is faster on a CPU class: `int8:flow=bf16` (int8 with the estimator's
-Linears in bf16, not fbgemm int8), `int8:hift=bf16` (HiFT's body convs in bf16), `bf16:hift=fp32`.
+Linears in bf16, not fbgemm int8), `int8:hift=bf16` (HiFT's body convs in bf16), `bf16:hift=fp32`; `int8:kernels=off`
+runs the token2wav engine on torch's ops instead of our native bf16 kernels (`Token2WavConfig.native_kernels`).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any
 
@@ -168,19 +170,23 @@ def _run_streams(engine: Token2WavEngine, args: argparse.Namespace, count: int) 
             "cache_fallbacks": engine.stats.cache_fallbacks}
 
 
-def parse_variant(spec: str) -> tuple[str, dict[str, bool]]:
-    """'int8:flow=bf16:hift=bf16' -> ('int8', {'flow_int8': False, 'hift_reduced': True})."""
+def parse_variant(spec: str) -> tuple[str, dict[str, bool], bool]:
+    """'int8:flow=bf16:hift=bf16:kernels=off' -> ('int8', {'flow_int8': False, 'hift_reduced': True}, False): the
+    precision, `apply_backend`'s forms, and whether the token2wav engine may run our native kernels."""
     precision, *opts = spec.split(":")
     forms: dict[str, bool] = {}
+    native = True
     for opt in opts:
         key, _, value = opt.partition("=")
         if key == "flow" and value in ("int8", "bf16"):
             forms["flow_int8"] = value == "int8"
         elif key == "hift" and value in ("fp32", "bf16"):
             forms["hift_reduced"] = value == "bf16"
+        elif key == "kernels" and value in ("on", "off"):
+            native = value == "on"
         else:
-            raise SystemExit(f"{spec!r}: options are flow=int8|bf16 (precision int8) and hift=fp32|bf16")
-    return precision, forms
+            raise SystemExit(f"{spec!r}: options are flow=int8|bf16 (precision int8), hift=fp32|bf16, kernels=on|off")
+    return precision, forms, native
 
 
 def engine_config(args: argparse.Namespace) -> Token2WavConfig:
@@ -191,13 +197,18 @@ def engine_config(args: argparse.Namespace) -> Token2WavConfig:
 def build_variant(args: argparse.Namespace, spec: str) -> tuple[SimpleNamespace, Any, str]:
     """A fresh model with `spec`'s precision and forms applied -> (model, its runtime, the precision)."""
     model = build(args.preset)
-    precision, forms = parse_variant(spec)
+    precision, forms, _ = parse_variant(spec)
     return model, apply_backend(model, args.backend, precision, **forms), precision
+
+
+def variant_config(args: argparse.Namespace, spec: str) -> Token2WavConfig:
+    """The engine's config for `spec` (`kernels=off`: torch's ops instead of our native kernels)."""
+    return replace(engine_config(args), native_kernels=parse_variant(spec)[2])
 
 
 def run_engine(args: argparse.Namespace, spec: str) -> dict[str, Any]:
     model, runtime, precision = build_variant(args, spec)
-    cfg = engine_config(args)
+    cfg = variant_config(args, spec)
     with torch.inference_mode():
         one = _run_streams(Token2WavEngine(model.flow, model.hift, cfg), args, 1)
         log.info("engine %s, 1 stream: %s", precision, one)
@@ -215,11 +226,10 @@ def run_alternating(args: argparse.Namespace) -> dict[str, Any]:
     import statistics
 
     specs = [q.strip() for q in args.precisions.split(",") if q.strip()]
-    cfg = engine_config(args)
     engines = {}
     for spec in specs:
         model = build_variant(args, spec)[0]
-        engines[spec] = Token2WavEngine(model.flow, model.hift, cfg)
+        engines[spec] = Token2WavEngine(model.flow, model.hift, variant_config(args, spec))
     one = argparse.Namespace(**{**vars(args), "same_voice": True})
     runs: dict[str, list[dict[str, Any]]] = {spec: [] for spec in specs}
     with torch.inference_mode():

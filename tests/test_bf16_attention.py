@@ -1,6 +1,7 @@
-"""Our bf16 attention (`vocalis.kernels.bf16_attention`, AMX CPUs) against float64 math on the same bf16 inputs:
+"""Our bf16 attention (`vocalis.kernels.bf16_attention`: the tile kernel on AMX CPUs, the dot-product one on
+AVX512-BF16 CPUs; each test runs every kernel this CPU has) against float64 math on the same bf16 inputs:
 per-query key limits (block-causal and padding masks), queries with no visible key, both output layouts,
-strided q/k/v (views of one fused projection, as the estimator passes them), head sizes 8 and 64, and the
+strided q/k/v (views of one fused projection, as the estimator passes them), head sizes 8, 32 and 64, and the
 estimator's masks given as additive biases (`limits_of`).
 
 Bounds: output within 2^-7 of max |v| (weights rounded to bf16 before p v: ~2^-9 each, plus the output's own
@@ -14,7 +15,9 @@ import torch
 from vocalis.kernels import bf16_attention
 
 pytestmark = pytest.mark.skipif(not bf16_attention.supports(torch.zeros(1, 1, 1, 64, dtype=torch.bfloat16)),
-                                reason="our bf16 attention runs on AMX CPUs only (with the native extension built)")
+                                reason="our bf16 attention runs on AMX or AVX512-BF16 CPUs (native extension built)")
+KERNELS = [pytest.param(k, marks=pytest.mark.skipif(k not in bf16_attention.kernels(), reason=f"no {k} kernel here"))
+           for k in bf16_attention.KERNELS]
 
 
 def _exact(q, k, v, limits):
@@ -31,9 +34,11 @@ def _exact(q, k, v, limits):
     return out.masked_fill(none[..., None], 0.0), lse.masked_fill(none, -1e10)
 
 
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("heads_first", [True, False])
-@pytest.mark.parametrize(("B", "H", "n", "L", "E"), [(2, 8, 100, 200, 64), (4, 2, 37, 333, 8), (1, 1, 1, 5, 64)])
-def test_against_exact(B: int, H: int, n: int, L: int, E: int, heads_first: bool) -> None:
+@pytest.mark.parametrize(("B", "H", "n", "L", "E"), [(2, 8, 100, 200, 64), (4, 2, 37, 333, 8), (1, 1, 1, 5, 64),
+                                                     (2, 4, 250, 250, 32), (3, 2, 70, 70, 48)])
+def test_against_exact(B: int, H: int, n: int, L: int, E: int, heads_first: bool, kernel: str) -> None:
     g = torch.Generator().manual_seed(B * n + L)
     qkv = torch.randn(B, n, 3, H, E, generator=g).bfloat16()  # a fused projection's output, as the estimator's
     q = qkv[:, :, 0].transpose(1, 2)  # (B, H, n, E), strided
@@ -41,7 +46,7 @@ def test_against_exact(B: int, H: int, n: int, L: int, E: int, heads_first: bool
     v = torch.randn(B, H, L, E, generator=g).bfloat16()
     limits = torch.randint(0, L + 1, (B, n), generator=g, dtype=torch.int32)
     limits[0, 0] = 0  # a query that sees no key
-    out, lse = bf16_attention.attend(q, k, v, limits, heads_first=heads_first)
+    out, lse = bf16_attention.attend(q, k, v, limits, heads_first=heads_first, which=kernel)
     want, want_lse = _exact(q, k, v, limits)
     got = out if heads_first else out.transpose(1, 2)
     assert out.is_contiguous() and got.shape == (B, H, n, E)
@@ -50,15 +55,16 @@ def test_against_exact(B: int, H: int, n: int, L: int, E: int, heads_first: bool
     assert (got[0, :, 0] == 0).all() and (lse[0, :, 0] == -1e10).all()
 
 
-def test_all_visible_and_shared_limits() -> None:
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_all_visible_and_shared_limits(kernel: str) -> None:
     """No limits = every key visible; one row of limits (1, n) applies to every batch row."""
     g = torch.Generator().manual_seed(7)
     q, k, v = (torch.randn(3, 2, 20, 64, generator=g).bfloat16() for _ in range(3))
-    out, _ = bf16_attention.attend(q, k, v, None)
+    out, _ = bf16_attention.attend(q, k, v, None, which=kernel)
     want, _ = _exact(q, k, v, torch.full((3, 20), 20, dtype=torch.int32))
     assert (out.double() - want).abs().max().item() <= 2**-7 * v.abs().max().item()
     shared = torch.arange(1, 21, dtype=torch.int32)[None]
-    out, _ = bf16_attention.attend(q, k, v, shared)
+    out, _ = bf16_attention.attend(q, k, v, shared, which=kernel)
     want, _ = _exact(q, k, v, shared.expand(3, -1))
     assert (out.double() - want).abs().max().item() <= 2**-7 * v.abs().max().item()
 
@@ -71,7 +77,8 @@ def test_limits_of_block_causal_bias() -> None:
     assert torch.equal(bf16_attention.limits_of(bias), limit[None].int())
 
 
-def test_key_pieces_equal_one_sequence() -> None:
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_key_pieces_equal_one_sequence(kernel: str) -> None:
     """Keys/values given as pieces (a prefix with 2 batch rows shared by request pairs, then per-row pieces, one
     of them strided) equal the same keys laid out as one sequence."""
     g = torch.Generator().manual_seed(11)
@@ -82,10 +89,10 @@ def test_key_pieces_equal_one_sequence() -> None:
     new = torch.randn(B, n, 2, H, E, generator=g).bfloat16()
     new_k, new_v = new[:, :, 0].transpose(1, 2), new[:, :, 1].transpose(1, 2)  # strided views
     limits = torch.randint(1, 13 + 7 + n + 1, (B, n), generator=g, dtype=torch.int32)
-    out, lse = bf16_attention.attend(q, [prefix_k, own_k, new_k], [prefix_v, own_v, new_v], limits)
+    out, lse = bf16_attention.attend(q, [prefix_k, own_k, new_k], [prefix_v, own_v, new_v], limits, which=kernel)
     whole_k = torch.cat([prefix_k.repeat(B // 2, 1, 1, 1), own_k, new_k], dim=2)
     whole_v = torch.cat([prefix_v.repeat(B // 2, 1, 1, 1), own_v, new_v], dim=2)
-    want, want_lse = bf16_attention.attend(q, whole_k, whole_v, limits)
+    want, want_lse = bf16_attention.attend(q, whole_k, whole_v, limits, which=kernel)
     torch.testing.assert_close(out, want, rtol=0, atol=0)
     torch.testing.assert_close(lse, want_lse, rtol=0, atol=0)
 
@@ -103,3 +110,12 @@ def test_native_false_takes_torchs_kernel() -> None:
     ours, ours_lse = bf16_attention.attend(q, k, v, None, True)
     default_out, default_lse = attend(q, k, v, None)
     assert torch.equal(default_out, ours) and torch.equal(default_lse, ours_lse)
+
+
+def test_an_absent_kernel_is_refused() -> None:
+    """Asking for a kernel this CPU does not run is a clear error, not a crash in the extension."""
+    absent = [k for k in bf16_attention.KERNELS if k not in bf16_attention.kernels()]
+    q = torch.zeros(1, 1, 4, 64, dtype=torch.bfloat16)
+    for which in [*absent, "nonsense"]:
+        with pytest.raises(ValueError, match="does not run here"):
+            bf16_attention.attend(q, q, q, None, which=which)

@@ -39,8 +39,8 @@ def _one_part(attn: SelfAttention, x: torch.Tensor, r: int, start: int, m: int,
 
 def _check(specs: list[tuple[str | None, int, int, bool]], n: int, seed: int, bf16: bool = False) -> None:
     """specs: per request (prefix name or None, own cached frames, new frames, keep). bf16: the engine's bf16
-    compute with bf16 attention (as on AMX CPUs: one masked call over each request's whole key sequence for a
-    lone request or a uniform batch), against the fp32 attention within bf16's error."""
+    compute with bf16 attention (as on AMX and AVX512-BF16 CPUs: one masked call over each request's whole key
+    sequence for a lone request or a uniform batch), against the fp32 attention within bf16's error."""
     g = torch.Generator().manual_seed(seed)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -68,7 +68,7 @@ def _check(specs: list[tuple[str | None, int, int, bool]], n: int, seed: int, bf
     compute = None
     if bf16:
         compute = ComputeWeights(torch.bfloat16, packed=False)
-        compute.reduced_attention = True  # as on an AMX CPU, whatever this one is
+        compute.reduced_attention = True  # as on CPUs with our bf16 attention, whatever this one is
     run = ChunkRun(caches, lens, keeps, CHUNK, compute=compute)
     with torch.inference_mode():
         got = run.attention(attn, x, torch.zeros(x.shape)).float()  # zero residual: the attention alone

@@ -4,6 +4,7 @@ drains within a bounded grace period, then answers 503 to what has not started."
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import gc
 import json
@@ -29,6 +30,9 @@ from serve_support import (
 
 websockets = pytest.importorskip("websockets", reason="websockets is part of the dev extra")
 import websockets.sync.client as websockets_sync
+
+from vocalis.serve.backend import JobTimeout
+from vocalis.serve.deadlines import JobWatch
 
 LONG_TEXT = " ".join(["This is a fairly long sentence that keeps the synthesis busy for a while."] * 36)
 # ~10 s of synthesis on the tiny model, its first chunk in well under a second on an idle machine
@@ -132,6 +136,45 @@ def test_request_timeout_fires_when_it_expires(tts, which: str, asyncio_errors: 
         _wait(lambda: srv.backend.active == 0 and srv.backend.queue_depth == 0, 180)
     gc.collect()
     assert not asyncio_errors, asyncio_errors
+
+
+class _OneChunkHandle:
+    """A job handle as `JobWatch` reads it (`started`, `abort()`, async iteration) whose chunk is ready at once."""
+
+    def __init__(self) -> None:
+        self.started: float | None = None
+        self.aborted = False
+
+    def abort(self) -> None:
+        self.aborted = True
+
+    def __aiter__(self) -> _OneChunkHandle:
+        return self
+
+    async def __anext__(self) -> str:
+        return "chunk"
+
+
+@pytest.mark.parametrize("running_s", [0.0, 2.0])
+def test_a_chunk_after_the_run_deadline_is_not_handed_over(running_s: float) -> None:
+    """The deadline holds by the clock, not by when its timer gets to run: a chunk that comes once the job has run
+    past its limit ends the job with JobTimeout even before the watch's timer fired (a busy event loop runs timers
+    late), and one that comes in time is handed over."""
+    async def read() -> str:
+        handle = _OneChunkHandle()
+        watch = JobWatch(handle, queue_timeout_s=30.0, run_timeout_s=1.0)
+        handle.started = time.monotonic() - running_s  # the watch's timer has not looked since it was made
+        try:
+            return await watch.next()
+        finally:
+            assert handle.aborted == (running_s > 1.0)
+            watch.close()
+
+    if running_s > 1.0:
+        with pytest.raises(JobTimeout, match="longer than 1 s"):
+            asyncio.run(read())
+    else:
+        assert asyncio.run(read()) == "chunk"
 
 
 def test_idle_websocket_is_closed_and_frees_the_worker(tts) -> None:

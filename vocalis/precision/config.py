@@ -19,8 +19,9 @@ class KernelConfig:
     int8_kernel: the LLM's int8 Linear layers on our GEMV kernel (`int8_linear`); off, the int8 backend uses
         torch's dynamic quantization (fbgemm), and `auto` does not pick int8 for the kernel's sake.
     int8_grain_bytes: weight bytes each thread of that kernel gets at least (0: split every GEMV over all threads).
-    bf16_gemm: whether the token2wav estimator's bf16 GEMMs and attention may run on our AMX kernels
-        (`kernels.bf16_gemm`, `kernels.bf16_attention`) rather than torch's oneDNN ops; `apply_backend` records it
+    bf16_gemm: whether the token2wav estimator's bf16 GEMMs and attention may run on our kernels (GEMMs: AMX,
+        `kernels.bf16_gemm`; attention: AMX or AVX512-BF16, `kernels.bf16_attention`) rather than torch's
+        oneDNN ops; `apply_backend` records it
         in `Runtime.kernels` for the token2wav engine built over the model.
 
     Environment overrides (`with_env_overrides`, applied by `runtime.backends`): VOCALIS_INT8_KERNEL=0 and

@@ -36,7 +36,7 @@ from types import ModuleType
 import torch
 from torch import nn
 
-from vocalis.kernels import bf16_gemm, build, cpu
+from vocalis.kernels import bf16_attention, bf16_gemm, build, cpu
 from vocalis.precision.config import INT8_GRAIN_BYTES
 from vocalis.precision.module_swap import swap_modules
 
@@ -87,6 +87,7 @@ def reset() -> None:
     cpu.reset()
     build.reset()
     bf16_gemm.reset()
+    bf16_attention.reset()
 
 
 @dataclass(frozen=True, slots=True)

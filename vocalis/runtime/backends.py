@@ -66,7 +66,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from vocalis.errors import InputError
-from vocalis.kernels import cpu
+from vocalis.kernels import bf16_attention, cpu
 from vocalis.precision.config import KernelConfig
 from vocalis.precision.dynamic_int8 import quantize_estimator_int8
 from vocalis.precision.layers import cast_hift_convs, cast_linears, quantize_linears_int8
@@ -222,6 +222,7 @@ def apply_backend(model: object, backend: str = "torch", precision: str = "fp32"
     llm, flow, hift = model.llm, model.flow, model.hift  # type: ignore[attr-defined]
     estimator = flow.decoder.estimator
     notes: list[str] = []
+    estimator_bf16 = False  # the flow estimator's Linears cast to bf16 below
     # Exports read the fp32 modules, so they come before the torch modules are cast or quantized; the wrappers
     # keep the torch estimator (for the token2wav engine's cached path), which is then changed in place.
     if backend == "onnx":
@@ -245,6 +246,7 @@ def apply_backend(model: object, backend: str = "torch", precision: str = "fp32"
     elif precision in _DTYPES:
         n = cast_linears(llm, _DTYPES[precision]) + cast_linears(estimator, _DTYPES[precision])
         notes.append(f"{n} LLM + flow-estimator Linear layers in {precision}, the rest fp32")
+        estimator_bf16 = precision == "bf16"
     elif precision == "int8":
         from vocalis.precision.int8_linear import available, int8_linears
         from vocalis.precision.int8_linear import layout as int8_layout
@@ -262,8 +264,15 @@ def apply_backend(model: object, backend: str = "torch", precision: str = "fp32"
             notes.append(f"{n} flow-estimator Linear layers int8 (dynamic), the rest fp32")
         else:
             n = cast_linears(estimator, torch.bfloat16)
+            estimator_bf16 = True
             why = "AMX: faster than int8" if has_amx() else "native bf16: as fast as int8, closer to fp32"
             notes.append(f"{n} flow-estimator Linear layers bf16 ({why} here), the rest fp32")
+    if estimator_bf16 and torch.device(device).type == "cpu":  # what the token2wav engine's estimator attends with
+        which = bf16_attention.kernel()
+        if which is None:
+            notes.append("estimator attention fp32 (torch's kernel)")
+        else:
+            notes.append(f"estimator attention bf16 ({f'our {which} kernel' if kernels.bf16_gemm else 'torch kernel'})")
     if hift_reduced is None:
         hift_reduced = has_amx()
     if hift_reduced and precision in ("bf16", "int8") and backend != "onnx" and torch.device(device).type == "cpu":

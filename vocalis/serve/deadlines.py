@@ -9,7 +9,8 @@ hold for any backend with `ThreadedBackend`'s surface.
 
 "Started" is the handle's `started` time when it has one (monotonic seconds, as `JobHandle` keeps it), else the
 first item's arrival. The consumer reads items through `JobWatch.next` (or `async for`), which returns the
-deadline's error as soon as it fires instead of waiting for the backend's next chunk.
+deadline's error as soon as it fires instead of waiting for the backend's next chunk, and never hands over an item
+that came after the run deadline (on a busy event loop the timer may run after the item).
 """
 
 from __future__ import annotations
@@ -119,6 +120,11 @@ class JobWatch:
             return
         self._timer = self._loop.call_later(max(0.0, delay_s), callback)
 
+    def _run_over(self) -> bool:
+        """Whether the job has been running for its run timeout by the clock, whether or not its timer ran."""
+        started = self._started()
+        return started is not None and time.monotonic() - started >= self.run_timeout_s
+
     def _run_expired(self) -> None:
         self.fire(JobTimeout(f"synthesis took longer than {self.run_timeout_s:g} s"))
 
@@ -162,7 +168,9 @@ class JobWatch:
             task.cancel()
             task.add_done_callback(retrieve)
             raise
-        if task.done():  # an item (or the end, or the job's own error) won the race: hand it over
+        if self.fired is None and self._run_over():  # a busy loop can run the timer after the item came
+            self._run_expired()
+        if task.done() and self.fired is None:  # an item (or the end, or the job's own error) came in time
             try:
                 item = task.result()
             except BaseException:

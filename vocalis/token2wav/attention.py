@@ -14,8 +14,8 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor
     """Attention q (B, H, n, E) over k, v (B, H, L, E), additive bias (B, 1, n, L) or None -> output
     (B, H, n, E), or (B, n, H, E) when not heads_first, and the log-sum-exp of each query's scaled, biased
     scores (B, H, n), for `merge`. limits: the bias as per-query key limits (`bf16_attention.limits_of`),
-    required where `bf16_attention` runs (bf16 on AMX CPUs, unless `native` is False: torch's kernel then) and
-    bias is not None."""
+    required where `bf16_attention` runs (bf16 on AMX or AVX512-BF16 CPUs, unless `native` is False: torch's
+    kernel then) and bias is not None."""
     if native and bf16_attention.supports(q):
         return bf16_attention.attend(q, k, v, limits, heads_first)
     if q.device.type == "cpu":  # the fused CPU kernel SDPA dispatches to, which also returns the log-sum-exp

@@ -11,7 +11,8 @@ Native path (bf16 compute on AMX CPUs, `ComputeWeights.native`): a lone request 
 transformer block as one call (`ChunkRun.block`, bf16_block.cpp) that reads the prefix and cached keys where
 they lie and takes the block-causal mask as per-query key limits; GEMMs (`bf16_gemm`) fuse bias, GELU and the
 residual add; causal convs read their taps in place from a time-major bf16 copy of their input (no im2col).
-Other batches keep the two-part attention above, on `bf16_attention`.
+Other batches keep the two-part attention above, on `bf16_attention` (which also serves bf16 compute on CPUs with
+AVX512-BF16 and no AMX, where torch's GEMMs run the rest).
 
 Legend: R requests, n new frames (padded), C channels, D transformer width, H heads, E head width.
 """
@@ -40,7 +41,7 @@ class ChunkRun:
         self.cache_dtype = cache_dtype
         self.compute = compute
         # our bf16 attention kernel runs unless the compute weights were told to keep off the native kernels
-        self._native = compute is None or compute.native is not False
+        self._native = compute is None or compute.native_attention
         self.lens = lens
         self.keeps = keeps
         self.chunk = chunk

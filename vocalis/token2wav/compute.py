@@ -10,8 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vocalis.kernels import bf16_gemm
-from vocalis.kernels.cpu import has_amx
+from vocalis.kernels import bf16_attention, bf16_gemm
 from vocalis.models.flow.transformer import BasicTransformerBlock, SelfAttention
 
 # a layer's weights as its GEMM takes them: packed for the native bf16 GEMM, or (weight, bias) for torch's
@@ -26,10 +25,11 @@ class ComputeWeights:
     down, q/k/v fused into one GEMM, the feed-forward's 4D-wide hidden kept reduced between its two GEMMs; each
     result is widened to fp32 before it joins the residual stream. A k-tap causal conv is one GEMM over its k
     shifted inputs side by side (im2col). Norms, activations, the time embedding and the Euler state stay fp32,
-    and so does attention except on CPUs with AMX (`reduced_attention`). Without it (fp32, int8) the modules run
-    as they are."""
+    and so does attention except on CPUs that run our bf16 attention (`reduced_attention`). Without it (fp32,
+    int8) the modules run as they are."""
 
-    def __init__(self, dtype: torch.dtype, packed: bool | None = None, native: bool | None = None) -> None:
+    def __init__(self, dtype: torch.dtype, packed: bool | None = None, native: bool | None = None,
+                 native_attention: bool = True) -> None:
         if dtype not in (torch.bfloat16, torch.float16):
             raise ValueError(f"compute dtype must be bf16 or fp16, got {dtype}")
         self.kind = dtype
@@ -41,10 +41,12 @@ class ComputeWeights:
         # fused into the GEMM): 1.3-1.7x the plain bf16 GEMM at the estimator's shapes on AMX CPUs, which re-
         # order the weights on every call otherwise. Decided on first use (CPU tensors only).
         self.packed = packed
-        # Attention in the compute dtype too where the CPU has AMX tiles: its bf16 attention kernel is then the
-        # faster one, and q/k/v, the bf16 key/value caches and the output projection's input stay bf16 (no
-        # casts). Elsewhere (AVX512-BF16 alone) the CPU's fp32 attention kernel is the faster; GPUs keep fp32.
-        self.reduced_attention = dtype == torch.bfloat16 and has_amx()
+        # Attention in the compute dtype too where the CPU runs our bf16 attention (`bf16_attention`: AMX tiles,
+        # or AVX512-BF16 dot products): it is then the faster kernel, and q/k/v, the bf16 key/value caches and the
+        # output projection's input stay bf16 (no casts). Elsewhere torch's fp32 attention; GPUs keep fp32.
+        self.reduced_attention = dtype == torch.bfloat16 and bf16_attention.kernel() is not None
+        # whether that attention runs on our kernel (False: torch's, on the same bf16 inputs)
+        self.native_attention = native_attention
         self._cache: dict[int, tuple[nn.Module, Gemm]] = {}
         self._blocks: dict[int, tuple[nn.Module, bf16_gemm.BlockWeights | None]] = {}
 

@@ -62,8 +62,9 @@ class Token2WavConfig:
     flow_steps: Euler steps of every flow solve (streaming chunks, voice prefixes, whole passes), a speed/quality
     setting: the flow's cost is proportional to it, and fewer steps land the mel further from the model's own
     count (mel error against 10 steps: docs/benchmarks.md). None: the model's `cfm.n_timesteps` (10 for CosyVoice 2).
-    native_kernels: let the incremental estimator run its bf16 GEMMs on the native kernel where the CPU has one
-    (AMX); False keeps torch's GEMMs (the runtime's `KernelConfig.bf16_gemm`, VOCALIS_BF16_GEMM=0, sets it).
+    native_kernels: let the incremental estimator run its bf16 GEMMs (AMX) and its bf16 attention (AMX or
+    AVX512-BF16) on our native kernels where the CPU has them; False keeps torch's (the runtime's
+    `KernelConfig.bf16_gemm`, VOCALIS_BF16_GEMM=0, sets it).
     vocoder_window: CosyVoice 3's causal HiFT decodes, per streaming call, only the new samples' frames and the
     frames that can reach them (`token2wav.cv3_vocoder`): linear in the stream's length, the same samples to float
     rounding. False re-runs it over all mel so far, as the official pipeline does (quadratic).

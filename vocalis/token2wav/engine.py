@@ -125,7 +125,7 @@ class Token2WavEngine:
             native = self.config.native_kernels and bf16_gemm.serves(dtype, self.flow.input_embedding.weight.device)
             if native:
                 log.info("token2wav estimator (incremental path): native bf16 kernels, one call per transformer block")
-            return ComputeWeights(dtype, native=native)
+            return ComputeWeights(dtype, native=native, native_attention=self.config.native_kernels)
         # int8 (fbgemm Linear layers) keeps the modules: bf16 conv GEMMs around them measured no faster
         return None
 

@@ -1,5 +1,7 @@
-// bf16 attention for the token2wav estimator on AMX CPUs: out = softmax(q k^T * scale, keys past each query's
-// limit hidden) v, with each query's log-sum-exp, on oneDNN's tile kernel (torch's `cpublas::brgemm`).
+// bf16 attention for the token2wav estimator: out = softmax(q k^T * scale, keys past each query's limit hidden) v,
+// with each query's log-sum-exp. Its two products run on oneDNN's tile kernel (torch's `cpublas::brgemm`) on AMX
+// CPUs, or on our own AVX512-BF16 dot-product loops (`vdpbf16ps`) on CPUs with that and no tiles, where the
+// brgemm call and torch's fp32 fused attention both run well below the CPU's bf16 rate.
 //
 // Why not torch's fused CPU attention: at the estimator's sizes (a first chunk: 2 x 8 heads, 100 queries over
 // 200 keys of 64) a call costs ~0.3 ms alone and ~0.47 ms in a token2wav step, several times its arithmetic;
@@ -12,6 +14,8 @@
 // keys), softmax in fp32 (exp to ~1e-7 relative), the unnormalized weights rounded to bf16, p v in fp32, scaled by
 // 1 / sum and rounded to bf16. A query that sees no key gets zeros and log-sum-exp -1e10 (finite, as the -1e10
 // additive mask gives: such rows are padding, and a NaN there would reach real rows through 0 * NaN).
+
+#include <cstring>
 
 namespace bf16attn {
 
@@ -105,8 +109,79 @@ inline void pack_values(const Problem& pr, int64_t b, int64_t h, int64_t need, i
   }
 }
 
-// The attention of one problem over the thread pool, one (batch row, head) per work item.
-void run(const Problem& pr) {
+// The two products on AVX512-BF16 (`vdpbf16ps`: 16 fp32 lanes, each += the dot product of one bf16 pair of
+// each operand), reading the operands in the layouts the tile kernel takes: the A row's pair (2 bf16 as one
+// 32-bit lane) broadcast against 16 B columns' pairs. Blocks of up to kDotRows rows x 4 x 16 columns, all
+// accumulators in registers.
+constexpr int kDotRows = 6;
+
+#define VOCALIS_BF16_DOT __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+
+inline int32_t pair_at(const at::BFloat16* p) {  // two adjacent bf16 as one 32-bit lane
+  int32_t v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+// c[r][0, 16 NC) = sum over pairs j < pairs of a[r][2j, 2j + 2] . b[j][...] for rows r < MR: a (MR rows at
+// stride lda, bf16), b (pairs rows of ldb 32-bit pairs), c (fp32, stride ldc), overwritten.
+template <int MR, int NC>
+VOCALIS_BF16_DOT void dot_block(const at::BFloat16* a, int64_t lda, const uint32_t* b, int64_t ldb, int64_t pairs,
+                                float* c, int64_t ldc) {
+  __m512 acc[MR][NC];
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 4
+    for (int j = 0; j < NC; ++j) acc[r][j] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < pairs; ++k) {
+    __m512bh bv[NC];
+#pragma GCC unroll 4
+    for (int j = 0; j < NC; ++j) bv[j] = (__m512bh)_mm512_loadu_si512(b + k * ldb + 16 * j);
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) {
+      const __m512bh av = (__m512bh)_mm512_set1_epi32(pair_at(a + r * lda + 2 * k));
+#pragma GCC unroll 4
+      for (int j = 0; j < NC; ++j) acc[r][j] = _mm512_dpbf16_ps(acc[r][j], av, bv[j]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 4
+    for (int j = 0; j < NC; ++j) _mm512_storeu_ps(c + r * ldc + 16 * j, acc[r][j]);
+}
+
+template <int NC>
+void dot_rows(int64_t m, const at::BFloat16* a, int64_t lda, const uint32_t* b, int64_t ldb, int64_t pairs, float* c,
+              int64_t ldc) {
+  int64_t r = 0;
+  for (; r + kDotRows <= m; r += kDotRows)
+    dot_block<kDotRows, NC>(a + r * lda, lda, b, ldb, pairs, c + r * ldc, ldc);
+  switch (m - r) {
+    case 5: dot_block<5, NC>(a + r * lda, lda, b, ldb, pairs, c + r * ldc, ldc); break;
+    case 4: dot_block<4, NC>(a + r * lda, lda, b, ldb, pairs, c + r * ldc, ldc); break;
+    case 3: dot_block<3, NC>(a + r * lda, lda, b, ldb, pairs, c + r * ldc, ldc); break;
+    case 2: dot_block<2, NC>(a + r * lda, lda, b, ldb, pairs, c + r * ldc, ldc); break;
+    case 1: dot_block<1, NC>(a + r * lda, lda, b, ldb, pairs, c + r * ldc, ldc); break;
+    default: break;
+  }
+}
+
+// c (m x 16 cols, stride ldc) = a (m x 2 pairs, stride lda) . b ([pairs][ldb] 32-bit pairs), cols a multiple of 16
+void dot_product(int64_t m, int64_t cols, const at::BFloat16* a, int64_t lda, const uint32_t* b, int64_t ldb,
+                 int64_t pairs, float* c, int64_t ldc) {
+  for (int64_t j = 0; j < cols; j += 64) {
+    switch (std::min<int64_t>(cols - j, 64) / 16) {
+      case 4: dot_rows<4>(m, a, lda, b + j, ldb, pairs, c + j, ldc); break;
+      case 3: dot_rows<3>(m, a, lda, b + j, ldb, pairs, c + j, ldc); break;
+      case 2: dot_rows<2>(m, a, lda, b + j, ldb, pairs, c + j, ldc); break;
+      default: dot_rows<1>(m, a, lda, b + j, ldb, pairs, c + j, ldc); break;
+    }
+  }
+}
+
+// The attention of one problem over the thread pool, one (batch row, head) per work item; `dot`: the products on
+// the AVX512-BF16 loops above instead of the tile kernel.
+void run(const Problem& pr, bool dot) {
   const int64_t B = pr.B, H = pr.H, n = pr.n, E = pr.E, L = pr.L;
   const int64_t Ep = (E + 15) / 16 * 16;  // the value panel's width
   const int64_t Lk = round_up(std::max<int64_t>(L, 1), kKeyPanel);
@@ -135,9 +210,15 @@ void run(const Problem& pr) {
         for (int64_t r = 0; r < mq; ++r) tile_need = std::max(tile_need, limit(i0 + r));
         const int64_t lt = std::max<int64_t>(round_up(tile_need, kKeyPanel), kKeyPanel);
         if (tile_need > 0) {
-          for (int64_t p = 0; p < lt / kKeyPanel; ++p)
-            at::native::cpublas::brgemm(mq, kKeyPanel, E, pr.qi, kKeyPanel, lt, false, qb + i0 * pr.qi,
-                                        kt.data() + p * kKeyPanel * E, s.data() + p * kKeyPanel, true);
+          for (int64_t p = 0; p < lt / kKeyPanel; ++p) {
+            if (dot)
+              dot_product(mq, kKeyPanel, qb + i0 * pr.qi, pr.qi,
+                          reinterpret_cast<const uint32_t*>(kt.data() + p * kKeyPanel * E), kKeyPanel, E / 2,
+                          s.data() + p * kKeyPanel, lt);
+            else
+              at::native::cpublas::brgemm(mq, kKeyPanel, E, pr.qi, kKeyPanel, lt, false, qb + i0 * pr.qi,
+                                          kt.data() + p * kKeyPanel * E, s.data() + p * kKeyPanel, true);
+          }
         }
         for (int64_t r = 0; r < mq; ++r) {
           const int64_t lim_r = tile_need > 0 ? limit(i0 + r) : 0;
@@ -172,8 +253,13 @@ void run(const Problem& pr) {
           sums[r] = _mm512_reduce_add_ps(vsum);
           if (pr.lse) pr.lse[(b * H + h) * n + i0 + r] = mx + std::log(_mm512_reduce_add_ps(vexact));
         }
-        if (tile_need > 0)
-          at::native::cpublas::brgemm(mq, Ep, lt, lt, Ep, Ep, false, pw.data(), vt.data(), acc.data(), true);
+        if (tile_need > 0) {
+          if (dot)
+            dot_product(mq, Ep, pw.data(), lt, reinterpret_cast<const uint32_t*>(vt.data()), Ep, lt / 2, acc.data(),
+                        Ep);
+          else
+            at::native::cpublas::brgemm(mq, Ep, lt, lt, Ep, Ep, false, pw.data(), vt.data(), acc.data(), true);
+        }
         for (int64_t r = 0; r < mq; ++r) {
           at::BFloat16* dst = pr.out + b * pr.ob + h * pr.oh + (i0 + r) * pr.oi;
           const __m512 inv = _mm512_set1_ps(sums[r] > 0.0f ? 1.0f / sums[r] : 0.0f);
@@ -185,7 +271,7 @@ void run(const Problem& pr) {
         }
       }
     }
-    at::native::cpublas::brgemm_release();
+    if (!dot) at::native::cpublas::brgemm_release();
   });
 }
 
@@ -203,7 +289,7 @@ std::pair<const int32_t*, int64_t> limits_of(const torch::Tensor& limits, int64_
 // Returns out bf16, (B, H, n, E) when heads_first else (B, n, H, E), and lse fp32 (B, H, n).
 std::vector<torch::Tensor> attention(const torch::Tensor& q, const std::vector<torch::Tensor>& ks,
                                      const std::vector<torch::Tensor>& vs, const torch::Tensor& limits, double scale,
-                                     bool heads_first) {
+                                     bool heads_first, bool dot) {
   TORCH_CHECK(q.dim() == 4 && q.scalar_type() == at::kBFloat16 && q.stride(3) == 1, "attention: q (B, H, n, E) bf16");
   const int64_t B = q.size(0), H = q.size(1), n = q.size(2), E = q.size(3);
   TORCH_CHECK(E % 2 == 0 && E <= 64, "attention: head size must be even and <= 64, got ", E);
@@ -224,7 +310,7 @@ std::vector<torch::Tensor> attention(const torch::Tensor& q, const std::vector<t
   pr.oh = heads_first ? n * E : E;
   pr.oi = heads_first ? E : H * E;
   pr.lse = lse.data_ptr<float>();
-  run(pr);
+  run(pr, dot);
   return {out, lse};
 }
 

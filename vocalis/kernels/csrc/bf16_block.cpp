@@ -111,7 +111,7 @@ std::vector<torch::Tensor> block(torch::Tensor x, const torch::Tensor& ln1_w, co
   pr.segments.push_back(bf16attn::segment_of(k_new, v_new));
   pr.L += n;
   std::tie(pr.limits, pr.lim_row) = bf16attn::limits_of(limits, B, n);
-  bf16attn::run(pr);  // -> a (B, n, H, E) = (rows, H E)
+  bf16attn::run(pr, false);  // -> a (B, n, H, E) = (rows, H E) (AMX: the tile kernel)
   bf16gemm::run_tiles(ap, 1, 0, rows, HE, HE, out.data_ptr<at::BFloat16>(), out.size(0), D,
                       bias_of(out_bias, D, "output projection bias"), bf16gemm::kAddF32, xp);
   layer_norm_bf16(xp, rows, D, f32(ln3_w, D, "norm3 weight"), f32(ln3_b, D, "norm3 bias"), static_cast<float>(eps3), ap);
