@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from vocalis.config import PRESETS
-from vocalis.token2wav.config import CPU_STEP_BATCH, Token2WavConfig
+from vocalis.token2wav.config import Token2WavConfig
 from vocalis.token2wav.engine import Token2WavEngine
 from vocalis.token2wav.state import StreamState
 from vocalis.reference.token2wav import FlowPrompt, Token2Wav
@@ -206,7 +206,7 @@ def test_batched_equals_one_at_a_time(modules, alone) -> None:
 
 def test_a_step_takes_at_most_max_batch_and_the_rest_follow_unchanged(modules, alone) -> None:
     """More streams ready than one step takes: the rest run in the next steps, oldest first, with the same audio
-    as alone; on a CPU a step's default width is `CPU_STEP_BATCH`."""
+    as alone."""
     engine = Token2WavEngine(*modules, replace(EXACT, max_batch=2))
     states = [_make(engine, s) for s in SPECS]
     for state, spec in zip(states, SPECS):  # every stream has its whole input: all are ready at once
@@ -219,7 +219,6 @@ def test_a_step_takes_at_most_max_batch_and_the_rest_follow_unchanged(modules, a
         out[chunk.request_id].insert(0, chunk.samples)
     for spec in SPECS:
         _assert_chunks_equal(out[spec[0]], alone[spec[0]][0])
-    assert Token2WavEngine(*modules, EXACT).max_batch == CPU_STEP_BATCH
 
 
 def test_offline_request_matches_reference_offline(modules, alone) -> None:

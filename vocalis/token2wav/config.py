@@ -22,6 +22,11 @@ import torch
 FINAL_ATTENTION = ("causal", "full")
 CACHE_DTYPES = {None: None, "bf16": torch.bfloat16, "fp16": torch.float16}
 GPU_STEP_BATCH, CPU_STEP_BATCH = 16, 2  # `Token2WavConfig.max_batch` when it is None
+# ...except a CPU with a small flow estimator (fewer parameters than SMALL_ESTIMATOR), whose steps are bound by
+# per-call overheads rather than arithmetic, so wider steps finish more audio per second there; not much wider:
+# wider steps vary the GEMMs' row counts more, and oneDNN keeps a compiled primitive per shape (up to 1024), so a
+# server's idle RSS would keep growing for several rounds
+SMALL_ESTIMATOR, CPU_SMALL_STEP_BATCH = 20_000_000, 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,8 +38,9 @@ class Token2WavConfig:
     0 disables prefix reuse altogether (every request computes its prompt). One costs ~4.6 MB per prompt mel
     frame at the 0.5B shapes in fp32 (half in bf16).
     max_batch: most requests in one step (the rest wait for the next step, oldest first as given). None:
-    `GPU_STEP_BATCH` on a GPU, `CPU_STEP_BATCH` on a CPU, where wider steps finished less audio per second
-    (docs/benchmarks.md, "Requests per token2wav step").
+    `GPU_STEP_BATCH` on a GPU; on a CPU `CPU_STEP_BATCH`, where wider steps finished less audio per second at the
+    0.5B shapes, or `CPU_SMALL_STEP_BATCH` for an estimator under `SMALL_ESTIMATOR` parameters (the tiny and
+    built-in shapes), where they finished more (docs/benchmarks.md, "Requests per token2wav step").
     cache_dtype: "bf16" (default) / "fp16" store the estimator's cached keys/values reduced: half the memory,
     mel max rel error 3.6e-5 at the 0.5B shapes (random weights); None keeps the compute dtype (exact).
     dit_cache_dtype: the same for CosyVoice 3's DiT caches, exact (None) by default: its streamed audio moved by
@@ -101,11 +107,14 @@ class Token2WavConfig:
                                             or self.flow_steps < 1):
             raise ValueError(f"flow_steps must be >= 1 (or None for the model's own count), got {self.flow_steps!r}")
 
-    def step_batch(self, device: torch.device) -> int:
-        """`max_batch`, or the device's default when it is None."""
+    def step_batch(self, device: torch.device, estimator_params: int | None = None) -> int:
+        """`max_batch`, or the default for the device and the flow estimator's size (parameters; None: large)."""
         if self.max_batch is not None:
             return self.max_batch
-        return GPU_STEP_BATCH if device.type == "cuda" else CPU_STEP_BATCH
+        if device.type == "cuda":
+            return GPU_STEP_BATCH
+        small = estimator_params is not None and estimator_params < SMALL_ESTIMATOR
+        return CPU_SMALL_STEP_BATCH if small else CPU_STEP_BATCH
 
     def cache_budget_bytes(self, device: torch.device) -> int:
         """`max_cache_mib` in bytes, or a quarter of the device's memory when it is None."""

@@ -134,7 +134,8 @@ class CV3Token2WavEngine:
         self.chunk_frames = flow.estimator.config.static_chunk_size
         self.cache_dtype = CACHE_DTYPES[self.config.dit_cache_dtype]
         self.cache_budget = self.config.cache_budget_bytes(flow.input_embedding.weight.device)
-        self.max_batch = self.config.step_batch(flow.input_embedding.weight.device)
+        self.max_batch = self.config.step_batch(flow.input_embedding.weight.device,
+                                                sum(p.numel() for p in flow.estimator.parameters()))
         self._live: weakref.WeakSet[CV3StreamState] = weakref.WeakSet()
         self._voices: OrderedDict[str, list[DiTCache]] = OrderedDict()  # voice key -> prefix caches per Euler step
         self.held = 0  # streams waiting for cache room after the last step (`wait_for_cache`)

@@ -110,7 +110,8 @@ class Token2WavEngine:
         self._voices: OrderedDict[str, VoicePrefix] = OrderedDict()
         self._live: weakref.WeakSet[StreamState] = weakref.WeakSet()
         self.cache_budget = self.config.cache_budget_bytes(flow.input_embedding.weight.device)
-        self.max_batch = self.config.step_batch(flow.input_embedding.weight.device)
+        self.max_batch = self.config.step_batch(flow.input_embedding.weight.device,
+                                                sum(p.numel() for p in self.estimator.parameters()))
         self.held = 0  # streams waiting for cache room after the last step
 
     def _compute_weights(self) -> ComputeWeights | None:
