@@ -32,6 +32,18 @@ def per_call_ms(fn: Callable[[], object], seconds: float) -> float:
     return elapsed / calls * 1e3
 
 
+def sides(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> dict[str, Callable[[], object]]:
+    """Each kernel's call on q, k, v (fp32) or their bf16 copies."""
+    qb, kb, vb = q.bfloat16(), k.bfloat16(), v.bfloat16()
+    calls: dict[str, Callable[[], object]] = {
+        "torch fp32": lambda: torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v),
+        "torch bf16": lambda: torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(qb, kb, vb),
+    }
+    for which in bf16_attention.kernels():
+        calls[f"ours {which}"] = lambda which=which: bf16_attention.attend(qb, kb, vb, None, which=which)
+    return calls
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--threads", type=int, default=2)
@@ -44,15 +56,8 @@ def main() -> None:
     for rows, n, length in SHAPES:
         q = torch.randn(rows, n, 3, HEADS, HEAD_DIM, generator=g)[:, :, 0].transpose(1, 2)  # (B, H, n, E), strided
         k, v = (torch.randn(rows, HEADS, length, HEAD_DIM, generator=g) for _ in range(2))
-        qb, kb, vb = q.bfloat16(), k.bfloat16(), v.bfloat16()
         flops = 4 * rows * HEADS * n * length * HEAD_DIM
-        sides: dict[str, Callable[[], object]] = {
-            "torch fp32": lambda: torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v),
-            "torch bf16": lambda: torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(qb, kb, vb),
-        }
-        for which in bf16_attention.kernels():
-            sides[f"ours {which}"] = lambda which=which: bf16_attention.attend(qb, kb, vb, None, which=which)
-        for name, fn in sides.items():
+        for name, fn in sides(q, k, v).items():
             ms = per_call_ms(fn, args.seconds)
             print(f"{rows} x {n} x {length} | {name} | {ms:.3f} | {flops / ms / 1e6:.0f}")
 

@@ -10,9 +10,9 @@ a tile's limits are skipped and the rest weighted exactly 0.
 Math: scores q k^T in fp32, scaled, softmax in fp32 (exp to ~1e-7 relative), weights rounded to bf16 before
 p v (fp32 accumulation), normalized by the sum of the rounded weights, output rounded to bf16; the log-sum-exp
 of the scaled scores (for `token2wav.attention.merge`). A query with no visible key: zeros, log-sum-exp -1e10.
-"tile" runs where `bf16_gemm.available()` (same kernel, same conditions), "dot" where the CPU level in use is
-AVX-512 with AVX512-BF16 and no AMX (an AMX CPU forced below it, `VOCALIS_CPU_ISA=avx512_vnni`, runs it too);
-either needs an even head size of at most 64.
+"tile" runs where `bf16_gemm.available()` (same kernel, same conditions), "dot" wherever the CPU has AVX512-BF16
+at an AVX-512 level; "dot" is the default where "tile" does not run (no AMX, or an AMX CPU forced below it with
+`VOCALIS_CPU_ISA=avx512_vnni`). Either needs an even head size of at most 64.
 Legend: B batch rows, H heads, n queries, L keys, E head size.
 """
 
@@ -24,8 +24,6 @@ from vocalis.kernels import bf16_gemm, build, cpu
 
 _ALL_VISIBLE = torch.empty(0, dtype=torch.int32)
 KERNELS = ("tile", "dot")
-
-
 _kernels: tuple[str, ...] | None = None  # decided on first use
 
 

@@ -269,10 +269,8 @@ def apply_backend(model: object, backend: str = "torch", precision: str = "fp32"
             notes.append(f"{n} flow-estimator Linear layers bf16 ({why} here), the rest fp32")
     if estimator_bf16 and torch.device(device).type == "cpu":  # what the token2wav engine's estimator attends with
         which = bf16_attention.kernel()
-        if which is None:
-            notes.append("estimator attention fp32 (torch's kernel)")
-        else:
-            notes.append(f"estimator attention bf16 ({f'our {which} kernel' if kernels.bf16_gemm else 'torch kernel'})")
+        how = "torch's kernel" if which is None or not kernels.bf16_gemm else f"our {which} kernel"
+        notes.append(f"estimator attention {'fp32' if which is None else 'bf16'} ({how})")
     if hift_reduced is None:
         hift_reduced = has_amx()
     if hift_reduced and precision in ("bf16", "int8") and backend != "onnx" and torch.device(device).type == "cpu":
