@@ -166,7 +166,8 @@ void dot_rows(int64_t m, const at::BFloat16* a, int64_t lda, const uint32_t* b, 
   }
 }
 
-// c (m x 16 cols, stride ldc) = a (m x 2 pairs, stride lda) . b ([pairs][ldb] 32-bit pairs), cols a multiple of 16
+// c (m x cols, stride ldc) = a (m rows of 2 * pairs bf16, stride lda) . b ([pairs][ldb] 32-bit pairs); cols a
+// multiple of 16
 void dot_product(int64_t m, int64_t cols, const at::BFloat16* a, int64_t lda, const uint32_t* b, int64_t ldb,
                  int64_t pairs, float* c, int64_t ldc) {
   for (int64_t j = 0; j < cols; j += 64) {
