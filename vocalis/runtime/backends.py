@@ -70,6 +70,7 @@ from vocalis.kernels import bf16_attention, cpu
 from vocalis.precision.config import KernelConfig
 from vocalis.precision.dynamic_int8 import quantize_estimator_int8
 from vocalis.precision.layers import cast_hift_convs, cast_linears, quantize_linears_int8
+from vocalis.token2wav.compute import ComputeWeights
 
 if TYPE_CHECKING:
     from vocalis.engine.config import EngineConfig
@@ -222,7 +223,6 @@ def apply_backend(model: object, backend: str = "torch", precision: str = "fp32"
     llm, flow, hift = model.llm, model.flow, model.hift  # type: ignore[attr-defined]
     estimator = flow.decoder.estimator
     notes: list[str] = []
-    estimator_bf16 = False  # the flow estimator's Linears cast to bf16 below
     # Exports read the fp32 modules, so they come before the torch modules are cast or quantized; the wrappers
     # keep the torch estimator (for the token2wav engine's cached path), which is then changed in place.
     if backend == "onnx":
@@ -246,7 +246,6 @@ def apply_backend(model: object, backend: str = "torch", precision: str = "fp32"
     elif precision in _DTYPES:
         n = cast_linears(llm, _DTYPES[precision]) + cast_linears(estimator, _DTYPES[precision])
         notes.append(f"{n} LLM + flow-estimator Linear layers in {precision}, the rest fp32")
-        estimator_bf16 = precision == "bf16"
     elif precision == "int8":
         from vocalis.precision.int8_linear import available, int8_linears
         from vocalis.precision.int8_linear import layout as int8_layout
@@ -264,10 +263,10 @@ def apply_backend(model: object, backend: str = "torch", precision: str = "fp32"
             notes.append(f"{n} flow-estimator Linear layers int8 (dynamic), the rest fp32")
         else:
             n = cast_linears(estimator, torch.bfloat16)
-            estimator_bf16 = True
             why = "AMX: faster than int8" if has_amx() else "native bf16: as fast as int8, closer to fp32"
             notes.append(f"{n} flow-estimator Linear layers bf16 ({why} here), the rest fp32")
-    if estimator_bf16 and torch.device(device).type == "cpu":  # what the token2wav engine's estimator attends with
+    # what the token2wav engine's estimator attends with, where its compute is bf16 on the CPU
+    if torch.device(device).type == "cpu" and ComputeWeights.dtype_for(estimator) == torch.bfloat16:
         which = bf16_attention.kernel()
         how = "torch's kernel" if which is None or not kernels.bf16_gemm else f"our {which} kernel"
         notes.append(f"estimator attention {'fp32' if which is None else 'bf16'} ({how})")

@@ -12,6 +12,7 @@ from torch import nn
 
 from vocalis.kernels import bf16_attention, bf16_gemm
 from vocalis.models.flow.transformer import BasicTransformerBlock, SelfAttention
+from vocalis.precision.layers import CastLinear
 
 # a layer's weights as its GEMM takes them: packed for the native bf16 GEMM, or (weight, bias) for torch's
 Gemm = bf16_gemm.PackedWeight | tuple[torch.Tensor, torch.Tensor | None]
@@ -139,6 +140,15 @@ class ComputeWeights:
         cols = src if k == 1 else torch.cat([src[:, j : j + n] for j in range(k)], dim=2)  # (B, n, k * C_in)
         y = self._run(gemm, cols.reshape(-1, k * c_in))  # (B * n, C_out)
         return y.view(full.shape[0], n, c_out).transpose(1, 2).float()
+
+    @staticmethod
+    def dtype_for(estimator: nn.Module) -> torch.dtype | None:
+        """The dtype the engine's reduced compute runs `estimator` in: the one dtype of its `CastLinear` weights
+        when that is bf16 or fp16 and every Linear holds float weights (`supports`); None: the modules as they are
+        (fp32, or int8 Linears)."""
+        dtypes = {m.weight.dtype for m in estimator.modules() if isinstance(m, CastLinear)}
+        dtype = next(iter(dtypes)) if len(dtypes) == 1 else None
+        return dtype if dtype in (torch.bfloat16, torch.float16) and ComputeWeights.supports(estimator) else None
 
     @staticmethod
     def supports(estimator: nn.Module) -> bool:

@@ -49,7 +49,6 @@ from vocalis.frontend.prompt import FlowPrompt
 from vocalis.kernels import bf16_gemm
 from vocalis.models.flow.flow import CausalMaskedDiffWithXvec
 from vocalis.models.hift.generator import HiFTGenerator
-from vocalis.precision.layers import CastLinear
 from vocalis.token2wav.cache_room import CacheRoom
 from vocalis.token2wav.compute import ComputeWeights
 from vocalis.token2wav.config import CACHE_DTYPES, Token2WavConfig
@@ -118,10 +117,8 @@ class Token2WavEngine:
         """Reduced-dtype compute for the incremental estimator when a backend reduced its Linear weights."""
         if self.config.compute == "modules":
             return None
-        dtypes = {m.weight.dtype for m in self.estimator.modules() if isinstance(m, CastLinear)}
-        if len(dtypes) == 1 and next(iter(dtypes)) in (torch.bfloat16, torch.float16) \
-                and ComputeWeights.supports(self.estimator):
-            dtype = dtypes.pop()
+        dtype = ComputeWeights.dtype_for(self.estimator)
+        if dtype is not None:
             # decided here, at load, so a first use of the native kernels (built once per machine) is no request's
             native = self.config.native_kernels and bf16_gemm.serves(dtype, self.flow.input_embedding.weight.device)
             if native:
