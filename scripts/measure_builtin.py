@@ -87,11 +87,16 @@ def _load_part(module, path: Path | None, flag: str, rows: str):  # -> the modul
 
 
 def load_hift(path: Path | None, rows: str = "L1"):  # -> HiFTGenerator
-    """The built-in preset's HiFT."""
-    from vocalis.config import PRESETS
-    from vocalis.models.hift.generator import HiFTGenerator
+    """The built-in preset's HiFT, at the width its weights were trained at."""
+    from safetensors.torch import load_file
 
-    return _load_part(HiFTGenerator(PRESETS["builtin-phones"].hift), path, "--hift", rows)
+    from vocalis.config import PRESETS
+    from vocalis.models.hift.generator import HiFTGenerator, hift_config_for
+
+    config = PRESETS["builtin-phones"].hift
+    if path is not None and path.is_file():
+        config = hift_config_for(load_file(str(path)), config)
+    return _load_part(HiFTGenerator(config), path, "--hift", rows)
 
 
 def load_flow(path: Path | None, rows: str = "L2"):  # -> CausalMaskedDiffWithXvec

@@ -174,21 +174,40 @@ def save_gate(run_dir: Path, out: Path, part: str = "hift") -> Path:
     return path
 
 
-def start_from_ladder(run: Path, rung: str, part: str) -> list[str]:
-    """On a machine without checkpoints, start `part` from the committed weights of `rung` (fp16 -> fp32, a new
-    optimizer and schedule): the training state that outlives the machine. [] when there is nothing to start from."""
+def start_from_ladder(run: Path, rung: str, part: str, run_dir: Path | None = None,
+                      hift_channels: int | None = None) -> list[str]:
+    """On a machine without checkpoints in `run_dir` (default RUN/<part>), start `part` from the committed weights of
+    `rung` (fp16 -> fp32, a new optimizer and schedule): the training state that outlives the machine. With
+    `hift_channels` wider than the committed vocoder, its weights are widened first (`vocalis.train.widen`: the wide
+    vocoder starts with the narrow one's output). [] when there is nothing to start from."""
     import torch
     from safetensors.torch import load_file
 
+    from vocalis.config import PRESETS
+    from vocalis.models.hift.generator import hift_config_for
     from vocalis.train import checkpointing as ckpt
+    from vocalis.train.widen import widen_hift
 
     src = LADDER / rung / f"{part}.safetensors"
-    if ckpt.list_checkpoints(run / part) or not src.is_file():
+    if ckpt.list_checkpoints(run_dir or run / part) or not src.is_file():
         return []
-    init = run / f"{part}-{rung}-init.pt"
-    torch.save({"models": {part: {k: v.float() for k, v in load_file(str(src)).items()}}}, init)
-    log(f"{part}: no checkpoint in {run / part}; starting from the committed {rung} weights ({src.name})")
+    state = {k: v.float() for k, v in load_file(str(src)).items()}
+    tag = rung
+    if part == "hift" and hift_channels is not None:
+        config = hift_config_for(state, PRESETS["builtin"].hift)
+        if config.base_channels != hift_channels:
+            state, _ = widen_hift(state, config, hift_channels)
+            tag = f"{rung}-c{hift_channels}"
+            log(f"hift: the committed {rung} vocoder widened {config.base_channels} -> {hift_channels} channels")
+    init = run / f"{part}-{tag}-init.pt"
+    torch.save({"models": {part: state}}, init)
+    log(f"{part}: no checkpoint in {run_dir or run / part}; starting from the committed {rung} weights ({src.name})")
     return [f"model.checkpoint={init}"]
+
+
+def hift_dir(run: Path, channels: int | None) -> Path:
+    """The vocoder's run folder: RUN/hift at the preset's width, RUN/hift-c<N> for a wider one."""
+    return run / "hift" if channels is None else run / f"hift-c{channels}"
 
 
 def assemble(run: Path, out: Path, weights: dict[str, Path]) -> Path:
@@ -210,7 +229,14 @@ def assemble(run: Path, out: Path, weights: dict[str, Path]) -> Path:
     from vocalis.model_dir import BUNDLED_TOKENIZER, random_model, save_vocalis
     from vocalis.models.speech_tokenizer.labeller import FrameLabeller, labeller_config, save_labeller
 
+    from dataclasses import replace
+
+    from vocalis.models.hift.generator import HiFTGenerator, hift_config_for
+
     model = random_model("builtin-phones")
+    hift_config = hift_config_for(load_file(str(weights["hift"])), model.config.hift)
+    if hift_config != model.config.hift:  # a vocoder widened from the preset's
+        model = replace(model, config=replace(model.config, hift=hift_config), hift=HiFTGenerator(hift_config).eval())
     modules = {"llm": model.llm, "flow": model.flow, "hift": model.hift}
     if "labeller" in weights:
         modules["labeller"] = FrameLabeller(labeller_config("builtin", PHONE_LABELS))
@@ -259,6 +285,9 @@ def main() -> int:
     ap.add_argument("--hift-set", action="append", default=[], metavar="KEY=VALUE",
                     help="an override after the L1 settings (repeatable), e.g. an annealed learning rate when "
                          "continuing from the committed weights")
+    ap.add_argument("--hift-channels", type=int, metavar="N",
+                    help="L1 at N base channels (a multiple of the preset's 64) in RUN/hift-c<N>, starting from the "
+                         "committed vocoder widened to N; with --gate L1: gate that run")
     ap.add_argument("--device", default="cpu", help="cpu or cuda (every trainer)")
     ap.add_argument("--only", nargs="*", help="run only these stages")
     ap.add_argument("--gate", choices=tuple(PARTS), help="write the rung's fp16 weights to RUN/gates/<rung> and stop")
@@ -290,7 +319,8 @@ def main() -> int:
             install_gate(run, args.gate)
         else:
             part = PARTS[args.gate]
-            save_gate(run / part, run / "gates" / args.gate, part)
+            src = hift_dir(run, args.hift_channels) if part == "hift" else run / part
+            save_gate(src, run / "gates" / args.gate, part)
         return 0
 
     if stage(run, "corpus", args.only):
@@ -307,9 +337,12 @@ def main() -> int:
         labels_stage(run)
         mark(run, "labels")
     if args.only is None or "hift" in args.only:
-        sets = HIFT_L1 + start_from_ladder(run, "L1", "hift") + args.hift_set
+        out = hift_dir(run, args.hift_channels)
+        sets = HIFT_L1 + start_from_ladder(run, "L1", "hift", out, args.hift_channels) + args.hift_set
+        if args.hift_channels is not None:
+            sets.append(f"model.hift_channels={args.hift_channels}")
         vocalis("train", "hift", "--data", str(run / "prep"),
-                *train_args(run / "hift", args.hift_steps, args.device, sets), pid_file=args.pid_file)
+                *train_args(out, args.hift_steps, args.device, sets), pid_file=args.pid_file)
     if (args.only is None and passes("L1")) or (args.only is not None and "flow" in args.only):
         labels_stage(run)  # a run labelled before the flow's x-vector size was known
         vocalis("train", "flow", "--data", str(run / "prep_labels"),

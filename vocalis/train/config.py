@@ -40,6 +40,11 @@ class ModelInitConfig:
     init_from: str | None = None  # a model directory (official CosyVoice2 or Vocalis) to fine-tune
     preset: str = "tiny"  # architecture of a random initialisation (when init_from is None)
     checkpoint: str | None = None  # a training checkpoint whose weights start this run (not a resume)
+    hift_channels: int | None = None  # HiFT base channels of a random initialisation when not the preset's
+
+    def __post_init__(self) -> None:
+        if self.hift_channels is not None and self.hift_channels < 8:
+            raise ValueError(f"model.hift_channels must be >= 8, got {self.hift_channels}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -120,6 +120,10 @@ def build_part(config: TrainConfig, part: str) -> tuple[nn.Module, ModelConfig]:
         if m.preset not in PRESETS:
             raise InputError(f"unknown preset {m.preset!r}; choose from {', '.join(PRESETS)}")
         model_config = PRESETS[m.preset]
+        if m.hift_channels is not None:
+            from dataclasses import replace
+
+            model_config = replace(model_config, hift=replace(model_config.hift, base_channels=m.hift_channels))
         module = _random_part(model_config, part)
     module.train().requires_grad_(True)
     if m.checkpoint:

@@ -222,6 +222,16 @@ class HiFTGenerator(nn.Module):
         return self.decode(speech_feat, s), s
 
 
+def hift_config_for(state: Mapping[str, torch.Tensor], base: HiFTConfig) -> HiFTConfig:
+    """`base` at the width that HiFT weights `state` were trained at (a vocoder widened from a preset's)."""
+    from dataclasses import replace
+
+    key = "conv_pre.parametrizations.weight.original1"
+    if key not in state:
+        raise ModelLoadError(f"HiFT weights have no {key}")
+    return replace(base, base_channels=int(state[key].shape[0]))  # (base_channels, C_mel, 7)
+
+
 def prepare_official_state_dict(
     sd: Mapping[str, torch.Tensor], model: nn.Module | None = None
 ) -> dict[str, torch.Tensor]:
