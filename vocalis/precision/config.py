@@ -20,8 +20,8 @@ class KernelConfig:
         torch's dynamic quantization (fbgemm), and `auto` does not pick int8 for the kernel's sake.
     int8_grain_bytes: weight bytes each thread of that kernel gets at least (0: split every GEMV over all threads).
     bf16_gemm: whether the token2wav estimator's bf16 GEMMs and attention may run on our kernels (GEMMs: AMX,
-        `kernels.bf16_gemm`; attention: AMX or AVX512-BF16, `kernels.bf16_attention`) rather than torch's
-        oneDNN ops; `apply_backend` records it
+        `kernels.bf16_gemm`; attention: AMX or AVX512-BF16, `kernels.bf16_attention`, and its fp32 attention on
+        AVX2 CPUs, `kernels.fp32_attention`) rather than torch's oneDNN ops; `apply_backend` records it
         in `Runtime.kernels` for the token2wav engine built over the model.
 
     Environment overrides (`with_env_overrides`, applied by `runtime.backends`): VOCALIS_INT8_KERNEL=0 and

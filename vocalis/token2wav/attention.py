@@ -5,7 +5,13 @@ from __future__ import annotations
 
 import torch
 
-from vocalis.kernels import bf16_attention
+from vocalis.kernels import bf16_attention, fp32_attention
+
+
+def runs_native(q: torch.Tensor) -> bool:
+    """Whether `attend(..., native=True)` runs q (B, H, n, E) on one of our kernels here (bf16 on AMX or
+    AVX512-BF16 CPUs, fp32 on AVX2 ones), which take the mask as per-query key limits."""
+    return bf16_attention.supports(q) or fp32_attention.supports(q)
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None,
@@ -14,10 +20,12 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor
     """Attention q (B, H, n, E) over k, v (B, H, L, E), additive bias (B, 1, n, L) or None -> output
     (B, H, n, E), or (B, n, H, E) when not heads_first, and the log-sum-exp of each query's scaled, biased
     scores (B, H, n), for `merge`. limits: the bias as per-query key limits (`bf16_attention.limits_of`),
-    required where `bf16_attention` runs (bf16 on AMX or AVX512-BF16 CPUs, unless `native` is False: torch's
-    kernel then) and bias is not None."""
+    required where our kernels run (`runs_native(q)`, unless `native` is False: torch's kernel then) and bias is not
+    None."""
     if native and bf16_attention.supports(q):
         return bf16_attention.attend(q, k, v, limits, heads_first)
+    if native and fp32_attention.supports(q):
+        return fp32_attention.attend(q, k, v, limits, heads_first)
     if q.device.type == "cpu":  # the fused CPU kernel SDPA dispatches to, which also returns the log-sum-exp
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, attn_mask=bias)
         return out if heads_first else out.transpose(1, 2).contiguous(), lse

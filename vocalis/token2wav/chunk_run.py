@@ -23,9 +23,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vocalis.kernels import bf16_attention, bf16_gemm
+from vocalis.kernels import bf16_attention, bf16_gemm, fp32_attention
 from vocalis.models.flow.transformer import SelfAttention
-from vocalis.token2wav.attention import attend, merge
+from vocalis.token2wav.attention import attend, merge, runs_native
 from vocalis.token2wav.compute import ComputeWeights
 from vocalis.token2wav.estimator_cache import EstimatorCache
 
@@ -40,7 +40,7 @@ class ChunkRun:
         self.caches = caches
         self.cache_dtype = cache_dtype
         self.compute = compute
-        # our bf16 attention kernel runs unless the compute weights were told to keep off the native kernels
+        # our attention kernels run unless the compute weights were told to keep off the native kernels
         self._native = compute is None or compute.native_attention
         self.lens = lens
         self.keeps = keeps
@@ -49,7 +49,7 @@ class ChunkRun:
         self.block_index = 0
         # the attention mask of the call, built by the first transformer block: (additive bias, or None when it
         # hides nothing; the same as per-query key limits for the native kernels, None where every key is visible
-        # or, for the two-part path's own keys, where `bf16_attention` does not run)
+        # or, for the two-part path's own keys, where none of our attention kernels runs)
         self._mask: tuple[torch.Tensor | None, torch.Tensor | None] | None = None
 
     def conv(self, conv: nn.Conv1d, x: torch.Tensor) -> torch.Tensor:
@@ -92,7 +92,7 @@ class ChunkRun:
                 bias[r, :, 0, :m] = torch.where(kj[None, :] < limit[:, None], 0.0, _MASK_BIAS).to(like.dtype)
             bias = (None if bool((bias == 0).all()) else bias.expand(rows // 2, 2, 1, n, width)
                     .reshape(rows, 1, n, width) if uniform else bias.view(rows, 1, n, width))
-            limits = None if bias is None or not bf16_attention.supports(like) else bf16_attention.limits_of(bias)
+            limits = None if bias is None or not runs_native(like) else bf16_attention.limits_of(bias)
             self._mask = (bias, limits)
         return self._mask[0]
 
@@ -119,7 +119,10 @@ class ChunkRun:
             reduced = self.compute.reduced_attention and x.device.type == "cpu"
             qkv = (qkv if reduced else qkv.float()).view(rows, n, 3, h, e)
             q, k, v = (qkv[:, :, j].transpose(1, 2) for j in range(3))  # (2R, H, n, E) each
-        if len(self.caches) == 1 or (_one_call(q) and self._uniform([c.num_frames for c in self.caches], n)):
+        # a uniform batch in bf16 on the CPU attends as one key sequence per request; fp32 keeps the two-part split,
+        # which reads a shared voice prefix once per call instead of copying it into every request's keys
+        bf16_cpu = q.dtype == torch.bfloat16 and q.device.type == "cpu"
+        if len(self.caches) == 1 or (bf16_cpu and self._uniform([c.num_frames for c in self.caches], n)):
             result = self._attention_whole(i, q, k, v)
         else:
             result = self._attention_batched(i, q, k, v)
@@ -189,7 +192,7 @@ class ChunkRun:
             kept_k, kept_v = self._stored(keys[:, :, p:]), self._stored(values[:, :, p:])
             for r, c in enumerate(self.caches):
                 c.keys[i], c.values[i] = kept_k[2 * r : 2 * r + 2], kept_v[2 * r : 2 * r + 2]
-        if _one_call(q):
+        if _one_call(q, self._native):
             bias = self._whole_bias(start, n, q)
             out, _ = attend(q, keys, values, None if bias is None else bias.expand(rows, -1, -1, -1),
                             self._mask[1], heads_first=False, native=self._native)
@@ -340,10 +343,13 @@ def _tail(left: torch.Tensor, x: torch.Tensor, m: int) -> torch.Tensor:
     return torch.cat([left[:, :, m:], x[:, :, :m]], dim=2)
 
 
-def _one_call(q: torch.Tensor) -> bool:
-    """Whether attention over a request's whole key sequence runs as one masked call (bf16 on the CPU, where
-    that beats both a call per block and the two-part split; fp32 keeps those)."""
-    return q.dtype == torch.bfloat16 and q.device.type == "cpu"
+def _one_call(q: torch.Tensor, native: bool) -> bool:
+    """Whether attention over a request's whole key sequence runs as one masked call (bf16 on the CPU, or fp32
+    where our fp32 kernel runs: it skips hidden keys by limits) rather than one call per block (fp32 on torch's
+    kernel, which works on every key under a mask)."""
+    if q.device.type != "cpu":
+        return False
+    return q.dtype == torch.bfloat16 or (native and fp32_attention.supports(q))
 
 
 def _prefix_frames(cache: EstimatorCache) -> int:
