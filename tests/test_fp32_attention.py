@@ -1,5 +1,5 @@
-"""Our fp32 attention for AVX2 CPUs (`vocalis.kernels.fp32_attention`), run at the AVX2 level (forced on CPUs with
-more), against float64 math: per-query key limits (block-causal and padding masks), queries with no visible key,
+"""Our fp32 attention (`vocalis.kernels.fp32_attention`), at this CPU's own level and at the AVX2 level (forced on
+CPUs with more: the other source set), against float64 math: per-query key limits (block-causal and padding masks), queries with no visible key,
 both output layouts, strided q/k/v, head sizes 8 to 128, keys given in pieces; and the estimator's `attend` taking
 it for fp32 inputs there.
 
@@ -14,13 +14,14 @@ import torch
 from vocalis.kernels import cpu, fp32_attention
 
 
-@pytest.fixture(autouse=True)
-def _avx2(force_cpu_level) -> None:
+@pytest.fixture(autouse=True, params=["own level", "avx2"])
+def _level(request, force_cpu_level) -> None:
     if not cpu.features().at_least("avx2"):
         pytest.skip("the fp32 attention kernel is AVX2 code")
-    force_cpu_level("avx2")
+    if request.param == "avx2":
+        force_cpu_level("avx2")
     if not fp32_attention.available():
-        pytest.skip("the native extension's avx2 set is not built here (no compiler?)")
+        pytest.skip("the native extension is not built here (no compiler?)")
 
 
 def _exact(q, k, v, limits):
@@ -85,7 +86,7 @@ def test_all_visible_shared_limits_and_key_pieces() -> None:
 
 
 def test_the_estimators_attend_takes_it_for_fp32() -> None:
-    """At the AVX2 level the estimator's `attend` runs fp32 inputs on this kernel (the bias as limits); with
+    """The estimator's `attend` runs fp32 inputs on this kernel (the bias as limits); with
     native=False (`Token2WavConfig.native_kernels` off), torch's fused kernel, within the same bound."""
     from vocalis.kernels import bf16_attention
     from vocalis.token2wav.attention import attend, runs_native
@@ -94,7 +95,7 @@ def test_the_estimators_attend_takes_it_for_fp32() -> None:
     q, k, v = (torch.randn(2, 4, 60, 64, generator=g) for _ in range(3))
     limits = ((torch.arange(60) // 25 + 1) * 25).clamp(max=60).int()[None]  # block-causal, blocks of 25
     bias = torch.where(torch.arange(60)[None] < limits[0, :, None], 0.0, -1e10)[None, None]  # (1, 1, n, L)
-    assert runs_native(q) and not bf16_attention.supports(q.bfloat16())
+    assert runs_native(q) and not bf16_attention.supports(q)  # fp32 q: not the bf16 kernels
     assert torch.equal(bf16_attention.limits_of(bias), limits)
     out, lse = attend(q, k, v, bias, limits)
     ours, ours_lse = fp32_attention.attend(q, k, v, limits)

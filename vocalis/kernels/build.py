@@ -4,7 +4,8 @@ Two source sets, one per instruction-set level, each compiled into one translati
 `torch.utils.cpp_extension.load_inline` (gcc + ninja) into torch's extension cache dir:
 - avx512 (where the CPU probe, `kernels.cpu`, reports AVX-512 F/BW/VL/DQ): the shared vector math, the int8 VNNI
   GEMV (its int8 path also needs VNNI), the decode step's vector pieces, the estimator's bf16 GEMM, attention
-  and transformer block (AMX), and the fused decoder-stack steps (int8 / fp32 / bf16) with the Python module;
+  and transformer block (AMX), its fp32 attention (the avx2 set's), and the fused decoder-stack steps
+  (int8 / fp32 / bf16) with the Python module;
 - avx2 (AVX2 + FMA + F16C): the same decode steps and int8 GEMV with 8-wide vectors (`*_avx2.cpp`), and the
   estimator's attention in fp32 (no bf16 arithmetic there).
 The decode steps' ISA-free part (decode_weights.cpp, decode_operands.cpp, int8_decode.cpp) and the Python module
@@ -32,8 +33,8 @@ _DECODE_STEP = ("decode_weights.cpp", "decode_operands.cpp", "int8_decode.cpp", 
 # and the ISA flags
 SOURCE_SETS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "avx512": (("vec_math.cpp", "int8_gemv.cpp", "decode_math.cpp", "bf16_gemm.cpp", "bf16_attention.cpp",
-                "bf16_block.cpp", *_DECODE_STEP),
-               ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni")),
+                "bf16_block.cpp", "vec_math_avx2.cpp", "fp32_attention_avx2.cpp", *_DECODE_STEP),
+               ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni", "-mfma")),
     "avx2": (("vec_math_avx2.cpp", "int8_gemv_avx2.cpp", "decode_math_avx2.cpp", "fp32_attention_avx2.cpp",
               *_DECODE_STEP),
              ("-mavx2", "-mfma", "-mf16c")),

@@ -1,15 +1,16 @@
-"""fp32 attention for the token2wav estimator on AVX2 CPUs (fp32_attention_avx2.cpp): the fp32 counterpart of
-`bf16_attention`, with every mask given as per-query key limits, for CPUs with no bf16 arithmetic.
+"""fp32 attention for the token2wav estimator (fp32_attention_avx2.cpp: AVX2 + FMA code, built into both source
+sets): the fp32 counterpart of `bf16_attention`, with every mask given as per-query key limits, for CPUs with no
+bf16 arithmetic (AVX2, AVX-512 without BF16) and for fp32 compute anywhere.
 
 Why: torch's fused CPU attention runs the estimator's small products (a first chunk: 2 x 8 heads of 100 queries
-over 200 keys of 64) well under an AVX2 CPU's FMA rate, and under a mask it works on every key. Here both products
+over 200 keys of 64) well under the CPU's FMA rate, and under a mask it works on every key. Here both products
 run in register-blocked FMA loops and keys past a tile's limits are skipped (`python scripts/bench_attention.py`
 prints both).
 
 Math: scores q k^T in fp32, scaled, softmax in fp32 (exp to ~1e-7 relative), p v in fp32, normalized by the sum of
 the weights; the log-sum-exp of the scaled scores (for `token2wav.attention.merge`). A query with no visible key:
-zeros, log-sum-exp -1e10. Runs where the avx2 source set is built (the CPU probe's level is avx2, or forced there
-with `VOCALIS_CPU_ISA=avx2`); head sizes up to 128.
+zeros, log-sum-exp -1e10. Runs wherever the native extension is built (the CPU probe's level is avx2 or above);
+head sizes up to 128.
 Legend: B batch rows, H heads, n queries, L keys, E head size.
 """
 
@@ -24,7 +25,7 @@ MAX_HEAD_SIZE = 128
 
 
 def available() -> bool:
-    """Whether the kernel runs here (the native extension's avx2 set is built and loaded)."""
+    """Whether the kernel runs here (the native extension is built and loaded)."""
     ext = build.extension()
     return ext is not None and hasattr(ext, "fp32_attention")
 
@@ -40,7 +41,7 @@ def attend(q: torch.Tensor, k: torch.Tensor | list[torch.Tensor], v: torch.Tenso
     have fewer batch rows, a divisor of B: row b reads row b % rows); limits (1 or B, n) int32 or None (every key
     visible) -> out (B, H, n, E) when heads_first else (B, n, H, E), and log-sum-exp (B, H, n) fp32."""
     if not available():
-        raise ValueError("the fp32 attention kernel does not run here (it needs the native extension's avx2 set)")
+        raise ValueError("the fp32 attention kernel does not run here (it needs the native extension)")
     ks, vs = (k, v) if isinstance(k, list) else ([k], [v])
     return tuple(build.extension().fp32_attention(q, ks, vs, _ALL_VISIBLE if limits is None else limits,
                                                   q.shape[-1] ** -0.5, heads_first))

@@ -265,14 +265,13 @@ def apply_backend(model: object, backend: str = "torch", precision: str = "fp32"
             n = cast_linears(estimator, torch.bfloat16)
             why = "AMX: faster than int8" if has_amx() else "native bf16: as fast as int8, closer to fp32"
             notes.append(f"{n} flow-estimator Linear layers bf16 ({why} here), the rest fp32")
-    # what the token2wav engine's estimator attends with on the CPU: bf16 where its compute is, else fp32 (our
-    # kernel on AVX2 CPUs)
+    # what the token2wav engine's estimator attends with on the CPU: bf16 where its compute is, else fp32
     if torch.device(device).type == "cpu" and ComputeWeights.dtype_for(estimator) == torch.bfloat16:
         which = bf16_attention.kernel()
         how = "torch's kernel" if which is None or not kernels.bf16_gemm else f"our {which} kernel"
         notes.append(f"estimator attention {'fp32' if which is None else 'bf16'} ({how})")
     elif torch.device(device).type == "cpu" and fp32_attention.available():
-        how = "our avx2 kernel" if kernels.bf16_gemm else "torch's kernel"
+        how = "our fp32 kernel" if kernels.bf16_gemm else "torch's kernel"
         notes.append(f"estimator attention fp32 ({how})")
     if hift_reduced is None:
         hift_reduced = has_amx()

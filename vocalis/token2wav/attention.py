@@ -10,7 +10,7 @@ from vocalis.kernels import bf16_attention, fp32_attention
 
 def runs_native(q: torch.Tensor) -> bool:
     """Whether `attend(..., native=True)` runs q (B, H, n, E) on one of our kernels here (bf16 on AMX or
-    AVX512-BF16 CPUs, fp32 on AVX2 ones), which take the mask as per-query key limits."""
+    AVX512-BF16 CPUs, fp32 on any CPU with the native extension), which take the mask as per-query key limits."""
     return bf16_attention.supports(q) or fp32_attention.supports(q)
 
 

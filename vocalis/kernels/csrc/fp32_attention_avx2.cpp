@@ -1,6 +1,6 @@
-// fp32 attention for the token2wav estimator on AVX2 CPUs: out = softmax(q k^T * scale, keys past each query's
-// limit hidden) v, with each query's log-sum-exp; the fp32 counterpart of bf16_attention.cpp (same masks as
-// limits, same outputs), for CPUs without bf16 arithmetic.
+// fp32 attention for the token2wav estimator: out = softmax(q k^T * scale, keys past each query's limit hidden) v,
+// with each query's log-sum-exp; the fp32 counterpart of bf16_attention.cpp (same masks as limits, same outputs),
+// for CPUs without bf16 arithmetic. AVX2 + FMA code, in both source sets.
 //
 // Why not torch's fused CPU attention: at the estimator's sizes its per-call set-up and its small GEMM calls
 // keep it well under the CPU's FMA rate, and under a mask it works on every key. Here both products run in

@@ -1,5 +1,6 @@
 // The extension's Python module: the int8 GEMV, the fused decode stacks of the three weight kinds
-// (int8_decode.cpp) and the estimator's kernels: bf16 in the avx512 set, fp32 attention in the avx2 set. Last in every source set (kernels/build.py).
+// (int8_decode.cpp) and the estimator's kernels: bf16 ones in the avx512 set, fp32 attention in both.
+// Last in every source set (kernels/build.py).
 template <typename Stack>
 void bind_stack(pybind11::module_& m, const char* name) {
   pybind11::class_<Stack>(m, name)
@@ -25,9 +26,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   bf16gemm::bind(m);  // the estimator's bf16 GEMM (bf16_gemm.cpp)
   bf16attn::bind(m);  // and its bf16 attention (bf16_attention.cpp)
   bf16block::bind(m);  // and a whole transformer block of it (bf16_block.cpp)
-#else
-  fp32attn::bind(m);  // the estimator's fp32 attention (fp32_attention_avx2.cpp)
 #endif
+  fp32attn::bind(m);  // the estimator's fp32 attention (fp32_attention_avx2.cpp, AVX2 code in both sets)
 #ifdef __AVX512F__  // which source set this module was built from (build.py)
   m.attr("isa") = "avx512";
 #else
