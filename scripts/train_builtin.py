@@ -217,6 +217,8 @@ def assemble(run: Path, out: Path, weights: dict[str, Path]) -> Path:
     LLM trains on single utterances, and a prompt sentence before the text made its labels worse (20 held-out
     sentences, LLM step 800: WER 89 % prompted against 50 %). What `vocalis speak --model OUT` and the ladder's
     L5 row run. -> out."""
+    from dataclasses import replace
+
     import torch
     from safetensors.torch import load_file
 
@@ -227,11 +229,8 @@ def assemble(run: Path, out: Path, weights: dict[str, Path]) -> Path:
     from vocalis.frontend.audio import align_prompt, load_wav, prompt_mel
     from vocalis.frontend.voice import Voice
     from vocalis.model_dir import BUNDLED_TOKENIZER, random_model, save_vocalis
-    from vocalis.models.speech_tokenizer.labeller import FrameLabeller, labeller_config, save_labeller
-
-    from dataclasses import replace
-
     from vocalis.models.hift.generator import HiFTGenerator, hift_config_for
+    from vocalis.models.speech_tokenizer.labeller import FrameLabeller, labeller_config, save_labeller
 
     model = random_model("builtin-phones")
     hift_config = hift_config_for(load_file(str(weights["hift"])), model.config.hift)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from attention_support import exact_attention
 
 from vocalis.kernels import bf16_attention
 
@@ -20,25 +21,11 @@ KERNELS = [pytest.param(k, marks=pytest.mark.skipif(k not in bf16_attention.kern
            for k in bf16_attention.KERNELS]
 
 
-def _exact(q, k, v, limits):
-    """float64 attention with keys [0, limit) visible per query -> out (B, H, n, E), lse (B, H, n); a query that
-    sees nothing gets zeros and -1e10."""
-    q, k, v = q.double(), k.double(), v.double()
-    scores = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5  # (B, H, n, L)
-    lim = limits.long()[:, None, :, None].expand(q.shape[0], 1, q.shape[2], 1)  # (B, 1, n, 1)
-    visible = torch.arange(k.shape[2])[None, None, None, :] < lim
-    scores = scores.masked_fill(~visible, float("-inf"))
-    lse = torch.logsumexp(scores, -1)
-    out = torch.nan_to_num(torch.softmax(scores, -1)) @ v
-    none = (lim[..., 0] == 0).expand_as(lse)
-    return out.masked_fill(none[..., None], 0.0), lse.masked_fill(none, -1e10)
-
-
 @pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("heads_first", [True, False])
 @pytest.mark.parametrize(("B", "H", "n", "L", "E"), [(2, 8, 100, 200, 64), (4, 2, 37, 333, 8), (1, 1, 1, 5, 64),
                                                      (2, 4, 250, 250, 32), (3, 2, 70, 70, 48)])
-def test_against_exact(B: int, H: int, n: int, L: int, E: int, heads_first: bool, kernel: str) -> None:
+def test_againstexact_attention(B: int, H: int, n: int, L: int, E: int, heads_first: bool, kernel: str) -> None:
     g = torch.Generator().manual_seed(B * n + L)
     qkv = torch.randn(B, n, 3, H, E, generator=g).bfloat16()  # a fused projection's output, as the estimator's
     q = qkv[:, :, 0].transpose(1, 2)  # (B, H, n, E), strided
@@ -47,7 +34,7 @@ def test_against_exact(B: int, H: int, n: int, L: int, E: int, heads_first: bool
     limits = torch.randint(0, L + 1, (B, n), generator=g, dtype=torch.int32)
     limits[0, 0] = 0  # a query that sees no key
     out, lse = bf16_attention.attend(q, k, v, limits, heads_first=heads_first, which=kernel)
-    want, want_lse = _exact(q, k, v, limits)
+    want, want_lse = exact_attention(q, k, v, limits)
     got = out if heads_first else out.transpose(1, 2)
     assert out.is_contiguous() and got.shape == (B, H, n, E)
     assert (got.double() - want).abs().max().item() <= 2**-7 * v.abs().max().item()
@@ -61,11 +48,11 @@ def test_all_visible_and_shared_limits(kernel: str) -> None:
     g = torch.Generator().manual_seed(7)
     q, k, v = (torch.randn(3, 2, 20, 64, generator=g).bfloat16() for _ in range(3))
     out, _ = bf16_attention.attend(q, k, v, None, which=kernel)
-    want, _ = _exact(q, k, v, torch.full((3, 20), 20, dtype=torch.int32))
+    want, _ = exact_attention(q, k, v, torch.full((3, 20), 20, dtype=torch.int32))
     assert (out.double() - want).abs().max().item() <= 2**-7 * v.abs().max().item()
     shared = torch.arange(1, 21, dtype=torch.int32)[None]
     out, _ = bf16_attention.attend(q, k, v, shared, which=kernel)
-    want, _ = _exact(q, k, v, shared.expand(3, -1))
+    want, _ = exact_attention(q, k, v, shared.expand(3, -1))
     assert (out.double() - want).abs().max().item() <= 2**-7 * v.abs().max().item()
 
 

@@ -175,3 +175,35 @@ def test_assemble_builds_a_phone_model_that_speaks_with_its_default_voice(tmp_pa
         assert torch.allclose(tts.model.flow.state_dict()[name], parts.flow.state_dict()[name].half().float())
         wav = tts.synthesize("A quiet room.", voice="default", seed=0)
         assert wav.ndim == 1 and wav.size > 0
+
+
+def test_recipe_starts_a_wider_vocoder_from_the_committed_one(tmp_path: Path, monkeypatch) -> None:
+    """--hift-channels: the committed L1 weights widened into the trainer's start, the trainer's module built at
+    that width from them, and its gate weights measured at that width."""
+    from vocalis.train.checkpointing import checkpoint_path, save_atomic
+    from vocalis.train.config import load_config
+    from vocalis.train.task import build_part
+
+    recipe = _script("train_builtin")
+    monkeypatch.setattr(recipe, "LADDER", tmp_path / "ladder")
+    torch.manual_seed(0)
+    narrow = HiFTGenerator(PRESETS["builtin"].hift).eval()
+    save_atomic({"models": {"hift": narrow.state_dict()}, "step": 300}, checkpoint_path(tmp_path / "old", 300))
+    recipe.save_gate(tmp_path / "old", tmp_path / "ladder" / "L1")
+    run = tmp_path / "run"
+    run.mkdir()
+    (init,) = recipe.start_from_ladder(run, "L1", "hift", recipe.hift_dir(run, 128), 128)
+
+    config = load_config(None, [init, "model.preset=builtin", "model.hift_channels=128"], task="hift")
+    wide, model_config = build_part(config, "hift")
+    assert model_config.hift.base_channels == 128 and wide.conv_pre.out_channels == 128
+    mel = torch.randn(1, 80, 16)
+    with torch.no_grad():
+        s = narrow.source(mel, torch.Generator().manual_seed(3))
+        torch.testing.assert_close(wide.eval().decode(mel, s), narrow.decode(mel, s), atol=2e-3, rtol=0)  # fp16 gate
+
+    save_atomic({"models": {"hift": wide.state_dict()}, "step": 100}, checkpoint_path(recipe.hift_dir(run, 128), 100))
+    assert recipe.start_from_ladder(run, "L1", "hift", recipe.hift_dir(run, 128), 128) == []  # resumes instead
+    gate = recipe.save_gate(recipe.hift_dir(run, 128), run / "gates" / "L1")
+    measured = _script("measure_builtin").load_hift(gate)
+    assert measured.config.base_channels == 128

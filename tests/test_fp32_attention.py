@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from attention_support import exact_attention
 
 from vocalis.kernels import cpu, fp32_attention
 
@@ -24,24 +25,11 @@ def _level(request, force_cpu_level) -> None:
         pytest.skip("the native extension is not built here (no compiler?)")
 
 
-def _exact(q, k, v, limits):
-    """float64 attention with keys [0, limit) visible per query; a query that sees nothing gets zeros, -1e10."""
-    q, k, v = q.double(), k.double(), v.double()
-    scores = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5  # (B, H, n, L)
-    lim = limits.long()[:, None, :, None].expand(q.shape[0], 1, q.shape[2], 1)  # (B, 1, n, 1)
-    visible = torch.arange(k.shape[2])[None, None, None, :] < lim
-    scores = scores.masked_fill(~visible, float("-inf"))
-    lse = torch.logsumexp(scores, -1)
-    out = torch.nan_to_num(torch.softmax(scores, -1)) @ v
-    none = (lim[..., 0] == 0).expand_as(lse)
-    return out.masked_fill(none[..., None], 0.0), lse.masked_fill(none, -1e10)
-
-
 @pytest.mark.parametrize("heads_first", [True, False])
 @pytest.mark.parametrize(("B", "H", "n", "L", "E"), [(2, 8, 100, 200, 64), (4, 2, 37, 333, 8), (1, 1, 1, 5, 64),
                                                      (2, 4, 250, 250, 32), (3, 2, 70, 70, 48), (1, 2, 17, 40, 128),
                                                      (2, 2, 9, 9, 12)])
-def test_against_exact(B: int, H: int, n: int, L: int, E: int, heads_first: bool) -> None:
+def test_againstexact_attention(B: int, H: int, n: int, L: int, E: int, heads_first: bool) -> None:
     g = torch.Generator().manual_seed(B * n + L)
     qkv = torch.randn(B, n, 3, H, E, generator=g)  # a fused projection's output, as the estimator's
     q = qkv[:, :, 0].transpose(1, 2)  # (B, H, n, E), strided
@@ -50,7 +38,7 @@ def test_against_exact(B: int, H: int, n: int, L: int, E: int, heads_first: bool
     limits = torch.randint(0, L + 1, (B, n), generator=g, dtype=torch.int32)
     limits[0, 0] = 0  # a query that sees no key
     out, lse = fp32_attention.attend(q, k, v, limits, heads_first=heads_first)
-    want, want_lse = _exact(q, k, v, limits)
+    want, want_lse = exact_attention(q, k, v, limits)
     got = out if heads_first else out.transpose(1, 2)
     assert out.is_contiguous() and got.shape == (B, H, n, E) and out.dtype == torch.float32
     assert (got.double() - want).abs().max().item() <= 1e-5 * v.abs().max().item()
@@ -72,11 +60,11 @@ def test_all_visible_shared_limits_and_key_pieces() -> None:
     whole_v = torch.cat([prefix_v.repeat(B // 2, 1, 1, 1), own_v, new_v], dim=2)
     L = whole_k.shape[2]
     out, _ = fp32_attention.attend(q, whole_k, whole_v, None)
-    want, _ = _exact(q, whole_k, whole_v, torch.full((B, n), L, dtype=torch.int32))
+    want, _ = exact_attention(q, whole_k, whole_v, torch.full((B, n), L, dtype=torch.int32))
     assert (out.double() - want).abs().max().item() <= 1e-5 * whole_v.abs().max().item()
     shared = torch.arange(1, n + 1, dtype=torch.int32)[None] * 3
     out, _ = fp32_attention.attend(q, whole_k, whole_v, shared)
-    want, _ = _exact(q, whole_k, whole_v, shared.expand(B, -1))
+    want, _ = exact_attention(q, whole_k, whole_v, shared.expand(B, -1))
     assert (out.double() - want).abs().max().item() <= 1e-5 * whole_v.abs().max().item()
     limits = torch.randint(1, L + 1, (B, n), generator=g, dtype=torch.int32)
     out, lse = fp32_attention.attend(q, [prefix_k, own_k, new_k], [prefix_v, own_v, new_v], limits)

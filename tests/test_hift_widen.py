@@ -1,10 +1,7 @@
-"""A wider HiFT vocoder started from a narrower one: same audio at the start, copies that train apart, and the
-recipe / measurement / trainer paths that carry the width."""
+"""A wider HiFT vocoder started from a narrower one (`vocalis.train.widen`): same audio at the start, copies that
+train apart. The recipe's use of it: tests/test_builtin_gate.py."""
 
 from __future__ import annotations
-
-import importlib.util
-from pathlib import Path
 
 import pytest
 import torch
@@ -12,16 +9,6 @@ import torch
 from vocalis.config import PRESETS
 from vocalis.models.hift.generator import HiFTGenerator, hift_config_for
 from vocalis.train.widen import widen_hift
-
-SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
-
-
-def _script(name: str):
-    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _narrow() -> HiFTGenerator:
@@ -69,34 +56,3 @@ def test_widening_needs_a_whole_multiple() -> None:
     narrow = _narrow()
     with pytest.raises(ValueError, match="multiple of 64"):
         widen_hift(narrow.state_dict(), narrow.config, 96)
-
-
-def test_recipe_starts_a_wider_vocoder_from_the_committed_one(tmp_path: Path, monkeypatch) -> None:
-    """--hift-channels: the committed L1 weights widened into the trainer's start, the trainer's module built at
-    that width from them, and its gate weights measured at that width."""
-    from vocalis.train.checkpointing import checkpoint_path, save_atomic
-    from vocalis.train.config import load_config
-    from vocalis.train.task import build_part
-
-    recipe = _script("train_builtin")
-    monkeypatch.setattr(recipe, "LADDER", tmp_path / "ladder")
-    narrow = _narrow()
-    save_atomic({"models": {"hift": narrow.state_dict()}, "step": 300}, checkpoint_path(tmp_path / "old", 300))
-    recipe.save_gate(tmp_path / "old", tmp_path / "ladder" / "L1")
-    run = tmp_path / "run"
-    run.mkdir()
-    (init,) = recipe.start_from_ladder(run, "L1", "hift", recipe.hift_dir(run, 128), 128)
-
-    config = load_config(None, [init, "model.preset=builtin", "model.hift_channels=128"], task="hift")
-    wide, model_config = build_part(config, "hift")
-    assert model_config.hift.base_channels == 128 and wide.conv_pre.out_channels == 128
-    mel = torch.randn(1, 80, 16)
-    with torch.no_grad():
-        s = narrow.source(mel, torch.Generator().manual_seed(3))
-        torch.testing.assert_close(wide.eval().decode(mel, s), narrow.decode(mel, s), atol=2e-3, rtol=0)  # fp16 gate
-
-    save_atomic({"models": {"hift": wide.state_dict()}, "step": 100}, checkpoint_path(recipe.hift_dir(run, 128), 100))
-    assert recipe.start_from_ladder(run, "L1", "hift", recipe.hift_dir(run, 128), 128) == []  # resumes instead
-    gate = recipe.save_gate(recipe.hift_dir(run, 128), run / "gates" / "L1")
-    measured = _script("measure_builtin").load_hift(gate)
-    assert measured.config.base_channels == 128

@@ -87,15 +87,10 @@ def widen_hift(state: dict[str, torch.Tensor], config: HiFTConfig, channels: int
                 b = state[f"{name}.bias"].float()
                 out[f"{name}.bias"] = _repeat(b, 0, factor) if writes else b
             continue
+        if reads:  # every module reading hidden channels is weight-normed in HiFT
+            raise ValueError(f"HiFT widening: {name} reads hidden channels without weight norm")
         for key in (k for k in state if k.startswith(name + ".") and k.count(".") == name.count(".") + 1):
-            t = state[key].float()
-            if _ALPHA.match(key):
-                t = _repeat(t, 0, factor)
-            elif key.endswith(".weight") and writes:
-                t = _repeat(t, 0, factor)
-            elif key.endswith(".bias") and writes:
-                t = _repeat(t, 0, factor)
-            out[key] = t
+            out[key] = _repeat(state[key].float(), 0, factor)  # source_downs' weight and bias, Snake's alpha
     missing = set(state) - set(out)
     if missing:
         raise ValueError(f"HiFT widening left out {sorted(missing)[:4]}")
