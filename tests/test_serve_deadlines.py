@@ -114,8 +114,9 @@ def test_request_timeout_fires_when_it_expires(tts, which: str, asyncio_errors: 
     backend = reference_backend(tts) if which == "reference" else None
     server = serve_backend(backend, request_timeout_s=limit) if backend else serve(tts, request_timeout_s=limit)
     # texts that keep each backend busy well past the limit on fast CPUs too (MEDIUM_TEXT alone can stream through
-    # the reference backend within it); the one-chunk job is shorter, as it runs to its end after the abort
-    streamed, whole = (LONG_TEXT, MEDIUM_TEXT * 3) if backend else (LONG_TEXT, LONG_TEXT)
+    # the reference backend within it, and a one-chunk job of three times it can finish within it); the one-chunk
+    # job stays under the server's 4096-character input limit
+    streamed, whole = (LONG_TEXT, LONG_TEXT + " " + MEDIUM_TEXT * 2) if backend else (LONG_TEXT, LONG_TEXT)
     with server as srv:
         # a stream under way is cut when its deadline passes: the client sees an incomplete body
         t0 = time.monotonic()
