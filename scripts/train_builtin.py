@@ -205,6 +205,21 @@ def start_from_ladder(run: Path, rung: str, part: str, run_dir: Path | None = No
     return [f"model.checkpoint={init}"]
 
 
+def committed_hift_channels() -> int | None:
+    """The committed L1 vocoder's width where it differs from the `builtin` preset's (a widened one), else None:
+    the width the recipe's L1 trains and gates at unless --hift-channels says otherwise."""
+    from safetensors.torch import load_file
+
+    from vocalis.config import PRESETS
+    from vocalis.models.hift.generator import hift_config_for
+
+    src = LADDER / "L1" / "hift.safetensors"
+    if not src.is_file():
+        return None
+    width = hift_config_for(load_file(str(src)), PRESETS["builtin"].hift).base_channels
+    return None if width == PRESETS["builtin"].hift.base_channels else width
+
+
 def hift_dir(run: Path, channels: int | None) -> Path:
     """The vocoder's run folder: RUN/hift at the preset's width, RUN/hift-c<N> for a wider one."""
     return run / "hift" if channels is None else run / f"hift-c{channels}"
@@ -286,7 +301,8 @@ def main() -> int:
                          "continuing from the committed weights")
     ap.add_argument("--hift-channels", type=int, metavar="N",
                     help="L1 at N base channels (a multiple of the preset's 64) in RUN/hift-c<N>, starting from the "
-                         "committed vocoder widened to N; with --gate L1: gate that run")
+                         "committed vocoder widened to N; with --gate L1: gate that run (default: the committed "
+                         "vocoder's width)")
     ap.add_argument("--device", default="cpu", help="cpu or cuda (every trainer)")
     ap.add_argument("--only", nargs="*", help="run only these stages")
     ap.add_argument("--gate", choices=tuple(PARTS), help="write the rung's fp16 weights to RUN/gates/<rung> and stop")
@@ -297,6 +313,8 @@ def main() -> int:
                     help="write a phone-model directory to OUT from each part's committed ladder weights (else its "
                          "RUN/gates weights) and stop")
     args = ap.parse_args()
+    if args.hift_channels is None:
+        args.hift_channels = committed_hift_channels()
     run: Path = args.run.resolve()
     run.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
