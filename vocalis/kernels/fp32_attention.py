@@ -40,8 +40,9 @@ def attend(q: torch.Tensor, k: torch.Tensor | list[torch.Tensor], v: torch.Tenso
     """q (B, H, n, E), k, v (B, H, L, E) fp32 (last dim contiguous), or lists of pieces along dim 2 (a piece may
     have fewer batch rows, a divisor of B: row b reads row b % rows); limits (1 or B, n) int32 or None (every key
     visible) -> out (B, H, n, E) when heads_first else (B, n, H, E), and log-sum-exp (B, H, n) fp32."""
-    if not available():
+    ext = build.extension()
+    if ext is None or not hasattr(ext, "fp32_attention"):
         raise ValueError("the fp32 attention kernel does not run here (it needs the native extension)")
     ks, vs = (k, v) if isinstance(k, list) else ([k], [v])
-    return tuple(build.extension().fp32_attention(q, ks, vs, _ALL_VISIBLE if limits is None else limits,
-                                                  q.shape[-1] ** -0.5, heads_first))
+    return tuple(ext.fp32_attention(q, ks, vs, _ALL_VISIBLE if limits is None else limits, q.shape[-1] ** -0.5,
+                                    heads_first))

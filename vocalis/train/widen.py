@@ -74,13 +74,12 @@ def widen_hift(state: dict[str, torch.Tensor], config: HiFTConfig, channels: int
             # torch's weight_norm keeps g over dim 0 for both conv kinds
             v, gain = state[f"{name}.{_V}"].float(), state[f"{name}.{_G}"].float()
             w = gain * v / _norm_except(v, 0)
-            if reads:
+            if reads and writes:  # each output copy takes its own shares of the input weight
+                w = torch.cat([_split(w, in_dim, factor, g) for _ in range(factor)], dim=out_dim)
+            elif reads:
                 w = _split(w, in_dim, factor, g)
-            if writes:
+            elif writes:
                 w = _repeat(w, out_dim, factor)
-            if reads and writes:
-                # each output copy takes its own shares: re-split the copies' rows independently
-                w = _resplit_copies(w, in_dim, out_dim, factor, g)
             out[f"{name}.{_V}"] = w
             out[f"{name}.{_G}"] = _norm_except(w, 0)
             if f"{name}.bias" in state:
@@ -96,18 +95,3 @@ def widen_hift(state: dict[str, torch.Tensor], config: HiFTConfig, channels: int
         raise ValueError(f"HiFT widening left out {sorted(missing)[:4]}")
     return out, replace(config, base_channels=channels)
 
-
-def _resplit_copies(w: torch.Tensor, in_dim: int, out_dim: int, factor: int, g: torch.Generator) -> torch.Tensor:
-    """`w` whose output copies are equal: give every output copy its own input shares (same sums, so the same
-    outputs on copied input)."""
-    c_out = w.shape[out_dim] // factor
-    c_in = w.shape[in_dim] // factor
-    blocks = []
-    for k in range(factor):
-        rows = w.narrow(out_dim, k * c_out, c_out)
-        if k:
-            # the summed-over-copies input weight of these rows, split again with fresh shares
-            total = sum(rows.narrow(in_dim, j * c_in, c_in) for j in range(factor))
-            rows = _split(total, in_dim, factor, g)
-        blocks.append(rows)
-    return torch.cat(blocks, dim=out_dim)
