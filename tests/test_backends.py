@@ -31,8 +31,10 @@ from vocalis.precision.layers import CastConv, CastLinear
 from vocalis.runtime.backends import apply_backend, has_amx, native_bf16_cpu, resolve
 from vocalis.kernels.bf16_gemm import PackedWeight
 from vocalis.kernels.bf16_gemm import available as bf16_gemm_available
-from vocalis.precision.dynamic_int8 import Int8Linear, weight_bits
+from vocalis.precision.dynamic_int8 import FusedQKV, Int8Linear, weight_bits
 from vocalis.precision.int8_linear import available as int8_available
+from vocalis.runtime.heap import MMAP_THRESHOLD_BYTES
+from vocalis.token2wav.config import Token2WavConfig
 from vocalis.token2wav.engine import Token2WavEngine
 from vocalis.errors import InputError
 from vocalis.reference.token2wav import FlowPrompt
@@ -118,6 +120,59 @@ def test_int8_linear_error_and_no_saturation(force_cpu_level, level: str | None)
     y = ones(torch.full((4, 512), 3.0))  # every pair product at the top of both ranges
     assert torch.allclose(y, torch.full((4, 64), 3.0 * 512), rtol=1e-2)
     assert type(_applied("torch", "int8", True)[0].flow.decoder.estimator.mid_blocks[0][1][0].attn1.to_q) is Int8Linear
+
+
+@pytest.mark.parametrize("level", [None, "avx2"])
+def test_int8_concat_equals_its_parts(force_cpu_level, level: str | None) -> None:
+    """`Int8Linear.concat` (one GEMM for q/k/v) gives each part's output bit for bit, biased or not, at any row
+    count; `FusedQKV` declines attention without int8 projections and outputs at the heap's mmap threshold."""
+    if level is not None:
+        force_cpu_level(level)
+    g = torch.Generator().manual_seed(3)
+    parts = [Int8Linear.from_linear(torch.nn.Linear(96, n, bias=b)) for n, b in ((64, False), (32, True), (64, False))]
+    fused = Int8Linear.concat(parts)
+    assert (fused.in_features, fused.out_features) == (96, 160)
+    for rows in (1, 5, 200):
+        x = torch.randn(rows, 96, generator=g) * torch.rand(96, generator=g) * 4
+        assert torch.equal(fused(x), torch.cat([p(x) for p in parts], dim=1))
+    with pytest.raises(ValueError, match="input widths"):
+        Int8Linear.concat([parts[0], Int8Linear.from_linear(torch.nn.Linear(8, 8))])
+    attn = _applied("torch", "int8", True)[0].flow.decoder.estimator.mid_blocks[0][1][0].attn1
+    qkv, inner = FusedQKV(), attn.to_q.out_features
+    x = torch.randn(7, attn.to_q.in_features, generator=g)
+    assert torch.equal(qkv.project(attn, x), torch.cat([attn.to_q(x), attn.to_k(x), attn.to_v(x)], dim=1))
+    large = MMAP_THRESHOLD_BYTES // (3 * inner * 4) + 1
+    assert qkv.project(attn, torch.zeros(large, x.shape[1])) is None
+    fp32_attn = random_model().flow.decoder.estimator.mid_blocks[0][1][0].attn1
+    assert FusedQKV().project(fp32_attn, x) is None
+
+
+def test_int8_engine_fused_qkv_changes_nothing() -> None:
+    """The token2wav engine's int8 estimator with its q/k/v fused (the default) streams the same audio, bit for
+    bit, as with the modules called one by one (`compute="modules"`), one request and two in one step."""
+    model, _ = _applied("torch", "int8", True)
+    g = torch.Generator().manual_seed(0)
+    prompt = FlowPrompt(torch.randint(0, 6561, (1, 30), generator=g), torch.randn(1, 60, 80, generator=g),
+                        torch.randn(1, 192, generator=g))
+    tokens = [torch.randint(0, 6561, (n,), generator=g).tolist() for n in (60, 45)]
+    outs = []
+    for compute in ("auto", "modules"):
+        engine = Token2WavEngine(model.flow, model.hift, Token2WavConfig(compute=compute))
+        assert (engine.qkv is not None) == (compute == "auto")
+        for group in ([0], [0, 1]):
+            states = [engine.new_stream(f"r{i}", prompt, generator=torch.Generator().manual_seed(1 + i))
+                      for i in group]
+            for i, state in zip(group, states):
+                state.add_tokens(tokens[i])
+                state.end_input()
+            chunks: dict[str, list[np.ndarray]] = {s.request_id: [] for s in states}
+            while not all(s.finished for s in states):
+                for c in engine.step([s for s in states if not s.finished]):
+                    chunks[c.request_id].append(c.samples)
+            outs.append([np.concatenate(chunks[s.request_id]) for s in states])
+    for fused, plain in zip(outs[:2], outs[2:]):
+        for a, b in zip(fused, plain):
+            assert np.array_equal(a, b)
 
 
 def test_int8_estimator_form_follows_the_cpu() -> None:

@@ -25,6 +25,7 @@ from torch import nn
 
 from vocalis.kernels import bf16_attention, bf16_gemm, fp32_attention
 from vocalis.models.flow.transformer import SelfAttention
+from vocalis.precision.dynamic_int8 import FusedQKV
 from vocalis.token2wav.attention import attend, merge, runs_native
 from vocalis.token2wav.compute import ComputeWeights
 from vocalis.token2wav.estimator_cache import EstimatorCache
@@ -36,10 +37,12 @@ class ChunkRun:
     """Walks the estimator for one call, pairing each conv/attention with its slot in the per-request caches."""
 
     def __init__(self, caches: list[EstimatorCache], lens: list[int], keeps: list[bool], chunk: int,
-                 cache_dtype: torch.dtype | None = None, compute: ComputeWeights | None = None) -> None:
+                 cache_dtype: torch.dtype | None = None, compute: ComputeWeights | None = None,
+                 qkv: FusedQKV | None = None) -> None:
         self.caches = caches
         self.cache_dtype = cache_dtype
         self.compute = compute
+        self.qkv = qkv  # int8 modules: each attention's q/k/v as one GEMM where it can
         # our attention kernels run unless the compute weights were told to keep off the native kernels
         self._native = compute is None or compute.native_attention
         self.lens = lens
@@ -110,7 +113,12 @@ class ChunkRun:
         self.block_index += 1
         rows, n, _ = x.shape
         h, e = attn.num_heads, attn.head_dim
-        if self.compute is None:
+        fused = None
+        if self.compute is None and self.qkv is not None:
+            fused = self.qkv.project(attn, x.reshape(rows * n, -1))
+        if fused is not None:  # (2R * n, 3 * H * E): the three layers' values
+            q, k, v = (fused.view(rows, n, 3, h, e)[:, :, j].transpose(1, 2) for j in range(3))  # (2R, H, n, E)
+        elif self.compute is None:
             q = attn.to_q(x).view(rows, n, h, e).transpose(1, 2)  # (2R, H, n, E)
             k = attn.to_k(x).view(rows, n, h, e).transpose(1, 2)
             v = attn.to_v(x).view(rows, n, h, e).transpose(1, 2)

@@ -63,7 +63,7 @@ class Token2WavConfig:
     compute: "auto" runs the incremental estimator's GEMMs, convs and attention in the dtype its Linear weights
     were reduced to by a backend (bf16/fp16: `CastLinear`), with bf16/fp16 activations into them and fp32
     norms, residual stream and Euler state (`token2wav.compute.ComputeWeights`); at fp32 and int8 the modules run
-    as they are.
+    as they are, except that int8 attention's q/k/v run as one GEMM (`dynamic_int8.FusedQKV`, the same values).
     "modules" always calls the modules as they are (fp32 activations between the reduced-weight GEMMs).
     flow_steps: Euler steps of every flow solve (streaming chunks, voice prefixes, whole passes), a speed/quality
     setting: the flow's cost is proportional to it, and fewer steps land the mel further from the model's own

@@ -49,6 +49,7 @@ from vocalis.frontend.prompt import FlowPrompt
 from vocalis.kernels import bf16_gemm
 from vocalis.models.flow.flow import CausalMaskedDiffWithXvec
 from vocalis.models.hift.generator import HiFTGenerator
+from vocalis.precision.dynamic_int8 import FusedQKV
 from vocalis.token2wav.cache_room import CacheRoom
 from vocalis.token2wav.compute import ComputeWeights
 from vocalis.token2wav.config import CACHE_DTYPES, Token2WavConfig
@@ -102,6 +103,8 @@ class Token2WavEngine:
         self.n_timesteps = flow.config.cfm.n_timesteps if steps is None else steps
         self.cache_dtype = CACHE_DTYPES[self.config.cache_dtype]
         self.compute = self._compute_weights()
+        # int8 estimator Linears (fbgemm) run as the modules, but each attention's q/k/v as one GEMM (same values)
+        self.qkv = FusedQKV() if self.compute is None and self.config.compute != "modules" else None
         self.time_terms = TimeTerms(self.estimator)
         self.ratio = flow.config.token_mel_ratio
         self.vocoder = HiftStreamer(hift, self.hift_body, self.stream)
@@ -269,7 +272,7 @@ class Token2WavEngine:
         starts = [r.start * self.ratio for r in rows]
         mel = solve_chunk(self.flow.decoder, self.estimator, mu, spks, cond, starts, lens,
                           caches, [r.keep for r in rows], self.n_timesteps, self.cache_dtype, self.compute,
-                          self.time_terms)
+                          self.time_terms, qkv=self.qkv)
         out = {}
         for i, (s, _) in enumerate(items):
             s.estimator_frames += lens[i] * self.n_timesteps
@@ -370,7 +373,7 @@ class Token2WavEngine:
         spks, cond = self._conditions([holder], [0], mu)
         est: list[EstimatorCache] = []
         solve_chunk(self.flow.decoder, self.estimator, mu, spks, cond, [0], lens, [est], [True], self.n_timesteps,
-                    self.cache_dtype, self.compute, self.time_terms)
+                    self.cache_dtype, self.compute, self.time_terms, qkv=self.qkv)
         self.stats.estimator_frames += lens[0] * self.n_timesteps
         return VoicePrefix(key, pc, enc, est)
 

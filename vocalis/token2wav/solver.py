@@ -8,6 +8,7 @@ import torch
 from vocalis.errors import InputError
 from vocalis.models.flow.cfm import CausalConditionalCFM, cosine_time_grid
 from vocalis.models.flow.estimator import CausalConditionalDecoder
+from vocalis.precision.dynamic_int8 import FusedQKV
 from vocalis.token2wav.chunk_run import ChunkRun
 from vocalis.token2wav.compute import ComputeWeights
 from vocalis.token2wav.estimator import estimator_chunk
@@ -53,14 +54,16 @@ def solve_chunk(
     compute: ComputeWeights | None = None,
     terms: TimeTerms | None = None,
     full_attention: bool = False,
+    qkv: FusedQKV | None = None,
 ) -> torch.Tensor:
     """Euler + CFG on new frames. mu, cond (R, 80, n), spks (R, 80); row r covers absolute frames
     [starts[r], starts[r] + lens[r]); caches[r] holds one `EstimatorCache` per Euler step (created on first use)
     and is extended when keeps[r] (a cached chunk must end on a block boundary); cache_dtype stores the cached
     keys/values reduced (e.g. bf16: half the memory, upcast when read); compute runs the estimator's GEMMs, convs
     and attention in a reduced dtype (`ComputeWeights`; None: the modules as they are); terms keeps the time terms
-    across calls (None: computed per step). full_attention: every frame sees every frame of its request (the
-    estimator's non-streaming mask: the reference's final and offline pass), from frame 0, keeping nothing.
+    across calls (None: computed per step); qkv runs int8 modules' q/k/v projections as one GEMM (`FusedQKV`).
+    full_attention: every frame sees every frame of its request (the estimator's non-streaming mask: the
+    reference's final and offline pass), from frame 0, keeping nothing.
     Returns mel (R, 80, n) float32 (zeros on padding)."""
     num, _, n = mu.shape
     dev, dtype = mu.device, mu.dtype
@@ -100,7 +103,7 @@ def solve_chunk(
     t = t_span[0]
     dt = t_span[1] - t_span[0]
     for step in range(1, len(t_span)):
-        run = ChunkRun([per_step[step - 1] for per_step in caches], lens, keeps, chunk, cache_dtype, compute)
+        run = ChunkRun([per_step[step - 1] for per_step in caches], lens, keeps, chunk, cache_dtype, compute, qkv)
         step_terms = time_terms(estimator, t) if terms is None else terms.get(n_timesteps, step, t)
         v = estimator_chunk(estimator, x.repeat_interleave(2, dim=0), mask_in, mu_in, step_terms, spks_in,
                             cond_in, run).view(num, 2, *x.shape[1:])
