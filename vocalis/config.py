@@ -314,7 +314,10 @@ def phone_config(config: ModelConfig) -> ModelConfig:
     flow = dataclasses.replace(config.flow, vocab_size=PHONE_LABELS)
     # RAS excludes an id drawn again within its window; a label repeats for each 40 ms of its phone, so only runs
     # longer than the window (0.4 s) may trigger it (the released tau_r cut held-out lengths in range 90 -> 46 %).
-    sampling = dataclasses.replace(config.sampling, tau_r=1.0)
+    # The LLM samples durations here, not a voice's free prosody: sampled cooler, the labels keep closer to the
+    # typical timing of each phone (held-out SLT sentences through the whole model: WER 42.1 % at temperature 1.0
+    # and at 0.6, 38.2 % at 0.3, 38.8 % at 0.15).
+    sampling = dataclasses.replace(config.sampling, tau_r=1.0, temperature=0.3)
     return dataclasses.replace(config, llm=llm, flow=flow, text_frontend="phones", sampling=sampling)
 
 
