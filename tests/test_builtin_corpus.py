@@ -9,10 +9,20 @@ from pathlib import Path
 import pytest
 import soundfile as sf
 
-from vocalis.corpus.alignment import Segment, frame_bounds, frame_labels, label_units, num_frames, read_segments
+from vocalis.corpus.alignment import (
+    Segment,
+    frame_bounds,
+    frame_labels,
+    label_units,
+    num_frames,
+    read_segments,
+    reconcile,
+)
 from vocalis.frontend.phones import NUM_LABELS, label_id
 
 SLT = Path("/usr/share/festival/voices/us/cmu_us_slt_arctic_hts")
+DIPHONES = {"kal": Path("/usr/share/festival/voices/english/kal_diphone"),
+            "ked": Path("/usr/share/festival/voices/english/ked_diphone")}
 
 
 def _require(ok: bool, what: str) -> None:
@@ -100,3 +110,40 @@ def test_festival_speaks_the_same_text_the_same_way(spoken: list[tuple[str, Path
     speak_batch("slt", [(text, again)])
     assert again.read_bytes() == first.read_bytes()
     assert again.with_suffix(".segs").read_text() == first.with_suffix(".segs").read_text()
+
+
+def test_a_voices_reductions_are_spelled_in_the_texts_phones() -> None:
+    # "the purr": ked says dh ax0 p er1 r where the text has dh ah1 p er1
+    segs = [Segment(0.1, "pau"), Segment(0.15, "dh"), Segment(0.2, "ax0"), Segment(0.3, "p"), Segment(0.45, "er1"),
+            Segment(0.5, "r"), Segment(0.6, "pau")]
+    spelled = reconcile(["dh", "ah1", "p", "er1"], segs)
+    assert spelled == [Segment(0.1, "pau"), Segment(0.15, "dh"), Segment(0.2, "ah1"), Segment(0.3, "p"),
+                       Segment(0.5, "er1"), Segment(0.6, "pau")]
+    # an r the text has stays an r; the same sequence is returned unchanged
+    assert reconcile(["dh", "ax0", "p", "er1", "r"], segs) == segs
+    # anything else is a different utterance: a vowel for a consonant, schwa for a consonant, a phone too many/few
+    assert reconcile(["dh", "ah1", "b", "er1"], segs) is None
+    assert reconcile(["dh", "t", "p", "er1"], segs) is None
+    assert reconcile(["dh", "ah1", "p"], segs) is None
+    assert reconcile(["dh", "ah1", "p", "er1", "s"], segs) is None
+
+
+@pytest.mark.parametrize("voice", sorted(DIPHONES))
+def test_diphone_voices_label_the_texts_phones(voice: str, tmp_path: Path) -> None:
+    _require(shutil.which("festival") is not None and DIPHONES[voice].is_dir(), f"festival's {voice}_diphone")
+    from vocalis.corpus.phone_corpus import speak_batch, utterance_record
+    from vocalis.frontend.phones import PUNCTUATION, WORD_BOUNDARY, g2p
+
+    texts = ["It was a quiet evening at the station.", "No silver bullet can make the world safe from terrorism.",
+             "Cosmetic fenders on cars."]
+    items = [(t, tmp_path / f"u{i}.wav") for i, t in enumerate(texts)]
+    speak_batch(voice, items)
+    reduced = 0
+    for text, wav in items:
+        segments = read_segments(wav.with_suffix(".segs"))
+        predicted = [s for s in g2p(text) if s != WORD_BOUNDARY and s not in PUNCTUATION]
+        reduced += [s.unit for s in segments if s.unit != "pau"] != predicted
+        rec = utterance_record(wav.stem, text, wav)
+        assert not rec["mismatch"] and len(rec["labels"]) == rec["frames"] == num_frames(sf.info(str(wav)).duration)
+        assert [u for u in label_units(rec["labels"]) if u != "pau"] == predicted
+    assert reduced  # the voice did reduce: the test exercised the spelling

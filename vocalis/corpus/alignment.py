@@ -85,3 +85,31 @@ def label_units(labels: list[int]) -> list[str]:
 def spoken_units(segments: list[Segment]) -> list[str]:
     """The segments' phones without pauses (what the text frontend must predict)."""
     return [s.unit for s in segments if s.unit != PAUSE]
+
+
+def reconcile(predicted: list[str], segments: list[Segment]) -> list[Segment] | None:
+    """`segments` spelled in the text frontend's phones `predicted` (pauses excluded), or None where they differ by
+    more than a voice's own realisation of the same phones. festival's diphone voices (kal, ked) apply post-lexical
+    rules that the lexicon does not: unstressed and function-word vowels reduced to schwa (`ax`), and ked's r-coloured
+    vowel split into `er` + `r`. A label means the text's phone, however a voice says it, so that one LLM maps the
+    same text to the same labels for every voice: an `ax` where the text has another vowel takes the text's vowel
+    (its stress too), and an `r` after `er` that the text lacks joins the `er` (its frames become the vowel's)."""
+    out: list[Segment] = []
+    k = 0
+    for seg in segments:
+        if seg.unit == PAUSE:
+            out.append(seg)
+            continue
+        if seg.unit == "r" and out and out[-1].unit[:-1] == "er" and (k == len(predicted) or predicted[k] != "r"):
+            out[-1] = out[-1]._replace(end=seg.end)
+            continue
+        if k == len(predicted):
+            return None
+        want = predicted[k]
+        if seg.unit != want:
+            if not (seg.unit[:-1] == "ax" and want[:-1] in VOWELS):
+                return None
+            seg = seg._replace(unit=want)
+        out.append(seg)
+        k += 1
+    return out if k == len(predicted) else None

@@ -32,7 +32,7 @@ def add_corpus_command(sub: argparse._SubParsersAction) -> None:
     cp.add_argument("--workers", type=int, default=2, help="parallel synthesis processes")
     cp.add_argument("--seed", type=int, default=0)
     cp.add_argument("--heldout", type=int, default=60, help="English sentences held out for measurement")
-    cp.add_argument("--voice", choices=("slt",), help="the built-in model's phone corpus: WordNet, fortunes and "
+    cp.add_argument("--voice", choices=("slt", "kal", "ked"), help="the built-in model's phone corpus: WordNet, fortunes and "
                     "template text spoken by this festival voice, with 25 Hz labels from its alignment")
     cp.add_argument("--utterances", type=int, default=4000, help="with --voice: sentences to speak")
     cp.set_defaults(func=_corpus)

@@ -25,14 +25,16 @@ from pathlib import Path
 
 import soundfile as sf
 
-from vocalis.corpus.alignment import SEGS_SCHEME, frame_labels, num_frames, read_segments, spoken_units
+from vocalis.corpus.alignment import SEGS_SCHEME, frame_labels, num_frames, read_segments, reconcile
 from vocalis.corpus.sentences import heldout_wordnet, recipe
 from vocalis.errors import InputError
 from vocalis.frontend.phones import PUNCTUATION, WORD_BOUNDARY, g2p, text_ids
 
 log = logging.getLogger(__name__)
 
-VOICES = {"slt": "cmu_us_slt_arctic_hts"}
+# festival voices by corpus name; the diphone voices end ~25 ms after their last segment (the final pause's
+# frames absorb it) and need `alignment.reconcile` for their post-lexical reductions
+VOICES = {"slt": "cmu_us_slt_arctic_hts", "kal": "kal_diphone", "ked": "ked_diphone"}
 BATCH = 40
 _TIMEOUT_S = 600.0
 
@@ -93,10 +95,10 @@ def utterance_record(utt: str, text: str, wav: Path) -> dict[str, object]:
     """Labels and text ids of one spoken utterance; `mismatch` set when the frontend's phones differ from festival's."""
     segments = read_segments(wav.with_suffix(".segs"))
     frames = num_frames(sf.info(str(wav)).duration)
-    labels = frame_labels(segments, frames)
     predicted = [s for s in g2p(text) if s != WORD_BOUNDARY and s not in PUNCTUATION]
-    return {"utt": utt, "frames": frames, "text_ids": text_ids(text), "labels": labels,
-            "mismatch": predicted != spoken_units(segments)}
+    spelled = reconcile(predicted, segments)
+    labels = frame_labels(segments if spelled is None else spelled, frames)
+    return {"utt": utt, "frames": frames, "text_ids": text_ids(text), "labels": labels, "mismatch": spelled is None}
 
 
 def build(config: PhoneCorpusConfig) -> dict[str, object]:
