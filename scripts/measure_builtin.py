@@ -148,14 +148,11 @@ def labels_to_wav(flow, hift, labels: list[int], seed: int):  # -> (N,) float32 
     """L2: 25 Hz labels -> the flow's mel (no prompt, the zero x-vector it was trained with) -> HiFT."""
     import torch
 
-    token = torch.tensor([labels], dtype=torch.int64)
-    empty = torch.zeros(1, 0, dtype=torch.int64)
-    no_len = torch.zeros(1, dtype=torch.int64)
+    from vocalis.train.flow_mels import labels_to_mel
+
+    mel = labels_to_mel(flow, labels).transpose(0, 1)[None]  # (1, 80, 2 T)
     with torch.inference_mode():
-        mel = flow.inference(token, torch.tensor([len(labels)]), empty, no_len,
-                             torch.zeros(1, 0, flow.config.output_size), no_len,
-                             torch.zeros(1, flow.config.spk_embed_dim), streaming=False, finalize=True)
-        wav, _ = hift.inference(mel, generator=torch.Generator().manual_seed(seed))  # mel (1, 80, 2 T)
+        wav, _ = hift.inference(mel, generator=torch.Generator().manual_seed(seed))
     return wav[0]
 
 

@@ -18,6 +18,11 @@ Stages (each a `vocalis` command, printed before it runs):
   hift    L1: vocalis train hift on prep: mel (4 windows) + multi-resolution STFT + F0 losses, no critic
   flow    L2: vocalis train flow on prep_labels (speech ids = the true labels) at the builtin-phones preset; only
           once the committed L1 figures pass their gate (or with --only flow: beside L1, on the other core)
+  hift-flow (--only hift-flow) L2's vocoder: the committed flow's mel of every utterance's true labels
+          (RUN/prep_flow_mels, `python -m vocalis.train.flow_mels`) -> the teacher's audio; the committed vocoder
+          (L2's, else L1's) tuned on them in RUN/hift-flow with the L1 losses at learning rate 1e-4. Gate it with
+          --gate L2-hift (-> RUN/gates/L2/hift.safetensors) and measure the L2 row with it; installed, it is the
+          vocoder that --assemble and the rows above L2 use
   labeller L3: vocalis train labeller on prep_labels_audio (prep_labels with the audio; the prompt tokenizer: the 16 kHz Whisper log-mel of the
           stored audio -> one label per 25 Hz frame, cross-entropy); only once the committed L2 figures pass (or
           with --only labeller: it learns from the corpus alone)
@@ -112,7 +117,10 @@ LLM_L4 = ["model.preset=builtin-phones", "llm.bistream_prob=0", "data.pair_prob=
 # L3: the prompt tokenizer, a frame classifier over the labels (`FrameLabeller`, ~1.9 M parameters).
 LABELLER_L3 = ["labeller.preset=builtin", "optim.lr=1e-3", "scheduler.name=noam_hold", "scheduler.warmup_steps=200",
                "scheduler.hold_steps=30000", "scheduler.decay_rate=1.0", "data.max_frames_in_batch=3000"]
-PARTS = {"L1": "hift", "L2": "flow", "L3": "labeller", "L4": "llm"}
+# L2's vocoder: the L1 vocoder tuned on the committed flow's own mels (`vocalis.train.flow_mels`: the flow's mel
+# of each utterance's true labels -> the teacher's audio), the L1 losses at a tenth of the learning rate.
+HIFT_FLOW = ["optim.lr=1e-4", "scheduler.warmup_steps=100"]
+PARTS = {"L1": "hift", "L2": "flow", "L3": "labeller", "L4": "llm", "L2-hift": "hift"}
 
 
 def passes(rung: str) -> bool:
@@ -225,6 +233,11 @@ def hift_dir(run: Path, channels: int | None) -> Path:
     return run / "hift" if channels is None else run / f"hift-c{channels}"
 
 
+def vocoder_rung() -> str:
+    """The rung whose committed vocoder the model uses: L2's (tuned on the L2 flow's mels) once there is one."""
+    return "L2" if (LADDER / "L2" / "hift.safetensors").is_file() else "L1"
+
+
 def assemble(run: Path, out: Path, weights: dict[str, Path]) -> Path:
     """A phone-model directory from fp16 rung weights (llm, flow, hift; labeller optional) with a `default` voice:
     festival SLT speaking `PROMPT_SENTENCE`, its true labels (the teacher's alignment), its mel, a zero x-vector (the
@@ -319,7 +332,7 @@ def main() -> int:
     run.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     if args.assemble is not None:
-        rungs = {"hift": "L1", "flow": "L2", "labeller": "L3", "llm": "L4"}
+        rungs = {"hift": vocoder_rung(), "flow": "L2", "labeller": "L3", "llm": "L4"}
         found = {}
         for part, rung in rungs.items():
             for folder in (LADDER / rung, run / "gates" / rung):
@@ -333,11 +346,14 @@ def main() -> int:
         return 0
     if args.gate is not None:
         if args.install:
-            install_gate(run, args.gate)
+            install_gate(run, "L2" if args.gate == "L2-hift" else args.gate)
         else:
             part = PARTS[args.gate]
-            src = hift_dir(run, args.hift_channels) if part == "hift" else run / part
-            save_gate(src, run / "gates" / args.gate, part)
+            if args.gate == "L2-hift":
+                save_gate(run / "hift-flow", run / "gates" / "L2", part)
+            else:
+                src = hift_dir(run, args.hift_channels) if part == "hift" else run / part
+                save_gate(src, run / "gates" / args.gate, part)
         return 0
 
     if stage(run, "corpus", args.only):
@@ -364,6 +380,19 @@ def main() -> int:
         labels_stage(run)  # a run labelled before the flow's x-vector size was known
         vocalis("train", "flow", "--data", str(run / "prep_labels"),
                 *train_args(run / "flow", args.flow_steps, args.device, FLOW_L2 + start_from_ladder(run, "L2", "flow")),
+                pid_file=args.pid_file)
+    if args.only is not None and "hift-flow" in args.only:
+        from vocalis.train.flow_mels import flow_mel_shards, load_phone_flow
+
+        data = run / "prep_flow_mels"
+        if not (data / "summary.json").is_file():
+            flow_weights = LADDER / "L2" / "flow.safetensors"
+            log(f"flow mels: {flow_mel_shards(labels_stage(run, keep_audio=True), load_phone_flow(flow_weights), data)}")
+        out = run / "hift-flow"
+        sets = HIFT_L1 + HIFT_FLOW + start_from_ladder(run, vocoder_rung(), "hift", out) + args.hift_set
+        if args.hift_channels is not None:
+            sets.append(f"model.hift_channels={args.hift_channels}")
+        vocalis("train", "hift", "--data", str(data), *train_args(out, args.hift_steps, args.device, sets),
                 pid_file=args.pid_file)
     if (args.only is None and passes("L2")) or (args.only is not None and "labeller" in args.only):
         vocalis("train", "labeller", "--data", str(labels_stage(run, keep_audio=True)),

@@ -53,3 +53,38 @@ def test_labels_replace_the_ids_and_reach_the_flow_batches(tmp_path: Path) -> No
     write_shard([real], prep / "shards" / "shard-000000.parquet")
     with pytest.raises(InputError, match="256-d"):
         attach_labels(prep, tmp_path / "labels.jsonl", tmp_path / "bad", embedding_dim=256)
+
+
+def test_flow_mel_shards_pair_the_flows_mel_with_the_teachers_audio(tmp_path: Path) -> None:
+    import torch
+
+    from vocalis.config import PRESETS
+    from vocalis.models.flow.flow import CausalMaskedDiffWithXvec
+    from vocalis.train.flow_mels import flow_mel_shards, labels_to_mel
+
+    prep = tmp_path / "prep"
+    (prep / "shards").mkdir(parents=True)
+    rng = np.random.default_rng(1)
+    audio = rng.integers(-3000, 3000, 480 * 61, dtype=np.int16)
+    write_shard([_row("a", 61) | {"audio": audio.astype("<i2").tobytes(), "f0": np.arange(61.0).tolist()},
+                 _row("b", 40), _row("c", 61) | {"audio": b""}], prep / "shards" / "shard-000000.parquet")
+    (prep / "data.list").write_text(str(prep / "shards" / "shard-000000.parquet") + "\n")
+    labels = {u: rng.integers(0, NUM_LABELS, 30).tolist() for u in ("a", "b", "c")}
+    (tmp_path / "labels.jsonl").write_text("".join(
+        json.dumps({"utt": u, "frames": len(v), "text_ids": text_ids("A quiet room."), "labels": v}) + "\n"
+        for u, v in labels.items()))
+    attach_labels(prep, tmp_path / "labels.jsonl", tmp_path / "labelled", keep_audio=True)
+    torch.manual_seed(0)
+    flow = CausalMaskedDiffWithXvec(PRESETS["tiny-phones"].flow).eval()
+    # b: too short for its labels (dropped by attach_labels); c: no audio to learn from
+    assert flow_mel_shards(tmp_path / "labelled", flow, tmp_path / "out") == {"utterances": 1, "dropped": 1,
+                                                                              "shards": 1}
+    ds = ShardDataset(resolve_shards([str(tmp_path / "out")]), DataConfig(min_frames=1, shuffle_buffer=0,
+                                                                         sort_buffer=0, segment_frames=80), "hift")
+    batch = next(iter(ds))
+    mel = labels_to_mel(flow, labels["a"])  # (60, 80): 2 frames a label, the 61st teacher frame cut
+    assert mel.shape == (60, 80) and mel.abs().sum() > 0
+    torch.testing.assert_close(batch.mel[0, :60], mel)
+    assert batch.f0[0, :60].tolist() == list(range(60))
+    np.testing.assert_array_equal(batch.audio[0, : 60 * 480].numpy(), audio[: 60 * 480] / np.float32(32767.0))
+    assert not batch.audio[0, 60 * 480:].any()  # padded to the segment, not the teacher's 61st frame
