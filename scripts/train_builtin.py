@@ -85,8 +85,9 @@ def mark(run: Path, name: str) -> None:
     (run / f".done-{name}").write_text(time.strftime("%Y-%m-%d %H:%M:%S") + "\n")
 
 
-def train_args(run_dir: Path, steps: int, device: str, sets: list[str]) -> list[str]:
-    common = ["trainer.max_epochs=0", "trainer.save_every=100", "trainer.keep_checkpoints=3", "trainer.log_every=10",
+def train_args(run_dir: Path, steps: int, device: str, save_every: int, sets: list[str]) -> list[str]:
+    common = ["trainer.max_epochs=0", f"trainer.save_every={save_every}", "trainer.keep_checkpoints=3",
+              "trainer.log_every=10",
               "trainer.num_threads=1", "data.num_workers=0", "trainer.tensorboard=false"]
     out = ["--out", str(run_dir), "--max-steps", str(steps), "--resume", "auto", "--device", device]
     for s in common + sets:
@@ -317,6 +318,7 @@ def main() -> int:
                          "committed vocoder widened to N; with --gate L1: gate that run (default: the committed "
                          "vocoder's width)")
     ap.add_argument("--device", default="cpu", help="cpu or cuda (every trainer)")
+    ap.add_argument("--save-every", type=int, default=100, help="trainer steps between checkpoints")
     ap.add_argument("--only", nargs="*", help="run only these stages")
     ap.add_argument("--gate", choices=tuple(PARTS), help="write the rung's fp16 weights to RUN/gates/<rung> and stop")
     ap.add_argument("--install", action="store_true",
@@ -375,11 +377,12 @@ def main() -> int:
         if args.hift_channels is not None:
             sets.append(f"model.hift_channels={args.hift_channels}")
         vocalis("train", "hift", "--data", str(run / "prep"),
-                *train_args(out, args.hift_steps, args.device, sets), pid_file=args.pid_file)
+                *train_args(out, args.hift_steps, args.device, args.save_every, sets), pid_file=args.pid_file)
     if (args.only is None and passes("L1")) or (args.only is not None and "flow" in args.only):
         labels_stage(run)  # a run labelled before the flow's x-vector size was known
         vocalis("train", "flow", "--data", str(run / "prep_labels"),
-                *train_args(run / "flow", args.flow_steps, args.device, FLOW_L2 + start_from_ladder(run, "L2", "flow")),
+                *train_args(run / "flow", args.flow_steps, args.device, args.save_every,
+                            FLOW_L2 + start_from_ladder(run, "L2", "flow")),
                 pid_file=args.pid_file)
     if args.only is not None and "hift-flow" in args.only:
         from vocalis.train.flow_mels import flow_mel_shards, load_phone_flow
@@ -392,16 +395,18 @@ def main() -> int:
         sets = HIFT_L1 + HIFT_FLOW + start_from_ladder(run, vocoder_rung(), "hift", out) + args.hift_set
         if args.hift_channels is not None:
             sets.append(f"model.hift_channels={args.hift_channels}")
-        vocalis("train", "hift", "--data", str(data), *train_args(out, args.hift_steps, args.device, sets),
+        vocalis("train", "hift", "--data", str(data),
+                *train_args(out, args.hift_steps, args.device, args.save_every, sets),
                 pid_file=args.pid_file)
     if (args.only is None and passes("L2")) or (args.only is not None and "labeller" in args.only):
         vocalis("train", "labeller", "--data", str(labels_stage(run, keep_audio=True)),
-                *train_args(run / "labeller", args.labeller_steps, args.device,
+                *train_args(run / "labeller", args.labeller_steps, args.device, args.save_every,
                             LABELLER_L3 + start_from_ladder(run, "L3", "labeller")), pid_file=args.pid_file)
     if (args.only is None and passes("L3")) or (args.only is not None and "llm" in args.only):
         labels_stage(run)
         vocalis("train", "llm", "--data", str(run / "prep_labels"),
-                *train_args(run / "llm", args.llm_steps, args.device, LLM_L4 + start_from_ladder(run, "L4", "llm")),
+                *train_args(run / "llm", args.llm_steps, args.device, args.save_every,
+                            LLM_L4 + start_from_ladder(run, "L4", "llm")),
                 pid_file=args.pid_file)
     return 0
 

@@ -14,6 +14,7 @@ period, a capitalised word of more than one letter in capitals).
 
 from __future__ import annotations
 
+import os
 import random
 import re
 from functools import lru_cache
@@ -22,8 +23,11 @@ from pathlib import Path
 from vocalis.corpus.text import sentences as template_sentences
 from vocalis.errors import InputError
 
-WORDNET_DIR = Path("/usr/share/wordnet")
-FORTUNE_DIR = Path("/usr/share/games/fortunes")
+# Debian's data packages; VOCALIS_SHARE_DIR stands for /usr/share where they were unpacked elsewhere (a machine that
+# cannot install them: scripts/device_recipe.py)
+SHARE_DIR = Path(os.environ.get("VOCALIS_SHARE_DIR", "/usr/share"))
+WORDNET_DIR = SHARE_DIR / "wordnet"
+FORTUNE_DIR = SHARE_DIR / "games" / "fortunes"
 FORTUNE_FILES = ("fortunes", "literature", "riddles", "wisdom", "people", "platitudes", "humorists", "men-women",
                  "work", "love", "food", "pets", "sports", "science", "education", "kids", "miscellaneous")
 # A fixed sentence a teacher speaks as a voice prompt (the measurement's prompts, the phone model's default voice).
