@@ -145,7 +145,8 @@ def run(args: argparse.Namespace) -> int:
     deadline = start + args.minutes * 60
     out, run_dir = args.out.resolve(), args.run.resolve()
     (out / "logs").mkdir(parents=True, exist_ok=True)
-    summary: dict[str, object] = {"device": args.device, "utterances": args.utterances, "minutes": args.minutes}
+    summary: dict[str, object] = {"device": args.device, "utterances": args.utterances, "voices": args.voices,
+                                  "minutes": args.minutes}
     env = dict(os.environ)
     env.update(unpack(args.bundle, Path("/tmp/vocalis-root")))
     env["PYTHONPATH"] = os.pathsep.join([install_wheels(args.bundle, Path("/tmp/vocalis-site")), str(REPO),
@@ -158,7 +159,7 @@ def run(args: argparse.Namespace) -> int:
     t = time.monotonic()
     with open(out / "logs" / "data.log", "w") as f:
         done = subprocess.run(recipe(run_dir, "--only", "corpus", "prep", "labels", "--utterances",
-                                     str(args.utterances), "--workers", str(cores)),
+                                     str(args.utterances), "--voices", *args.voices, "--workers", str(cores)),
                               env={**env, "OMP_NUM_THREADS": "1"}, stdout=f, stderr=subprocess.STDOUT, check=False)
     summary["data_s"] = round(time.monotonic() - t, 1)
     if done.returncode != 0:
@@ -222,7 +223,8 @@ def main() -> int:
     rp.add_argument("--bundle", type=Path, default=BUNDLE)
     rp.add_argument("--run", type=Path, default=Path("/tmp/vocalis-run"), help="the recipe's run folder")
     rp.add_argument("--device", default="cuda")
-    rp.add_argument("--utterances", type=int, default=4000)
+    rp.add_argument("--utterances", type=int, default=4000, help="corpus sentences per voice")
+    rp.add_argument("--voices", nargs="+", default=["slt"], choices=("slt", "kal", "ked"))
     rp.add_argument("--save-every", type=int, default=100, help="trainer steps between checkpoints")
     rp.add_argument("--stages", nargs="+", choices=tuple(STAGES), default=list(STAGES))
     rp.add_argument("--hift-set", action="append", default=[], metavar="KEY=VALUE",

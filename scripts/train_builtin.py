@@ -10,7 +10,8 @@ Run it niced, one thread, in the background, with the trainer's pid in a file (t
 
 Stages (each a `vocalis` command, printed before it runs):
   corpus  vocalis corpus RUN/corpus --voice slt --utterances N   (WordNet + fortunes + templates spoken by
-          festival's cmu_us_slt_arctic_hts, with 25 Hz phone-state labels from its alignment)
+          festival's cmu_us_slt_arctic_hts, with 25 Hz phone-state labels from its alignment; --voices slt kal ked:
+          the same sentences by the kal and ked diphones too)
   base    a random `builtin`-preset model directory: the frontend `vocalis prepare` reads
   prep    vocalis prepare ... --no-speech-tokens --no-speaker-embeddings   (mel, F0, 24 kHz audio)
   labels  python -m vocalis.train.phone_labels: prep with text ids = phones, speech ids = the 25 Hz labels
@@ -304,7 +305,9 @@ def install_gate(run: Path, rung: str) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("run", type=Path, help="run folder (outside the repository)")
-    ap.add_argument("--utterances", type=int, default=4000, help="corpus size (~3 s each)")
+    ap.add_argument("--utterances", type=int, default=4000, help="corpus sentences per voice (~3 s each)")
+    ap.add_argument("--voices", nargs="+", default=["slt"], choices=("slt", "kal", "ked"),
+                    help="festival voices of the corpus (a run's corpus is built once: a new RUN for other voices)")
     ap.add_argument("--workers", type=int, default=1, help="corpus and prepare processes")
     ap.add_argument("--hift-steps", type=int, default=100000)
     ap.add_argument("--flow-steps", type=int, default=100000)
@@ -359,7 +362,7 @@ def main() -> int:
         return 0
 
     if stage(run, "corpus", args.only):
-        vocalis("corpus", str(run / "corpus"), "--voice", "slt", "--utterances", str(args.utterances),
+        vocalis("corpus", str(run / "corpus"), "--voice", *args.voices, "--utterances", str(args.utterances),
                 "--workers", str(args.workers), pid_file=args.pid_file)
         mark(run, "corpus")
     base = make_base(run)

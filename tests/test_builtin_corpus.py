@@ -18,6 +18,7 @@ from vocalis.corpus.alignment import (
     read_segments,
     reconcile,
 )
+from vocalis.errors import InputError
 from vocalis.frontend.phones import NUM_LABELS, label_id
 
 SLT = Path("/usr/share/festival/voices/us/cmu_us_slt_arctic_hts")
@@ -147,3 +148,26 @@ def test_diphone_voices_label_the_texts_phones(voice: str, tmp_path: Path) -> No
         assert not rec["mismatch"] and len(rec["labels"]) == rec["frames"] == num_frames(sf.info(str(wav)).duration)
         assert [u for u in label_units(rec["labels"]) if u != "pau"] == predicted
     assert reduced  # the voice did reduce: the test exercised the spelling
+
+
+def test_a_corpus_of_several_voices_speaks_every_sentence_in_each(tmp_path: Path) -> None:
+    _require(shutil.which("festival") is not None and SLT.is_dir() and DIPHONES["kal"].is_dir(),
+             "festival with festvox-us-slt-hts and festvox-kallpc16k")
+    import json
+
+    from vocalis.corpus.phone_corpus import PhoneCorpusConfig, build
+
+    summary = build(PhoneCorpusConfig(str(tmp_path), utterances=3, voices=("slt", "kal")))
+    manifest = [json.loads(line) for line in (tmp_path / "manifest.jsonl").read_text().splitlines()]
+    labels = {r["utt"]: r for r in map(json.loads, (tmp_path / "labels.jsonl").read_text().splitlines())}
+    assert summary["voices"] == {"cmu_us_slt_arctic_hts": 3, "kal_diphone": 3} and summary["utterances"] == 6
+    assert [r["speaker"] for r in manifest] == ["fest-slt"] * 3 + ["fest-kal"] * 3
+    by_voice = {v: [r for r in manifest if r["speaker"] == f"fest-{v}"] for v in ("slt", "kal")}
+    assert [r["text"] for r in by_voice["slt"]] == [r["text"] for r in by_voice["kal"]]
+    for slt, kal in zip(by_voice["slt"], by_voice["kal"]):  # the same text: the same ids, labels of each voice
+        assert labels[slt["utt"]]["text_ids"] == labels[kal["utt"]]["text_ids"]
+        assert [u for u in label_units(labels[slt["utt"]]["labels"]) if u != "pau"] == \
+            [u for u in label_units(labels[kal["utt"]]["labels"]) if u != "pau"]
+        assert (tmp_path / kal["wav"]).is_file() and kal["wav"].startswith("wavs/kal/")
+    with pytest.raises(InputError, match="unknown voices"):
+        build(PhoneCorpusConfig(str(tmp_path), utterances=1, voices=("slt", "rms")))

@@ -7,12 +7,13 @@ import json
 
 
 def _corpus(args: argparse.Namespace) -> int:
-    if args.voice is not None:  # the built-in model's phone corpus: one festival voice with its alignment
+    if args.voice is not None:  # the built-in model's phone corpus: festival voices with their alignment
         from vocalis.corpus.phone_corpus import PhoneCorpusConfig
         from vocalis.corpus.phone_corpus import build as build_phones
 
-        print(json.dumps(build_phones(PhoneCorpusConfig(args.out, utterances=args.utterances, voice=args.voice,
-                                                        seed=args.seed, workers=args.workers)), indent=1))
+        config = PhoneCorpusConfig(args.out, utterances=args.utterances, voices=tuple(dict.fromkeys(args.voice)),
+                                   seed=args.seed, workers=args.workers)
+        print(json.dumps(build_phones(config), indent=1))
         return 0
     from vocalis.corpus.build import CorpusConfig, build
 
@@ -32,7 +33,8 @@ def add_corpus_command(sub: argparse._SubParsersAction) -> None:
     cp.add_argument("--workers", type=int, default=2, help="parallel synthesis processes")
     cp.add_argument("--seed", type=int, default=0)
     cp.add_argument("--heldout", type=int, default=60, help="English sentences held out for measurement")
-    cp.add_argument("--voice", choices=("slt", "kal", "ked"), help="the built-in model's phone corpus: WordNet, fortunes and "
-                    "template text spoken by this festival voice, with 25 Hz labels from its alignment")
-    cp.add_argument("--utterances", type=int, default=4000, help="with --voice: sentences to speak")
+    cp.add_argument("--voice", nargs="+", choices=("slt", "kal", "ked"),
+                    help="the built-in model's phone corpus: WordNet, fortunes and template text spoken by these "
+                    "festival voices, with 25 Hz labels from their alignment")
+    cp.add_argument("--utterances", type=int, default=4000, help="with --voice: sentences to speak, per voice")
     cp.set_defaults(func=_corpus)

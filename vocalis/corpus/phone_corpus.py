@@ -1,12 +1,13 @@
-"""The phone-based corpus of the built-in model: recipe text spoken by festival's SLT HTS voice, with its alignment.
+"""The phone-based corpus of the built-in model: recipe text spoken by festival voices (SLT's HTS voice; the kal
+and ked diphones), with their alignment.
 
-`build(PhoneCorpusConfig(out, utterances=N))` plans N sentences (`vocalis.corpus.sentences.recipe`), has festival
-speak them in batches of 40 per process (each writing the wav and the segment list, `alignment.SEGS_SCHEME`), then
+`build(PhoneCorpusConfig(out, utterances=N, voices=...))` plans N sentences (`vocalis.corpus.sentences.recipe`)
+for every voice, has festival speak them in batches of 40 per process and voice (each writing the wav and the segment list, `alignment.SEGS_SCHEME`), then
 writes per utterance: the text frontend's ids (`vocalis.frontend.phones.text_ids`) and the 25 Hz labels
 (`alignment.frame_labels`). An utterance whose frontend phones differ from the ones festival spoke is left out of
 the manifest (counted in `corpus.json` as `g2p_mismatch`): training text and labels always agree.
 
-Output: `wavs/slt/*.wav` + `*.segs` + `*.txt` (the text it was spoken from), `manifest.jsonl` (utt, wav, text, speaker, language: `vocalis prepare`'s input),
+Output: `wavs/<voice>/*.wav` + `*.segs` + `*.txt` (the text it was spoken from), `manifest.jsonl` (utt, wav, text, speaker, language: `vocalis prepare`'s input),
 `labels.jsonl` (utt, text_ids, labels, frames), `heldout_wordnet.jsonl` (the 50 held-out sentences), `corpus.json`.
 The plan is a pure function of the config and the installed Debian packages; a rerun synthesises only what is
 missing.
@@ -42,8 +43,8 @@ _TIMEOUT_S = 600.0
 @dataclass(frozen=True, slots=True)
 class PhoneCorpusConfig:
     out_dir: str
-    utterances: int = 2000
-    voice: str = "slt"
+    utterances: int = 2000  # sentences per voice (every voice speaks the same ones)
+    voices: tuple[str, ...] = ("slt",)
     seed: int = 0
     workers: int = 1
 
@@ -55,9 +56,11 @@ class Planned:
     wav: str  # relative to out_dir; the segment list is the same path with suffix .segs
 
 
-def plan(config: PhoneCorpusConfig) -> list[Planned]:
-    return [Planned(f"{config.voice}-{i:06d}", text, f"wavs/{config.voice}/{config.voice}-{i:06d}.wav")
-            for i, text in enumerate(recipe(config.utterances, seed=config.seed))]
+def plan(config: PhoneCorpusConfig) -> list[tuple[str, Planned]]:
+    """(voice, utterance) for every voice and recipe sentence, voice by voice."""
+    texts = recipe(config.utterances, seed=config.seed)
+    return [(v, Planned(f"{v}-{i:06d}", text, f"wavs/{v}/{v}-{i:06d}.wav")) for v in config.voices
+            for i, text in enumerate(texts)]
 
 
 def _quote(text: str) -> str:
@@ -102,20 +105,26 @@ def utterance_record(utt: str, text: str, wav: Path) -> dict[str, object]:
 
 
 def build(config: PhoneCorpusConfig) -> dict[str, object]:
-    if config.voice not in VOICES:
-        raise InputError(f"unknown voice {config.voice!r}; known: {', '.join(VOICES)}")
+    unknown = [v for v in config.voices if v not in VOICES]
+    if unknown or not config.voices:
+        raise InputError(f"unknown voices {unknown}; known: {', '.join(VOICES)}")
     out = Path(config.out_dir)
     planned = plan(config)
-    todo = [p for p in planned if not _spoken(out / p.wav, p.text)]
-    (out / "wavs" / config.voice).mkdir(parents=True, exist_ok=True)
+    todo = [(v, p) for v, p in planned if not _spoken(out / p.wav, p.text)]
+    for v in config.voices:
+        (out / "wavs" / v).mkdir(parents=True, exist_ok=True)
     log.info("phone corpus: %d planned, %d to speak", len(planned), len(todo))
     start = time.monotonic()
-    jobs = [todo[i:i + BATCH] for i in range(0, len(todo), BATCH)]
+    jobs = []  # (voice, up to BATCH utterances): one festival process each
+    for voice in config.voices:
+        mine = [p for v, p in todo if v == voice]
+        jobs += [(voice, mine[i:i + BATCH]) for i in range(0, len(mine), BATCH)]
     with ThreadPoolExecutor(max_workers=max(1, config.workers)) as pool:
-        for k, _ in enumerate(pool.map(lambda b: speak_batch(config.voice, [(p.text, out / p.wav) for p in b]), jobs)):
+        for k, _ in enumerate(pool.map(lambda j: speak_batch(j[0], [(p.text, out / p.wav) for p in j[1]]), jobs)):
             log.info("phone corpus: batch %d/%d (%.0f s)", k + 1, len(jobs), time.monotonic() - start)
     rows, records, failed, mismatched, seconds = [], [], [], 0, 0.0
-    for p in planned:
+    per_voice = dict.fromkeys(config.voices, 0)
+    for v, p in planned:
         wav = out / p.wav
         if not _spoken(wav, p.text):
             failed.append(p.utt)
@@ -130,14 +139,16 @@ def build(config: PhoneCorpusConfig) -> dict[str, object]:
             mismatched += 1
             continue
         seconds += sf.info(str(wav)).duration
-        rows.append({"utt": p.utt, "wav": p.wav, "text": p.text, "speaker": f"fest-{config.voice}", "language": "en"})
+        rows.append({"utt": p.utt, "wav": p.wav, "text": p.text, "speaker": f"fest-{v}", "language": "en"})
         records.append(rec)
+        per_voice[v] += 1
     _write_jsonl(out / "manifest.jsonl", rows)
     _write_jsonl(out / "labels.jsonl", records)
     _write_jsonl(out / "heldout_wordnet.jsonl", [{"id": f"heldout-{i:03d}", "text": t, "language": "en"}
                                                  for i, t in enumerate(heldout_wordnet())])
-    summary = {"utterances": len(rows), "hours": round(seconds / 3600, 3), "voice": VOICES[config.voice],
-               "planned": len(planned), "g2p_mismatch": mismatched, "failed": len(failed), "seed": config.seed}
+    summary = {"utterances": len(rows), "hours": round(seconds / 3600, 3),
+               "voices": {VOICES[v]: n for v, n in per_voice.items()}, "planned": len(planned),
+               "g2p_mismatch": mismatched, "failed": len(failed), "seed": config.seed}
     (out / "corpus.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
     return summary
 
