@@ -203,37 +203,42 @@ def measure_ladder(args: argparse.Namespace) -> int:
                    for i, text in enumerate(texts)] if {"L2", "L3", "L4"} & set(args.rows) else []
     for rung in args.rows:
         counts, start, audio_s, lengths, hits = EditCounts(0, 0, 0, 0), time.perf_counter(), 0.0, [], [0, 0]
+        # the sampled rows (L4, L5) pool --seeds draws of every sentence: the LLM's sampling varies more than the
+        # difference between two settings on one draw
+        seeds = [args.seed + j for j in range(args.seeds)] if rung in ("L4", "L5") else [args.seed]
         for i, text in enumerate(texts):
-            teacher_wav = out / f"teacher-{i:03d}.wav"
-            if rung == "L5":
-                wav = torch.from_numpy(tts.synthesize(text, voice="default", seed=args.seed, language="en"))
-            elif rung == "L3":
-                labels = audio_labels(labeller, teacher_wav)
-                n = min(len(true_labels[i]), len(labels))  # the clip's frames and the alignment's may differ by one
-                hit = sum(a == b for a, b in zip(true_labels[i][:n], labels[:n]))
-                hits[0] += hit
-                hits[1] += n
-                rows[i]["L3_accuracy"] = round(hit / max(n, 1), 3)
-                wav = labels_to_wav(flow, hift, labels, args.seed)
-            elif rung == "L4":
-                labels = llm_labels(llm, text, args.seed)
-                lengths.append(len(labels) / len(true_labels[i]))
-                rows[i]["L4_length"] = round(lengths[-1], 3)
-                wav = labels_to_wav(flow, hift, labels, args.seed) if labels else torch.zeros(1)
-            elif rung == "L1":
-                mel = prompt_mel(load_wav(teacher_wav, SAMPLE_RATE, max_seconds=None)).transpose(0, 1)  # (80, T)
-                with torch.inference_mode():
-                    voc, _ = hift.inference(mel.unsqueeze(0), generator=torch.Generator().manual_seed(args.seed))
-                wav = voc[0]
-            else:  # L2: the teacher's own labels
-                wav = labels_to_wav(flow, hift, true_labels[i], args.seed)
-            sf.write(str(out / f"{rung}-{i:03d}.wav"), wav.numpy(), SAMPLE_RATE)
-            audio_s += wav.shape[-1] / SAMPLE_RATE
-            hyp = asr(load16(out / f"{rung}-{i:03d}.wav"), 16000)
-            counts += word_counts(text, hyp, "en")
-            rows[i][f"{rung}_asr"] = hyp
+            for seed in seeds:
+                teacher_wav = out / f"teacher-{i:03d}.wav"
+                if rung == "L5":
+                    wav = torch.from_numpy(tts.synthesize(text, voice="default", seed=seed, language="en"))
+                elif rung == "L3":
+                    labels = audio_labels(labeller, teacher_wav)
+                    n = min(len(true_labels[i]), len(labels))  # the clip's frames and the alignment's may differ by 1
+                    hit = sum(a == b for a, b in zip(true_labels[i][:n], labels[:n]))
+                    hits[0] += hit
+                    hits[1] += n
+                    rows[i]["L3_accuracy"] = round(hit / max(n, 1), 3)
+                    wav = labels_to_wav(flow, hift, labels, seed)
+                elif rung == "L4":
+                    labels = llm_labels(llm, text, seed)
+                    lengths.append(len(labels) / len(true_labels[i]))
+                    rows[i].setdefault("L4_length", []).append(round(lengths[-1], 3))
+                    wav = labels_to_wav(flow, hift, labels, seed) if labels else torch.zeros(1)
+                elif rung == "L1":
+                    mel = prompt_mel(load_wav(teacher_wav, SAMPLE_RATE, max_seconds=None)).transpose(0, 1)  # (80, T)
+                    with torch.inference_mode():
+                        voc, _ = hift.inference(mel.unsqueeze(0), generator=torch.Generator().manual_seed(seed))
+                    wav = voc[0]
+                else:  # L2: the teacher's own labels
+                    wav = labels_to_wav(flow, hift, true_labels[i], seed)
+                name = f"{rung}-{i:03d}.wav" if seed == args.seed else f"{rung}-{i:03d}-s{seed}.wav"
+                sf.write(str(out / name), wav.numpy(), SAMPLE_RATE)
+                audio_s += wav.shape[-1] / SAMPLE_RATE
+                hyp = asr(load16(out / name), 16000)
+                counts += word_counts(text, hyp, "en")
+                rows[i].setdefault(f"{rung}_asr", []).append(hyp)
         figures[rung] = {"wer": counts.rate, "ratio": counts.rate / teacher.rate if teacher.rate else None,
-                         "gate": GATES[rung],
+                         "gate": GATES[rung], "seeds": seeds,
                          "vocoder_rtf" if rung == "L1" else "rtf": (time.perf_counter() - start) / max(audio_s, 1e-9)}
         if rung == "L5":
             figures[rung]["model"] = str(args.model)
@@ -276,6 +281,8 @@ def measure_ladder(args: argparse.Namespace) -> int:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", help="model directory (default: the built-in model; --rows L5: the assembled phone model)")
+    ap.add_argument("--seeds", type=int, default=1, help="with --voices slt: draws per sentence of the sampled rows "
+                    "(L4, L5), pooled into one figure")
     ap.add_argument("-n", type=int, default=50, help="held-out sentences (>= 50 for the issue's measurement)")
     ap.add_argument("--out", type=Path, help="keep the wavs here (default: a temporary folder)")
     ap.add_argument("--json", type=Path, help="also write the figures as JSON")
