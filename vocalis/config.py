@@ -96,6 +96,9 @@ class SamplingConfig:
     win_size: int = 10
     tau_r: float = 0.1
     temperature: float = 1.0
+    # A phone model's labels spell its text's phones in order: draw only labels that continue the spelling
+    # (`vocalis.frontend.label_path`), so that the model chooses durations and pauses, never skips or repeats words
+    follow_phones: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -317,7 +320,7 @@ def phone_config(config: ModelConfig) -> ModelConfig:
     # The LLM samples durations here, not a voice's free prosody: sampled cooler, the labels keep closer to the
     # typical timing of each phone (held-out SLT sentences through the whole model: WER 42.1 % at temperature 1.0
     # and at 0.6, 38.2 % at 0.3, 38.8 % at 0.15).
-    sampling = dataclasses.replace(config.sampling, tau_r=1.0, temperature=0.3)
+    sampling = dataclasses.replace(config.sampling, tau_r=1.0, temperature=0.3, follow_phones=True)
     return dataclasses.replace(config, llm=llm, flow=flow, text_frontend="phones", sampling=sampling)
 
 

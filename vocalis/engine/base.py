@@ -37,7 +37,8 @@ class EngineFront:
         s = sampling or SamplingConfig()
         min_len, max_len = self.llm.length_bounds(num_text_tokens)
         params = SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, win_size=s.win_size,
-                                tau_r=s.tau_r, min_len=min_len, max_len=max_len, seed=seed)
+                                tau_r=s.tau_r, min_len=min_len, max_len=max_len, seed=seed,
+                                follow_phones=s.follow_phones)
         return dataclasses.replace(params, **overrides) if overrides else params  # type: ignore[arg-type]
 
     def make_request(self, text_ids: Sequence[int], prompt_text_ids: Sequence[int] = (),
@@ -48,7 +49,12 @@ class EngineFront:
         `sampling_params(len(text_ids))`."""
         prompt = self.ids.prompt(text_ids, prompt_text_ids, prompt_speech_ids)
         params = params or self.sampling_params(len(text_ids))
-        return Request(prompt, params, request_id, sink, generator)
+        path = None
+        if params.follow_phones:
+            from vocalis.frontend.label_path import LabelPath
+
+            path = LabelPath(text_ids, self.llm.config.eos_token, self.ids.num_speech)
+        return Request(prompt, params, request_id, sink, generator, label_path=path)
 
     def generate(self, requests: Iterable[Request]) -> dict[str, list[int]]:
         """Run requests to completion (a convenience for tests and benchmarks) -> speech ids by request id."""

@@ -22,6 +22,7 @@ from vocalis.errors import InputError
 
 if TYPE_CHECKING:
     from vocalis.engine.bistream import BistreamInput
+    from vocalis.frontend.label_path import LabelPath
 
 log = logging.getLogger(__name__)
 _ids = itertools.count()
@@ -47,6 +48,7 @@ class SamplingParams:
     min_len / max_len: speech ids to produce at least / at most; eos is masked while fewer than min_len were
         produced (stop_all_masked: every stop id is, which with min_len = max_len forces an exact count).
     seed: seeds this request's own torch.Generator (None: a random seed); the draws use nothing else.
+    follow_phones: a phone model's labels follow its text (`vocalis.frontend.label_path`; whole-text requests).
     """
 
     temperature: float = 1.0
@@ -59,6 +61,7 @@ class SamplingParams:
     max_len: int = 2000
     seed: int | None = None
     stop_all_masked: bool = False
+    follow_phones: bool = False
 
     def __post_init__(self) -> None:
         if not self.greedy and self.temperature <= 0:
@@ -83,13 +86,14 @@ class Request:
     sample_at_end: computing the last fed position yields an id (False while a bi-stream waits for text).
     """
 
-    __slots__ = ("arrival_time", "bistream", "block_hashes", "block_table", "generator", "num_cached_tokens",
-                 "num_computed_tokens", "num_preemptions", "num_prompt_tokens", "output_ids", "params",
-                 "request_id", "sample_at_end", "sink", "status", "token_ids")
+    __slots__ = ("arrival_time", "bistream", "block_hashes", "block_table", "generator", "label_path",
+                 "num_cached_tokens", "num_computed_tokens", "num_preemptions", "num_prompt_tokens", "output_ids",
+                 "params", "request_id", "sample_at_end", "sink", "status", "token_ids")
 
     def __init__(self, prompt_ids: Sequence[int], params: SamplingParams | None = None,
                  request_id: str | None = None, sink: TokenSink | None = None,
-                 generator: torch.Generator | None = None, bistream: BistreamInput | None = None) -> None:
+                 generator: torch.Generator | None = None, bistream: BistreamInput | None = None,
+                 label_path: LabelPath | None = None) -> None:
         if not prompt_ids and bistream is None:
             raise ValueError("a request needs at least one prompt id")
         self.request_id = request_id if request_id is not None else f"req-{next(_ids)}"
@@ -97,6 +101,7 @@ class Request:
         self.output_ids: list[int] = []
         self.num_prompt_tokens = len(self.token_ids)
         self.bistream = bistream
+        self.label_path = label_path  # labels that follow the text (params.follow_phones), this request's own
         self.sample_at_end = bistream is None
         self.params = params or SamplingParams()
         self.status = RequestStatus.WAITING

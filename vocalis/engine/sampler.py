@@ -63,12 +63,14 @@ class Sampler:
 
     def _masked_ids(self, req: Request) -> list[int]:
         """Ids a row may not draw now: below min_len eos (the released model's rule; stop_all_masked: every stop
-        id, to force a count); a bi-stream's own rule."""
+        id, to force a count); those off a phone model's label path; a bi-stream's own rule."""
         if req.bistream is not None:
             return req.bistream.masked_ids
+        masked = req.label_path.masked_ids(req.output_ids) if req.label_path is not None else []
         if req.num_output_tokens < req.params.min_len:
-            return self.stop_ids if req.params.stop_all_masked else [self.eos_id]
-        return []
+            stops = self.stop_ids if req.params.stop_all_masked else [self.eos_id]
+            masked = sorted(set(masked).union(stops)) if masked else stops
+        return masked
 
     def _ras(self, requests: Sequence[Request], scores: torch.Tensor) -> list[int]:
         device = scores.device

@@ -35,7 +35,9 @@ def generate(
 ) -> Iterator[int]:
     """Yield speech ids one by one (unistream, the official `Qwen2LM.inference`).
 
-    Stops at any stop id or after `max_len` ids; eos alone is masked during the first `min_len` steps.
+    Stops at any stop id or after `max_len` ids; eos alone is masked during the first `min_len` steps. With
+    `sampling.follow_phones` (a phone model) only labels that continue the text's phones are drawn
+    (`vocalis.frontend.label_path`).
     The bounds default to `length_bounds(len(text_ids))`. `sample_fn` replaces RAS (then `sampling` and
     `generator` are unused), e.g. `make_greedy_sampler(stop ids)` with min_len = max_len = N decodes
     exactly N ids.
@@ -45,6 +47,11 @@ def generate(
     max_len = default_max if max_len is None else max_len
     choose = sample_fn or make_sampler(sampling or SamplingConfig(), generator)
     eos, stops = lm.config.eos_token, lm.config.stop_token_ids
+    path = None
+    if sampling is not None and sampling.follow_phones and sample_fn is None:
+        from vocalis.frontend.label_path import LabelPath
+
+        path = LabelPath(torch.as_tensor(text_ids).flatten().tolist(), eos, lm.config.num_speech_rows)
     lm_input = lm.prefill_embeddings(text_ids, prompt_text_ids, prompt_speech_ids)  # (1, L, D)
     cache: KVCache | None = None
     out: list[int] = []
@@ -52,6 +59,8 @@ def generate(
         logp, cache = lm.step(lm_input, cache)  # (1, V)
         if i < min_len:
             logp[0, eos] = float("-inf")
+        if path is not None:
+            logp[0, path.masked_ids(out)] = float("-inf")
         top = choose(logp[0], out)
         if top in stops:
             return

@@ -245,6 +245,9 @@ class VLLMEngine(EngineFront):
     def add_request(self, request: Request) -> None:
         if request.bistream is not None:
             self.make_bistream_request()
+        if request.label_path is not None:
+            raise InputError("the vllm backend cannot make a phone model's labels follow its text (a mask per "
+                             "step and request); use --backend torch")
         if request.request_id in self._requests:
             raise ValueError(f"request id {request.request_id!r} is already running")
         if not fit_to_model_len(request, self.max_model_len):
