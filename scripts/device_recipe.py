@@ -52,7 +52,7 @@ PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x
              "manylinux1_x86_64", "any")
 # trainers by stage: rung, and the settings a device run adds (the vocoder with the multi-period critic at the
 # documented settings: the figures that moved L1 were trained with it)
-STAGES = {"hift": "L1", "flow": "L2", "labeller": "L3", "llm": "L4"}
+STAGES = {"hift": "L1", "flow": "L2", "labeller": "L3", "llm": "L4", "hift-flow": "L2-hift"}
 HIFT_GAN = ["hift.adversarial=lsgan", "hift.spec_resolutions=[]", "hift.discriminator_lr=2e-4", "optim.lr=1e-4",
             "hift.period_channels=[8, 16, 32, 64, 64]"]
 GATE_MARGIN_S = 45  # stop the trainers this long before the deadline: the gates and copying take the rest
@@ -202,9 +202,9 @@ def run(args: argparse.Namespace) -> int:
         if step is None:
             continue
         subprocess.run(recipe(run_dir, "--gate", rung), env=env, check=False, stdout=subprocess.DEVNULL)
-        src = run_dir / "gates" / rung
-        if src.is_dir():
-            shutil.copytree(src, out / "gates" / rung, dirs_exist_ok=True)
+        folder = "L2" if rung == "L2-hift" else rung  # L2's vocoder gates beside the L2 flow
+        if (run_dir / "gates" / folder).is_dir():
+            shutil.copytree(run_dir / "gates" / folder, out / "gates" / folder, dirs_exist_ok=True)
     summary["gates"] = gates
     summary["total_s"] = round(time.monotonic() - start, 1)
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
@@ -226,7 +226,8 @@ def main() -> int:
     rp.add_argument("--utterances", type=int, default=4000, help="corpus sentences per voice")
     rp.add_argument("--voices", nargs="+", default=["slt"], choices=("slt", "kal", "ked"))
     rp.add_argument("--save-every", type=int, default=100, help="trainer steps between checkpoints")
-    rp.add_argument("--stages", nargs="+", choices=tuple(STAGES), default=list(STAGES))
+    rp.add_argument("--stages", nargs="+", choices=tuple(STAGES), default=["hift", "flow", "labeller", "llm"],
+                    help="hift-flow: L2's vocoder, tuned on the committed flow's mels (made on the device first)")
     rp.add_argument("--hift-set", action="append", default=[], metavar="KEY=VALUE",
                     help="an extra vocoder setting (after the critic settings)")
     args = ap.parse_args()

@@ -393,7 +393,8 @@ def main() -> int:
         data = run / "prep_flow_mels"
         if not (data / "summary.json").is_file():
             flow_weights = LADDER / "L2" / "flow.safetensors"
-            log(f"flow mels: {flow_mel_shards(labels_stage(run, keep_audio=True), load_phone_flow(flow_weights), data)}")
+            flow = load_phone_flow(flow_weights, args.device)
+            log(f"flow mels: {flow_mel_shards(labels_stage(run, keep_audio=True), flow, data)}")
         out = run / "hift-flow"
         sets = HIFT_L1 + HIFT_FLOW + start_from_ladder(run, vocoder_rung(), "hift", out) + args.hift_set
         if args.hift_channels is not None:

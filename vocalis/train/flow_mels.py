@@ -29,14 +29,16 @@ from vocalis.train.data import N_MELS, resolve_shards
 
 def labels_to_mel(flow: nn.Module, labels: list[int]) -> torch.Tensor:
     """25 Hz labels -> the flow's mel (T, 80), T = 2 len(labels): unprompted, zero x-vector, whole utterance."""
-    token = torch.tensor([labels], dtype=torch.int64)
-    empty = torch.zeros(1, 0, dtype=torch.int64)
-    no_len = torch.zeros(1, dtype=torch.int64)
+    dev = flow.input_embedding.weight.device
+    token = torch.tensor([labels], dtype=torch.int64, device=dev)
+    empty = torch.zeros(1, 0, dtype=torch.int64, device=dev)
+    no_len = torch.zeros(1, dtype=torch.int64, device=dev)
     with torch.inference_mode():
-        mel = flow.inference(token, torch.tensor([len(labels)]), empty, no_len,
-                             torch.zeros(1, 0, N_MELS), no_len, torch.zeros(1, flow.config.spk_embed_dim),
+        mel = flow.inference(token, torch.tensor([len(labels)], device=dev), empty, no_len,
+                             torch.zeros(1, 0, N_MELS, device=dev), no_len,
+                             torch.zeros(1, flow.config.spk_embed_dim, device=dev),
                              streaming=False, finalize=True)  # (1, 80, 2 len(labels))
-    return mel[0].transpose(0, 1).contiguous()
+    return mel[0].transpose(0, 1).float().cpu().contiguous()
 
 
 def flow_mel_shards(prepared: Path, flow: nn.Module, out: Path) -> dict[str, int]:
@@ -83,8 +85,8 @@ def flow_mel_shards(prepared: Path, flow: nn.Module, out: Path) -> dict[str, int
     return summary
 
 
-def load_phone_flow(weights: Path) -> nn.Module:
-    """The builtin-phones preset's flow with `weights` (fp16 or fp32 safetensors), in eval mode."""
+def load_phone_flow(weights: Path, device: str = "cpu") -> nn.Module:
+    """The builtin-phones preset's flow with `weights` (fp16 or fp32 safetensors), in eval mode on `device`."""
     from safetensors.torch import load_file
 
     from vocalis.checkpoint import load_strict
@@ -93,7 +95,7 @@ def load_phone_flow(weights: Path) -> nn.Module:
 
     flow = CausalMaskedDiffWithXvec(PRESETS["builtin-phones"].flow)
     load_strict(flow, {k: v.float() for k, v in load_file(str(weights)).items()}, str(weights))
-    return flow.eval()
+    return flow.to(device).eval()
 
 
 if __name__ == "__main__":
