@@ -115,6 +115,33 @@ def test_a_phone_model_dir_tokenizes_prompts_with_its_labeller(tmp_path: Path) -
         load_model(path)
 
 
+def test_a_phone_model_clones_a_recording_without_a_speaker_encoder(tmp_path: Path) -> None:
+    """Its flow trained with zero x-vectors (`speaker_embedding="zeros"`): a prompt recording's voice is its mel
+    and labels, so no CAM++ is needed; a model that reads x-vectors still refuses without its encoder."""
+    from vocalis.models.speech_tokenizer.labeller import FrameLabeller, labeller_config, save_labeller
+
+    path, _ = _phone_model_dir(tmp_path / "phones")
+    torch.manual_seed(0)
+    save_labeller(FrameLabeller(labeller_config("tiny", phones.NUM_LABELS)).eval(), path)
+    t = np.arange(24000 * 2) / 24000
+    wav = (0.2 * np.sin(2 * np.pi * 180 * t) * (1 + np.sin(2 * np.pi * 3 * t))).astype(np.float32)
+    import soundfile as sf
+
+    sf.write(tmp_path / "me.wav", wav, 24000)
+    with TTS.load(path) as tts:
+        assert tts.model.speaker_encoder is None and tts.model.config.speaker_embedding == "zeros"
+        voice = tts.frontend.make_voice(str(tmp_path / "me.wav"), PROMPT_TEXT)
+        assert not voice.embedding.any() and voice.embedding.shape == (tts.model.config.flow.spk_embed_dim,)
+        assert len(voice.prompt_speech_ids) == 50 and voice.prompt_mel.shape[0] == 100  # 2 s at 25 Hz / 50 Hz
+        for text in (PROMPT_TEXT, None):  # zero-shot and cross-lingual
+            out = tts.synthesize("Hello.", prompt_wav=str(tmp_path / "me.wav"), prompt_text=text, seed=0)
+            assert out.ndim == 1 and out.size > 0 and np.isfinite(out).all()
+    bpe = random_model("tiny")
+    save_vocalis(bpe, tmp_path / "bpe", tokenizer_src=BUNDLED_TOKENIZER)
+    with TTS.load(tmp_path / "bpe") as tts, pytest.raises(InputError, match="no speaker encoder"):
+        tts.frontend.make_voice(str(tmp_path / "me.wav"), PROMPT_TEXT)
+
+
 def test_the_phone_model_lets_a_label_run_for_a_phone() -> None:
     """A label repeats for every 40 ms frame of its phone: the phone model's sampling keeps drawing it after five
     in a row, where the released RAS (BPE-paced codec ids) excludes it and draws another."""

@@ -218,10 +218,15 @@ class ModelConfig:
     sample_rate: int = SAMPLE_RATE
     spk_embed_dim: int = 192
     text_frontend: str = "bpe"  # TEXT_FRONTENDS; "phones": text ids from `vocalis.frontend.phones.text_ids`
+    # "encoder": a prompt's x-vector comes from the directory's speaker encoder (CAM++); "zeros": the flow trained
+    # with zero x-vectors (the phone model), so a cloned voice is its prompt mel alone and needs no encoder
+    speaker_embedding: str = "encoder"
 
     def __post_init__(self) -> None:
         if self.text_frontend not in TEXT_FRONTENDS:
             raise ValueError(f"text_frontend must be one of {', '.join(TEXT_FRONTENDS)}, not {self.text_frontend!r}")
+        if self.speaker_embedding not in ("encoder", "zeros"):
+            raise ValueError(f"speaker_embedding must be 'encoder' or 'zeros', not {self.speaker_embedding!r}")
         if self.text_frontend == "phones" and self.llm.qwen.vocab_size < PHONE_TEXT_IDS:
             raise ValueError(f"a phones model needs a text vocabulary of >= {PHONE_TEXT_IDS} ids, "
                              f"this one has {self.llm.qwen.vocab_size}")
@@ -321,7 +326,8 @@ def phone_config(config: ModelConfig) -> ModelConfig:
     # typical timing of each phone (held-out SLT sentences through the whole model: WER 42.1 % at temperature 1.0
     # and at 0.6, 38.2 % at 0.3, 38.8 % at 0.15).
     sampling = dataclasses.replace(config.sampling, tau_r=1.0, temperature=0.3, follow_phones=True)
-    return dataclasses.replace(config, llm=llm, flow=flow, text_frontend="phones", sampling=sampling)
+    return dataclasses.replace(config, llm=llm, flow=flow, text_frontend="phones", sampling=sampling,
+                               speaker_embedding="zeros")
 
 
 PRESETS: dict[str, ModelConfig] = {

@@ -80,7 +80,8 @@ class Frontend:
     def make_voice(self, prompt_wav: AudioSource, prompt_text: str = "", name: str = "prompt",
                    language: str = "auto") -> Voice:
         """Prompt recording (+ its transcript) -> `Voice`. Without a transcript the voice is cross-lingual only."""
-        if self.model.speaker_encoder is None:
+        zeros = self.model.config.speaker_embedding == "zeros"  # the flow trained without x-vectors
+        if self.model.speaker_encoder is None and not zeros:
             raise InputError(
                 f"the {self.model.describe()} has no speaker encoder, so it cannot clone a voice; "
                 f"use a model directory with {CAMPPLUS_ONNX}"
@@ -90,7 +91,10 @@ class Frontend:
         if start is not None:
             prompt_wav.seek(start)  # type: ignore[union-attr]
         speech_ids = self.speech_tokens(wav16k)
-        embedding = torch.as_tensor(self.model.speaker_encoder.embed(wav16k)).float().reshape(-1)
+        if zeros:
+            embedding = torch.zeros(self.model.config.flow.spk_embed_dim)
+        else:
+            embedding = torch.as_tensor(self.model.speaker_encoder.embed(wav16k)).float().reshape(-1)
         wav24k = audio_fe.load_wav(prompt_wav, self.sample_rate, max_seconds=MAX_PROMPT_SECONDS)
         mel, speech_ids = audio_fe.align_prompt(audio_fe.prompt_mel(wav24k, self.prompt_mel_fmax), speech_ids)
         if not speech_ids:
