@@ -142,6 +142,14 @@ def test_a_phone_model_clones_a_recording_without_a_speaker_encoder(tmp_path: Pa
         tts.frontend.make_voice(str(tmp_path / "me.wav"), PROMPT_TEXT)
 
 
+def test_the_phone_frontend_reads_accents_and_refuses_other_scripts() -> None:
+    tok = PhoneTokenizer()
+    assert tok.encode("Grüße aus Köln, café.") == phones.text_ids("Grusse aus Koln, cafe.")
+    for text in ("你好, world.", "Привет."):
+        with pytest.raises(InputError, match="reads English"):
+            tok.encode(text)
+
+
 def test_the_phone_model_lets_a_label_run_for_a_phone() -> None:
     """A label repeats for every 40 ms frame of its phone: the phone model's sampling keeps drawing it after five
     in a row, where the released RAS (BPE-paced codec ids) excludes it and draws another."""

@@ -20,10 +20,13 @@ from __future__ import annotations
 import json
 import lzma
 import re
+import unicodedata
 from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
 from typing import NamedTuple
+
+from vocalis.errors import InputError
 
 ASSET_DIR = Path(__file__).resolve().parents[1] / "assets" / "builtin"
 VOWELS = ("aa", "ae", "ah", "ao", "aw", "ax", "ay", "eh", "er", "ey", "ih", "iy", "ow", "oy", "uh", "uw")
@@ -172,6 +175,11 @@ def text_ids(text: str) -> list[int]:
     return [TEXT_IDS.get(s, UNK_ID) for s in g2p(text)]
 
 
+# Latin letters without a decomposition into ASCII ones
+_LATIN_LETTERS = str.maketrans({"ß": "ss", "æ": "ae", "Æ": "Ae", "œ": "oe", "Œ": "Oe", "ø": "o", "Ø": "O", "ð": "th",
+                                "Ð": "Th", "þ": "th", "Þ": "Th", "ł": "l", "Ł": "L", "đ": "d", "Đ": "D"})
+
+
 class PhoneTokenizer:
     """The text tokenizer of a model whose `config.text_frontend` is "phones": `TextTokenizer`'s methods over
     `text_ids`. Text reaches it normalised (digits written out), as it reaches the BPE tokenizer."""
@@ -179,7 +187,16 @@ class PhoneTokenizer:
     endofprompt_id = None  # no instructions: the phone set has no `<|endofprompt|>`
 
     def encode(self, text: str) -> list[int]:
-        return text_ids(text)
+        """Accented Latin letters read as their base letters ("Köln" as "Koln"); letters with none (another
+        script) are an error: the lexicon and letter-to-sound rules are English."""
+        text = text.translate(_LATIN_LETTERS)
+        plain = unicodedata.normalize("NFKD", text).encode("ascii", "ignore").decode("ascii")
+        foreign = "".join(dict.fromkeys(c for c in text if c.isalpha()
+                                        and not unicodedata.normalize("NFKD", c).encode("ascii", "ignore")))
+        if foreign:
+            raise InputError(f"this model reads English text (phones from an English lexicon) and cannot read "
+                             f"{foreign[:10]!r}; for other languages load a CosyVoice2-0.5B directory")
+        return text_ids(plain)
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         """Symbols separated by spaces (`<pad>` dropped with `skip_special_tokens`)."""
