@@ -289,6 +289,21 @@ def assemble(run: Path, out: Path, weights: dict[str, Path]) -> Path:
     return out
 
 
+def ship(out: Path, weights: dict[str, Path]) -> None:
+    """Make an assembled directory the shippable one: each part's weights replaced by the fp16 ladder file it was
+    loaded from (the same values, as loading converts them exactly; the same bytes as the ladder's, so the
+    repository stores them once), without the empty tokenizer folder a phone model does not read."""
+    import shutil
+
+    for part, src in weights.items():
+        shutil.copyfile(src, out / f"{part}.safetensors")
+    tokenizer = out / "tokenizer"
+    if tokenizer.is_dir() and not any(tokenizer.iterdir()):
+        tokenizer.rmdir()
+    size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
+    log(f"{out}: {size / 1e6:.1f} MB, ready to commit as the built-in model")
+
+
 def install_gate(run: Path, rung: str) -> None:
     """Copy RUN/gates/<rung> (weights + figures.json) into the repository's ladder folder, to be committed."""
     import shutil
@@ -330,6 +345,8 @@ def main() -> int:
     ap.add_argument("--assemble", type=Path, metavar="OUT",
                     help="write a phone-model directory to OUT from each part's committed ladder weights (else its "
                          "RUN/gates weights) and stop")
+    ap.add_argument("--ship", action="store_true",
+                    help="with --assemble vocalis/assets/model: the built-in model, its weights the fp16 ladder files")
     args = ap.parse_args()
     if args.hift_channels is None:
         args.hift_channels = committed_hift_channels()
@@ -347,7 +364,9 @@ def main() -> int:
         missing = [p for p in ("llm", "flow", "hift") if p not in found]
         if missing:
             raise SystemExit(f"--assemble: no gate weights for {', '.join(missing)} (run --gate for their rungs)")
-        assemble(run, args.assemble.resolve(), found)
+        out = assemble(run, args.assemble.resolve(), found)
+        if args.ship:
+            ship(out, found)
         return 0
     if args.gate is not None:
         if args.install:
