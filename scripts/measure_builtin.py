@@ -170,22 +170,31 @@ def _weights_step(path: Path) -> int | None:
     return int(step) if step and step.isdigit() else None
 
 
-def measure_ladder(args: argparse.Namespace) -> int:
-    import torch
-
-    from vocalis.config import SAMPLE_RATE
-    from vocalis.corpus.phone_corpus import speak_batch, utterance_record
+def slt_teacher(args: argparse.Namespace, prefix: str) -> tuple[Path, list[str]]:
+    """The output folder (--out, else a new temporary one) and the first -n held-out WordNet sentences, each spoken
+    by festival SLT into out/teacher-<i>.wav unless already there."""
+    from vocalis.corpus.phone_corpus import speak_batch
     from vocalis.corpus.sentences import heldout_wordnet
-    from vocalis.eval.asr import PocketsphinxTranscriber
-    from vocalis.eval.wer import EditCounts, word_counts
-    from vocalis.frontend.audio import load_wav, prompt_mel
 
-    out = args.out or Path(tempfile.mkdtemp(prefix="vocalis-ladder-"))
+    out = args.out or Path(tempfile.mkdtemp(prefix=prefix))
     out.mkdir(parents=True, exist_ok=True)
     texts = heldout_wordnet()[: args.n]
     todo = [(t, out / f"teacher-{i:03d}.wav") for i, t in enumerate(texts) if not (out / f"teacher-{i:03d}.wav").is_file()]
     if todo:
         speak_batch("slt", todo)
+    return out, texts
+
+
+def measure_ladder(args: argparse.Namespace) -> int:
+    import torch
+
+    from vocalis.config import SAMPLE_RATE
+    from vocalis.corpus.phone_corpus import utterance_record
+    from vocalis.eval.asr import PocketsphinxTranscriber
+    from vocalis.eval.wer import EditCounts, word_counts
+    from vocalis.frontend.audio import load_wav, prompt_mel
+
+    out, texts = slt_teacher(args, "vocalis-ladder-")
     asr = PocketsphinxTranscriber()
     teacher, figures = EditCounts(0, 0, 0, 0), {"sentences": len(texts), "voice": "cmu_us_slt_arctic_hts"}
     hyps_teacher = [asr(load16(out / f"teacher-{i:03d}.wav"), 16000) for i in range(len(texts))]
@@ -285,19 +294,12 @@ def measure_clone(args: argparse.Namespace) -> int:
     """A recording not made by a teacher (e.g. Debian pocketsphinx-testdata's LibriVox clips): the model speaks the
     held-out WordNet sentences zero-shot from it; WER against the text, resemblyzer cosine against the clip next to
     festival SLT's renderings of the same sentences against it (a different speaker: the baseline to beat)."""
-    from vocalis.corpus.phone_corpus import speak_batch
-    from vocalis.corpus.sentences import heldout_wordnet
     from vocalis.eval.asr import PocketsphinxTranscriber
     from vocalis.eval.similarity import ResemblyzerEmbedder, cosine
     from vocalis.eval.wer import EditCounts, word_counts
     from vocalis.tts import TTS
 
-    out = args.out or Path(tempfile.mkdtemp(prefix="vocalis-clone-"))
-    out.mkdir(parents=True, exist_ok=True)
-    texts = heldout_wordnet()[: args.n]
-    todo = [(t, out / f"teacher-{i:03d}.wav") for i, t in enumerate(texts) if not (out / f"teacher-{i:03d}.wav").is_file()]
-    if todo:
-        speak_batch("slt", todo)
+    out, texts = slt_teacher(args, "vocalis-clone-")
     tts = TTS.load(args.model)
     asr, emb = PocketsphinxTranscriber(), ResemblyzerEmbedder()
     clip = emb.embed(load16(args.clone))

@@ -123,6 +123,7 @@ LABELLER_L3 = ["labeller.preset=builtin", "optim.lr=1e-3", "scheduler.name=noam_
 # of each utterance's true labels -> the teacher's audio), the L1 losses at a tenth of the learning rate.
 HIFT_FLOW = ["optim.lr=1e-4", "scheduler.warmup_steps=100"]
 PARTS = {"L1": "hift", "L2": "flow", "L3": "labeller", "L4": "llm", "L2-hift": "hift"}
+GATE_FOLDERS = {"L2-hift": "L2"}  # L2's vocoder gates (and installs) beside the L2 flow
 
 
 def passes(rung: str) -> bool:
@@ -370,14 +371,14 @@ def main() -> int:
         return 0
     if args.gate is not None:
         if args.install:
-            install_gate(run, "L2" if args.gate == "L2-hift" else args.gate)
+            install_gate(run, GATE_FOLDERS.get(args.gate, args.gate))
         else:
             part = PARTS[args.gate]
             if args.gate == "L2-hift":
-                save_gate(run / "hift-flow", run / "gates" / "L2", part)
+                src = run / "hift-flow"
             else:
                 src = hift_dir(run, args.hift_channels) if part == "hift" else run / part
-                save_gate(src, run / "gates" / args.gate, part)
+            save_gate(src, run / "gates" / GATE_FOLDERS.get(args.gate, args.gate), part)
         return 0
 
     if stage(run, "corpus", args.only):

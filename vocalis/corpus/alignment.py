@@ -82,11 +82,6 @@ def label_units(labels: list[int]) -> list[str]:
     return [unit for unit, inside in map(label_unit, labels) if not inside]
 
 
-def spoken_units(segments: list[Segment]) -> list[str]:
-    """The segments' phones without pauses (what the text frontend must predict)."""
-    return [s.unit for s in segments if s.unit != PAUSE]
-
-
 def reconcile(predicted: list[str], segments: list[Segment]) -> list[Segment] | None:
     """`segments` spelled in the text frontend's phones `predicted` (pauses excluded), or None where they differ by
     more than a voice's own realisation of the same phones. festival's diphone voices (kal, ked) apply post-lexical

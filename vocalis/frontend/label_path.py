@@ -42,11 +42,9 @@ class LabelPath:
             self.pause_after[-1] = True
         self._phone = -1  # index of the phone begun last (-1: none yet)
         self._in_pause = False
-        self._started = False
-        self._seen = 0  # how many of the request's ids the state has read
+        self._seen = 0  # how many of the request's ids the state has read (0: at the start)
 
     def _read(self, label: int) -> None:
-        self._started = True
         if label in (_PAUSE_BEGIN, _PAUSE_INSIDE):
             self._in_pause = True
         elif self._phone + 1 < len(self.units) and label == label_id(self.units[self._phone + 1], False):
@@ -60,7 +58,8 @@ class LabelPath:
         self._seen = len(output_ids)
         k, n = self._phone, len(self.units)
         ids = []
-        if not self._started:
+        started = self._seen > 0
+        if not started:
             ids.append(_PAUSE_BEGIN)
         elif self._in_pause:
             ids += [_PAUSE_INSIDE, _PAUSE_BEGIN]
@@ -70,7 +69,7 @@ class LabelPath:
                 ids.append(_PAUSE_BEGIN)
         if k + 1 < n:
             ids.append(label_id(self.units[k + 1], False))
-        if k == n - 1 and (self._started or n == 0):
+        if k == n - 1 and (started or n == 0):
             ids.append(self.eos_id)
         return ids
 

@@ -18,7 +18,6 @@ import os
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -64,7 +63,7 @@ def flow_mel_shards(prepared: Path, flow: nn.Module, out: Path) -> dict[str, int
                 dropped += 1
                 continue
             mel = labels_to_mel(flow, labels)  # (frames, 80)
-            row["mel"] = mel.numpy().astype(np.float32).reshape(-1).tolist()
+            row["mel"] = mel.reshape(-1).tolist()
             row["f0"] = row["f0"][:frames]
             row["audio"] = row["audio"][: 2 * frames * SAMPLES_PER_MEL_FRAME]  # int16: 2 bytes a sample
             row["num_frames"] = frames
