@@ -202,9 +202,8 @@ def run(args: argparse.Namespace) -> int:
         if step is None:
             continue
         subprocess.run(recipe(run_dir, "--gate", rung), env=env, check=False, stdout=subprocess.DEVNULL)
-        folder = "L2" if rung == "L2-hift" else rung  # L2's vocoder gates beside the L2 flow
-        if (run_dir / "gates" / folder).is_dir():
-            shutil.copytree(run_dir / "gates" / folder, out / "gates" / folder, dirs_exist_ok=True)
+    if (run_dir / "gates").is_dir():
+        shutil.copytree(run_dir / "gates", out / "gates", dirs_exist_ok=True)
     summary["gates"] = gates
     summary["total_s"] = round(time.monotonic() - start, 1)
     (out / "summary.json").write_text(json.dumps(summary, indent=1))

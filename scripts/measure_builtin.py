@@ -107,10 +107,11 @@ def load_hift(path: Path | None, rows: str = "L1"):  # -> HiFTGenerator
 
 def load_flow(path: Path | None, rows: str = "L2"):  # -> CausalMaskedDiffWithXvec
     """The phone-based built-in preset's flow (114 label ids)."""
-    from vocalis.config import PRESETS
-    from vocalis.models.flow.flow import CausalMaskedDiffWithXvec
+    from vocalis.train.flow_mels import load_phone_flow
 
-    return _load_part(CausalMaskedDiffWithXvec(PRESETS["builtin-phones"].flow), path, "--flow", rows)
+    if path is None:
+        sys.exit(f"measure_builtin --voices slt --rows {rows}: give the weights with --flow")
+    return load_phone_flow(path)
 
 
 def load_llm(path: Path | None):  # -> Qwen2LM

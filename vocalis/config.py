@@ -27,6 +27,9 @@ CV3_SPEECH_TOKENIZER_ONNX = "speech_tokenizer_v3.onnx"
 CAMPPLUS_ONNX = "campplus.onnx"
 # What the LLM reads text as: Qwen2 BPE ids (the official model) or the built-in model's phone ids.
 TEXT_FRONTENDS = ("bpe", "phones")
+# Where a prompt's x-vector comes from: the directory's speaker encoder (CAM++), or zeros for a flow trained with
+# zero x-vectors (the phone model: a cloned voice is its prompt mel alone and needs no encoder).
+SPEAKER_EMBEDDINGS = ("encoder", "zeros")
 # The phone frontend's vocabularies (`vocalis.frontend.phones`: NUM_TEXT_IDS, NUM_LABELS; a test checks they agree).
 PHONE_TEXT_IDS = 67
 PHONE_LABELS = 114  # 25 Hz phone-state labels: the phone-based model's speech ids
@@ -218,15 +221,12 @@ class ModelConfig:
     sample_rate: int = SAMPLE_RATE
     spk_embed_dim: int = 192
     text_frontend: str = "bpe"  # TEXT_FRONTENDS; "phones": text ids from `vocalis.frontend.phones.text_ids`
-    # "encoder": a prompt's x-vector comes from the directory's speaker encoder (CAM++); "zeros": the flow trained
-    # with zero x-vectors (the phone model), so a cloned voice is its prompt mel alone and needs no encoder
-    speaker_embedding: str = "encoder"
+    speaker_embedding: str = "encoder"  # SPEAKER_EMBEDDINGS
 
     def __post_init__(self) -> None:
         if self.text_frontend not in TEXT_FRONTENDS:
             raise ValueError(f"text_frontend must be one of {', '.join(TEXT_FRONTENDS)}, not {self.text_frontend!r}")
-        if self.speaker_embedding not in ("encoder", "zeros"):
-            raise ValueError(f"speaker_embedding must be 'encoder' or 'zeros', not {self.speaker_embedding!r}")
+        check_speaker_embedding(self.speaker_embedding)
         if self.text_frontend == "phones" and self.llm.qwen.vocab_size < PHONE_TEXT_IDS:
             raise ValueError(f"a phones model needs a text vocabulary of >= {PHONE_TEXT_IDS} ids, "
                              f"this one has {self.llm.qwen.vocab_size}")
@@ -237,6 +237,11 @@ class ModelConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ModelConfig:
         return config_from_dict(cls, data)
+
+
+def check_speaker_embedding(value: str) -> None:
+    if value not in SPEAKER_EMBEDDINGS:
+        raise ValueError(f"speaker_embedding must be one of {', '.join(SPEAKER_EMBEDDINGS)}, not {value!r}")
 
 
 def config_from_dict(cls: type, data: dict[str, Any]) -> Any:

@@ -14,6 +14,7 @@ from vocalis.config import (
     HiFTConfig,
     QwenConfig,
     SamplingConfig,
+    check_speaker_embedding,
     config_from_dict,
 )
 
@@ -137,6 +138,10 @@ class CosyVoice3Config:
     sample_rate: int = SAMPLE_RATE
     spk_embed_dim: int = 192
     chunk_size: int = 25  # streaming token hop (tokens)
+    speaker_embedding: str = "encoder"  # SPEAKER_EMBEDDINGS (the official model reads CAM++ x-vectors)
+
+    def __post_init__(self) -> None:
+        check_speaker_embedding(self.speaker_embedding)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -80,8 +80,7 @@ class Frontend:
     def make_voice(self, prompt_wav: AudioSource, prompt_text: str = "", name: str = "prompt",
                    language: str = "auto") -> Voice:
         """Prompt recording (+ its transcript) -> `Voice`. Without a transcript the voice is cross-lingual only."""
-        # the flow trained without x-vectors (CosyVoice 3's config has no such setting: it reads them)
-        zeros = getattr(self.model.config, "speaker_embedding", "encoder") == "zeros"
+        zeros = self.model.config.speaker_embedding == "zeros"  # the flow trained without x-vectors
         if self.model.speaker_encoder is None and not zeros:
             raise InputError(
                 f"the {self.model.describe()} has no speaker encoder, so it cannot clone a voice; "
