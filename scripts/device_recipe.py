@@ -174,8 +174,8 @@ def run(args: argparse.Namespace) -> int:
     for stage in args.stages:
         extra = [a for s in HIFT_GAN + args.hift_set for a in ("--hift-set", s)] if stage == "hift" else []
         f = open(out / "logs" / f"{stage}.log", "w")  # noqa: SIM115 - open while the trainer runs
-        procs[stage] = (subprocess.Popen(recipe(run_dir, "--only", stage, "--device", args.device, "--save-every",
-                                                str(args.save_every), *extra),
+        procs[stage] = (subprocess.Popen(recipe(run_dir, "--only", stage, "--voices", *args.voices, "--device",
+                                                args.device, "--save-every", str(args.save_every), *extra),
                                          env={**env, "OMP_NUM_THREADS": threads}, stdout=f,
                                          stderr=subprocess.STDOUT, start_new_session=True), f)
     log(f"trainers: {', '.join(args.stages)} on {args.device}, until {GATE_MARGIN_S} s before the deadline")
@@ -196,11 +196,11 @@ def run(args: argparse.Namespace) -> int:
     gates = {}
     hift_dir = run_dir / "hift-c128" if (run_dir / "hift-c128").is_dir() else run_dir / "hift"
     for stage in args.stages:
-        rung = STAGES[stage]
+        # more than one voice: the vocoder, flow and labeller are the three-voice parts (L6)
+        rung = "L6" if len(args.voices) > 1 and stage in ("hift", "flow", "labeller") else STAGES[stage]
         step = newest_step(hift_dir if stage == "hift" else run_dir / stage)
-        gates[rung] = {"stage": stage, "step": step}
-        if step is None:
-            continue
+        gates[stage] = {"rung": rung, "step": step}
+    for rung in dict.fromkeys(g["rung"] for g in gates.values() if g["step"] is not None):  # L6 gates its parts once
         subprocess.run(recipe(run_dir, "--gate", rung), env=env, check=False, stdout=subprocess.DEVNULL)
     if (run_dir / "gates").is_dir():
         shutil.copytree(run_dir / "gates", out / "gates", dirs_exist_ok=True)

@@ -29,8 +29,13 @@ Stages (each a `vocalis` command, printed before it runs):
           with --only labeller: it learns from the corpus alone)
   llm     L4: vocalis train llm on prep_labels (phones in, the 25 Hz labels out: a duration and prosody model);
           only once the committed L3 figures pass (or with --only llm: it learns from the corpus alone)
-  assemble (--assemble OUT) a phone-model directory from every part's committed weights (else RUN/gates') and a `default`
-          voice (SLT speaking a fixed prompt, its true labels): what the L5 row measures through `TTS`
+  L6      (a corpus of more than one voice: --voices slt kal ked, in a RUN of its own) the hift, flow and labeller
+          stages continue from the committed one-voice parts (L6's own once installed) on every voice: the flow
+          learns a voice from its in-context prompt (zero x-vectors, no speaker encoder), the vocoder is tuned on
+          the teachers' mels at L2's rate; --gate L6 writes each part's newest checkpoint to RUN/gates/L6
+  assemble (--assemble OUT) a phone-model directory from every part's committed weights (else RUN/gates'; L6's
+          three-voice parts before the one-voice rungs') and a `default` voice (SLT speaking a fixed prompt, its
+          true labels), with the three-voice flow also `slt`, `kal` and `ked`: what the L5 and L6 rows measure
   gate    (--gate L1 | L2 | L3 | L4) the newest HiFT | flow | labeller | LLM checkpoint -> fp16 weights in RUN/gates/<rung>;
           measure them with scripts/measure_builtin.py --voices slt --rows L1 --hift RUN/gates/L1/hift.safetensors
           --json RUN/gates/L1/figures.json (L2: --rows L2 --hift <the L1 weights> --flow
@@ -119,11 +124,14 @@ LLM_L4 = ["model.preset=builtin-phones", "llm.bistream_prob=0", "data.pair_prob=
 # L3: the prompt tokenizer, a frame classifier over the labels (`FrameLabeller`, ~1.9 M parameters).
 LABELLER_L3 = ["labeller.preset=builtin", "optim.lr=1e-3", "scheduler.name=noam_hold", "scheduler.warmup_steps=200",
                "scheduler.hold_steps=30000", "scheduler.decay_rate=1.0", "data.max_frames_in_batch=3000"]
-# L2's vocoder: the L1 vocoder tuned on the committed flow's own mels (`vocalis.train.flow_mels`: the flow's mel
-# of each utterance's true labels -> the teacher's audio), the L1 losses at a tenth of the learning rate.
-HIFT_FLOW = ["optim.lr=1e-4", "scheduler.warmup_steps=100"]
+# Tuning a committed vocoder: L2's (the L1 vocoder on the committed flow's own mels, `vocalis.train.flow_mels`: the
+# flow's mel of each utterance's true labels -> the teacher's audio) and L6's (on every voice's teacher mels), the
+# L1 losses at a tenth of the learning rate.
+HIFT_TUNE = ["optim.lr=1e-4", "scheduler.warmup_steps=100"]
 PARTS = {"L1": "hift", "L2": "flow", "L3": "labeller", "L4": "llm", "L2-hift": "hift"}
 GATE_FOLDERS = {"L2-hift": "L2"}  # L2's vocoder gates (and installs) beside the L2 flow
+# Where each part's weights come from, first found first: L6's three-voice parts, then the one-voice rungs.
+PART_RUNGS = {"hift": ("L6", "L2", "L1"), "flow": ("L6", "L2"), "labeller": ("L6", "L3"), "llm": ("L4",)}
 
 
 def passes(rung: str) -> bool:
@@ -236,15 +244,18 @@ def hift_dir(run: Path, channels: int | None) -> Path:
     return run / "hift" if channels is None else run / f"hift-c{channels}"
 
 
-def vocoder_rung() -> str:
-    """The rung whose committed vocoder the model uses: L2's (tuned on the L2 flow's mels) once there is one."""
-    return "L2" if (LADDER / "L2" / "hift.safetensors").is_file() else "L1"
+def committed_rung(part: str, voices: int = 3) -> str:
+    """The rung whose committed `part` a trainer starts from: with one voice the one-voice rungs' (the vocoder: L2's,
+    tuned on the L2 flow's mels, once there is one), with more L6's first."""
+    rungs = [r for r in PART_RUNGS[part] if voices > 1 or r != "L6"]
+    return next((r for r in rungs if (LADDER / r / f"{part}.safetensors").is_file()), rungs[-1])
 
 
-def assemble(run: Path, out: Path, weights: dict[str, Path]) -> Path:
-    """A phone-model directory from fp16 rung weights (llm, flow, hift; labeller optional) with a `default` voice:
-    festival SLT speaking `PROMPT_SENTENCE`, its true labels (the teacher's alignment), its mel, a zero x-vector (the
-    flow trains with zeros), and no transcript, so the flow is prompted and the LLM is not (cross-lingual): the
+def assemble(run: Path, out: Path, weights: dict[str, Path], voices: tuple[str, ...] = ("slt",)) -> Path:
+    """A phone-model directory from fp16 rung weights (llm, flow, hift; labeller optional) with a voice per festival
+    voice in `voices` (the first also `default`): the teacher speaking `PROMPT_SENTENCE`, its true labels (the
+    teacher's alignment), its mel, a zero x-vector (the flow trains with zeros), and no transcript, so the flow is
+    prompted and the LLM is not (cross-lingual): the
     LLM trains on single utterances, and a prompt sentence before the text made its labels worse (20 held-out
     sentences, LLM step 800: WER 89 % prompted against 50 %). What `vocalis speak --model OUT` and the ladder's
     L5 row run. -> out."""
@@ -272,13 +283,19 @@ def assemble(run: Path, out: Path, weights: dict[str, Path]) -> Path:
         modules["labeller"] = FrameLabeller(labeller_config("builtin", PHONE_LABELS))
     for part, module in modules.items():
         load_strict(module, {k: v.float() for k, v in load_file(str(weights[part])).items()}, str(weights[part]))
-    wav = run / "assemble" / "prompt-slt.wav"
-    if not wav.is_file():
-        wav.parent.mkdir(parents=True, exist_ok=True)
-        speak_batch("slt", [(PROMPT_SENTENCE, wav)])
-    labels = utterance_record("prompt", PROMPT_SENTENCE, wav)["labels"]
-    mel, labels = align_prompt(prompt_mel(load_wav(wav, SAMPLE_RATE, max_seconds=None)), labels)
-    model.voices = {"default": Voice("default", "", (), tuple(labels), mel, torch.zeros(model.config.flow.spk_embed_dim))}
+    model.voices = {}
+    for voice in voices:
+        wav = run / "assemble" / f"prompt-{voice}.wav"
+        if not wav.is_file():
+            wav.parent.mkdir(parents=True, exist_ok=True)
+            speak_batch(voice, [(PROMPT_SENTENCE, wav)])
+        labels = utterance_record("prompt", PROMPT_SENTENCE, wav)["labels"]
+        mel, labels = align_prompt(prompt_mel(load_wav(wav, SAMPLE_RATE, max_seconds=None)), labels)
+        zeros = torch.zeros(model.config.flow.spk_embed_dim)
+        # one voice: `default` alone, as the shipped one-voice model; more: each by name, the first also `default`
+        names = (["default"] if voice == voices[0] else []) + ([voice] if len(voices) > 1 else [])
+        for name in names:
+            model.voices[name] = Voice(name, "", (), tuple(labels), mel, zeros)
     if out.exists():
         import shutil
 
@@ -339,7 +356,7 @@ def main() -> int:
     ap.add_argument("--device", default="cpu", help="cpu or cuda (every trainer)")
     ap.add_argument("--save-every", type=int, default=100, help="trainer steps between checkpoints")
     ap.add_argument("--only", nargs="*", help="run only these stages")
-    ap.add_argument("--gate", choices=tuple(PARTS), help="write the rung's fp16 weights to RUN/gates/<rung> and stop")
+    ap.add_argument("--gate", choices=(*PARTS, "L6"), help="write the rung's fp16 weights to RUN/gates/<rung> and stop")
     ap.add_argument("--install", action="store_true",
                     help="with --gate: copy RUN/gates/<rung> (weights + figures.json) into vocalis/assets/builtin/ladder")
     ap.add_argument("--pid-file", type=Path, help="the running trainer's pid is written here (for SIGSTOP/SIGCONT)")
@@ -355,19 +372,28 @@ def main() -> int:
     run.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     if args.assemble is not None:
-        rungs = {"hift": vocoder_rung(), "flow": "L2", "labeller": "L3", "llm": "L4"}
         found = {}
-        for part, rung in rungs.items():
-            for folder in (LADDER / rung, run / "gates" / rung):
-                if (folder / f"{part}.safetensors").is_file():
-                    found[part] = folder / f"{part}.safetensors"
-                    break
+        for part, rungs in PART_RUNGS.items():
+            files = [f / f"{part}.safetensors" for r in rungs for f in (LADDER / r, run / "gates" / r)]
+            if (file := next((f for f in files if f.is_file()), None)) is not None:
+                found[part] = file
         missing = [p for p in ("llm", "flow", "hift") if p not in found]
         if missing:
             raise SystemExit(f"--assemble: no gate weights for {', '.join(missing)} (run --gate for their rungs)")
-        out = assemble(run, args.assemble.resolve(), found)
+        if args.ship and (outside := [str(f) for f in found.values() if not f.is_relative_to(LADDER)]):
+            raise SystemExit(f"--ship: {', '.join(outside)} not installed in the ladder (--gate <rung> --install)")
+        voices = ("slt", "kal", "ked") if found["flow"].parent.name == "L6" else ("slt",)
+        out = assemble(run, args.assemble.resolve(), found, voices)
         if args.ship:
             ship(out, found)
+        return 0
+    if args.gate == "L6" and not args.install:
+        from vocalis.train import checkpointing as ckpt
+
+        for part, src in (("flow", run / "flow"), ("hift", hift_dir(run, args.hift_channels)),
+                          ("labeller", run / "labeller")):
+            if ckpt.list_checkpoints(src):
+                save_gate(src, run / "gates" / "L6", part)
         return 0
     if args.gate is not None:
         if args.install:
@@ -396,7 +422,10 @@ def main() -> int:
         mark(run, "labels")
     if args.only is None or "hift" in args.only:
         out = hift_dir(run, args.hift_channels)
-        sets = HIFT_L1 + start_from_ladder(run, "L1", "hift", out, args.hift_channels) + args.hift_set
+        voices = len(args.voices)
+        start = start_from_ladder(run, committed_rung("hift", voices) if voices > 1 else "L1", "hift", out,
+                                  args.hift_channels)
+        sets = HIFT_L1 + (HIFT_TUNE if voices > 1 else []) + start + args.hift_set
         if args.hift_channels is not None:
             sets.append(f"model.hift_channels={args.hift_channels}")
         vocalis("train", "hift", "--data", str(run / "prep"),
@@ -405,7 +434,7 @@ def main() -> int:
         labels_stage(run)  # a run labelled before the flow's x-vector size was known
         vocalis("train", "flow", "--data", str(run / "prep_labels"),
                 *train_args(run / "flow", args.flow_steps, args.device, args.save_every,
-                            FLOW_L2 + start_from_ladder(run, "L2", "flow")),
+                            FLOW_L2 + start_from_ladder(run, committed_rung("flow", len(args.voices)), "flow")),
                 pid_file=args.pid_file)
     if args.only is not None and "hift-flow" in args.only:
         from vocalis.train.flow_mels import flow_mel_shards, load_phone_flow
@@ -416,7 +445,7 @@ def main() -> int:
             flow = load_phone_flow(flow_weights, args.device)
             log(f"flow mels: {flow_mel_shards(labels_stage(run, keep_audio=True), flow, data)}")
         out = run / "hift-flow"
-        sets = HIFT_L1 + HIFT_FLOW + start_from_ladder(run, vocoder_rung(), "hift", out) + args.hift_set
+        sets = HIFT_L1 + HIFT_TUNE + start_from_ladder(run, committed_rung("hift", 1), "hift", out) + args.hift_set
         if args.hift_channels is not None:
             sets.append(f"model.hift_channels={args.hift_channels}")
         vocalis("train", "hift", "--data", str(data),
@@ -425,7 +454,8 @@ def main() -> int:
     if (args.only is None and passes("L2")) or (args.only is not None and "labeller" in args.only):
         vocalis("train", "labeller", "--data", str(labels_stage(run, keep_audio=True)),
                 *train_args(run / "labeller", args.labeller_steps, args.device, args.save_every,
-                            LABELLER_L3 + start_from_ladder(run, "L3", "labeller")), pid_file=args.pid_file)
+                            LABELLER_L3 + start_from_ladder(run, committed_rung("labeller", len(args.voices)),
+                                                            "labeller")), pid_file=args.pid_file)
     if (args.only is None and passes("L3")) or (args.only is not None and "llm" in args.only):
         labels_stage(run)
         vocalis("train", "llm", "--data", str(run / "prep_labels"),

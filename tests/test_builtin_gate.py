@@ -133,48 +133,95 @@ def test_l3_gate_labeller_weights_label_a_clip(tmp_path: Path) -> None:
     assert abs(len(labels) - 50) <= 1 and all(0 <= t < PHONE_LABELS for t in labels)  # 2 s at 25 Hz
 
 
-def test_assemble_builds_a_phone_model_that_speaks_with_its_default_voice(tmp_path: Path, monkeypatch) -> None:
-    """--assemble: gate weights of every part + festival SLT's prompt with its true labels -> a model directory that
-    `TTS` loads (its weights, its labeller as the speech tokenizer) and speaks with on the engine."""
+FESTIVAL_VOICES = {"slt": "us/cmu_us_slt_arctic_hts", "kal": "english/kal_diphone", "ked": "english/ked_diphone"}
+
+
+def _need_festival(*voices: str) -> None:
     import os
     import shutil
 
     import pytest
 
-    slt = Path("/usr/share/festival/voices/us/cmu_us_slt_arctic_hts")
-    if shutil.which("festival") is None or not slt.is_dir():
+    missing = [v for v in voices if not (Path("/usr/share/festival/voices") / FESTIVAL_VOICES[v]).is_dir()]
+    if shutil.which("festival") is None or missing:
         if os.environ.get("CI") == "true":
-            pytest.fail("festival with festvox-us-slt-hts is missing: broken CI set-up (.ci/run installs it)")
-        pytest.skip("festival with festvox-us-slt-hts is not installed (.ci/run installs it)")
+            pytest.fail(f"festival or its voices {missing} are missing: broken CI set-up (.ci/run installs them)")
+        pytest.skip(f"festival or its voices {missing} are not installed (.ci/run installs them)")
+
+
+def _gated_parts(recipe, run: Path, rungs: dict[str, str], seed: int = 0) -> tuple[dict[str, Path], dict]:
+    """Random builtin-phones parts, each checkpointed in RUN/<part> and gated to RUN/gates/<its rung>."""
     from vocalis.config import PHONE_LABELS
-    from vocalis.frontend.speech_tokenizer import LabellerSpeechTokenizer
     from vocalis.model_dir import random_model
     from vocalis.models.speech_tokenizer.labeller import FrameLabeller, labeller_config
+
+    torch.manual_seed(seed)
+    parts = random_model("builtin-phones")
+    modules = {"llm": parts.llm, "flow": parts.flow, "hift": parts.hift,
+               "labeller": FrameLabeller(labeller_config("builtin", PHONE_LABELS))}
+    weights = {}
+    for part, rung in rungs.items():
+        save_atomic({"models": {part: modules[part].state_dict()}, "step": 100}, checkpoint_path(run / part, 100))
+        weights[part] = recipe.save_gate(run / part, run / "gates" / rung, part)
+    return weights, {p: m.state_dict() for p, m in modules.items()}
+
+
+def test_assemble_builds_a_phone_model_that_speaks_with_its_default_voice(tmp_path: Path, monkeypatch) -> None:
+    """--assemble: gate weights of every part + festival SLT's prompt with its true labels -> a model directory that
+    `TTS` loads (its weights, its labeller as the speech tokenizer) and speaks with on the engine."""
+    _need_festival("slt")
+    from vocalis.config import PHONE_LABELS
+    from vocalis.frontend.speech_tokenizer import LabellerSpeechTokenizer
     from vocalis.tts import TTS
 
     recipe = _script("train_builtin")
     monkeypatch.setattr(recipe, "LADDER", tmp_path / "ladder")  # nothing committed: the run's gates
-    torch.manual_seed(0)
-    parts = random_model("builtin-phones")
-    modules = {"llm": parts.llm, "flow": parts.flow, "hift": parts.hift,
-               "labeller": FrameLabeller(labeller_config("builtin", PHONE_LABELS))}
     run = tmp_path / "run"
-    weights = {}
-    for (part, module), rung in zip(modules.items(), ("L4", "L2", "L1", "L3")):
-        save_atomic({"models": {part: module.state_dict()}, "step": 100}, checkpoint_path(run / part, 100))
-        weights[part] = recipe.save_gate(run / part, run / "gates" / rung, part)
+    weights, states = _gated_parts(recipe, run, {"llm": "L4", "flow": "L2", "hift": "L1", "labeller": "L3"})
     out = recipe.assemble(run, tmp_path / "model", weights)
 
     with TTS.load(out) as tts:
+        assert set(tts.model.voices) == {"default"}
         voice = tts.model.voices["default"]
         assert voice.prompt_text_ids == ()  # cross-lingual: the flow is prompted, the LLM is not
         assert len(voice.prompt_speech_ids) > 50 and max(voice.prompt_speech_ids) < PHONE_LABELS  # festival's labels
         assert not voice.embedding.any()  # the flow trains with zero x-vectors
         assert isinstance(tts.model.speech_tokenizer, LabellerSpeechTokenizer)
         name = "decoder.estimator.final_proj.weight"
-        assert torch.allclose(tts.model.flow.state_dict()[name], parts.flow.state_dict()[name].half().float())
+        assert torch.allclose(tts.model.flow.state_dict()[name], states["flow"][name].half().float())
         wav = tts.synthesize("A quiet room.", voice="default", seed=0)
         assert wav.ndim == 1 and wav.size > 0
+
+
+def test_assemble_takes_the_three_voice_parts_and_names_every_voice(tmp_path: Path, monkeypatch) -> None:
+    """With L6's three-voice flow gated beside the one-voice L2 flow, --assemble takes L6's and saves a voice per
+    festival teacher (SLT also as `default`); --ship refuses weights not installed in the ladder."""
+    import sys
+
+    import pytest
+
+    _need_festival("slt", "kal", "ked")
+    from vocalis.model_dir import load_model
+
+    recipe = _script("train_builtin")
+    monkeypatch.setattr(recipe, "LADDER", tmp_path / "ladder")
+    run = tmp_path / "run"
+    _gated_parts(recipe, run, {"llm": "L4", "flow": "L2", "hift": "L1"}, seed=0)
+    (run / "flow").rename(run / "flow-one-voice")
+    _, states = _gated_parts(recipe, run, {"flow": "L6"}, seed=1)
+    monkeypatch.setattr(sys, "argv", ["train_builtin.py", str(run), "--assemble", str(tmp_path / "model")])
+    assert recipe.main() == 0
+
+    model = load_model(tmp_path / "model")
+    assert set(model.voices) == {"default", "slt", "kal", "ked"}
+    assert torch.equal(model.voices["default"].prompt_mel, model.voices["slt"].prompt_mel)
+    assert not torch.equal(model.voices["kal"].prompt_mel[:50], model.voices["slt"].prompt_mel[:50])
+    name = "decoder.estimator.final_proj.weight"
+    assert torch.allclose(model.flow.state_dict()[name], states["flow"][name].half().float())
+
+    monkeypatch.setattr(sys, "argv", ["train_builtin.py", str(run), "--assemble", str(tmp_path / "m2"), "--ship"])
+    with pytest.raises(SystemExit, match="not installed in the ladder"):
+        recipe.main()
 
 
 def test_recipe_starts_a_wider_vocoder_from_the_committed_one(tmp_path: Path, monkeypatch) -> None:
