@@ -35,6 +35,12 @@ cmu_us_slt_arctic_hts, speaking the 50 held-out WordNet sentences (`vocalis.corp
 
     python scripts/measure_builtin.py --voices slt --rows L5 --model DIR
 
+  L7  the whole model in every teacher's voice (its saved slt/kal/ked voices, else zero-shot from each teacher's
+      prompt clip) on the same sentences, each teacher speaking them too: pooled WER <= 1.5x the teachers', with
+      resemblyzer similarity to each voice's prompt beside the cross-speaker baseline
+
+    python scripts/measure_builtin.py --rows L7 --model DIR [--seeds K]
+
 A recording no teacher made, cloned (WER of the held-out sentences spoken in its voice, and resemblyzer cosine
 against it beside festival SLT's):
 
@@ -70,12 +76,12 @@ def load16(path: Path) -> np.ndarray:
 # ---- the ladder (--voices slt) ---------------------------------------------------------------------------
 
 # L1-L3: most WER x the teacher's; L4: least share of lengths in range
-GATES = {"L1": 1.15, "L2": 1.3, "L3": 1.35, "L4": 0.9, "L5": 1.5}
+GATES = {"L1": 1.15, "L2": 1.3, "L3": 1.35, "L4": 0.9, "L5": 1.5, "L7": 1.5}
 MIN_FRAME_ACCURACY = 0.9  # L3, beside its WER
 ROWS = {"L1": "teacher mel -> our HiFT", "L2": "true labels -> our flow -> our HiFT",
         "L3": "teacher audio -> our labels -> our flow -> our HiFT",
         "L4": "phones -> our LLM's labels -> our flow -> our HiFT",
-        "L5": "the whole model (TTS, default voice)"}
+        "L5": "the whole model (TTS, default voice)", "L7": "the whole model in every teacher's voice"}
 LENGTH_RANGE = (0.8, 1.25)  # L4: a sentence's label count over the teacher's
 
 
@@ -174,16 +180,26 @@ def _weights_step(path: Path) -> int | None:
 def slt_teacher(args: argparse.Namespace, prefix: str) -> tuple[Path, list[str]]:
     """The output folder (--out, else a new temporary one) and the first -n held-out WordNet sentences, each spoken
     by festival SLT into out/teacher-<i>.wav unless already there."""
-    from vocalis.corpus.phone_corpus import speak_batch
     from vocalis.corpus.sentences import heldout_wordnet
 
     out = args.out or Path(tempfile.mkdtemp(prefix=prefix))
     out.mkdir(parents=True, exist_ok=True)
     texts = heldout_wordnet()[: args.n]
-    todo = [(t, out / f"teacher-{i:03d}.wav") for i, t in enumerate(texts) if not (out / f"teacher-{i:03d}.wav").is_file()]
-    if todo:
-        speak_batch("slt", todo)
+    teacher_wavs(out, texts, "slt")
     return out, texts
+
+
+def teacher_wavs(out: Path, texts: list[str], voice: str) -> list[Path]:
+    """Each text spoken by the festival `voice` (a `vocalis.corpus.phone_corpus.VOICES` name) unless already there:
+    out/teacher-<i>.wav for SLT, out/teacher-<voice>-<i>.wav for the others."""
+    from vocalis.corpus.phone_corpus import speak_batch
+
+    paths = [out / (f"teacher-{i:03d}.wav" if voice == "slt" else f"teacher-{voice}-{i:03d}.wav")
+             for i in range(len(texts))]
+    todo = [(t, p) for t, p in zip(texts, paths) if not p.is_file()]
+    if todo:
+        speak_batch(voice, todo)
+    return paths
 
 
 def measure_ladder(args: argparse.Namespace) -> int:
@@ -327,14 +343,78 @@ def measure_clone(args: argparse.Namespace) -> int:
     return 0
 
 
+def measure_heldout_voices(args: argparse.Namespace) -> int:
+    """L7: every festival teacher (slt, kal, ked) speaks the held-out WordNet sentences and the model speaks them in
+    that teacher's voice: its saved voice of that name where it has one (the three-voice model's), else zero-shot
+    from the teacher's prompt clip without its transcript, as saved voices are made. WER pooled over the voices
+    against the teachers' (and per voice); resemblyzer cosine of each output to its voice's prompt clip beside the
+    cross-speaker baseline (the next teacher's rendering of the same sentence against that prompt)."""
+    from vocalis.corpus.phone_corpus import VOICES
+    from vocalis.eval.asr import PocketsphinxTranscriber
+    from vocalis.eval.similarity import ResemblyzerEmbedder, cosine
+    from vocalis.eval.wer import EditCounts, word_counts
+    from vocalis.tts import TTS
+
+    out, texts = slt_teacher(args, "vocalis-l7-")
+    voices = list(VOICES)
+    teachers = {v: teacher_wavs(out, texts, v) for v in voices}
+    (out / "prompts").mkdir(exist_ok=True)
+    prompts = {v: teacher_wavs(out / "prompts", [PROMPT_SENTENCE], v)[0] for v in voices}
+    tts = TTS.load(args.model)
+    asr, emb = PocketsphinxTranscriber(), ResemblyzerEmbedder()
+    seeds = [args.seed + j for j in range(args.seeds)]
+    model_all, teacher_all, per_voice, rows = EditCounts(0, 0, 0, 0), EditCounts(0, 0, 0, 0), {}, []
+    sims, cross, start, audio_s = [], [], time.perf_counter(), 0.0
+    for k, v in enumerate(voices):
+        model, teacher, v_sims = EditCounts(0, 0, 0, 0), EditCounts(0, 0, 0, 0), []
+        prompt_emb, other = emb.embed(load16(prompts[v])), voices[(k + 1) % len(voices)]
+        how = {"voice": v} if v in tts.model.voices else {"prompt_wav": str(prompts[v])}
+        for i, text in enumerate(texts):
+            hyp_t = asr(load16(teachers[v][i]), 16000)
+            teacher += word_counts(text, hyp_t, "en")
+            cross.append(cosine(emb.embed(load16(teachers[other][i])), prompt_emb))
+            for seed in seeds:
+                wav = tts.synthesize(text, seed=seed, language="en", **how)
+                audio_s += len(wav) / tts.sample_rate
+                path = out / f"L7-{v}-{i:03d}-s{seed}.wav"
+                sf.write(str(path), wav, tts.sample_rate)
+                audio = load16(path)
+                hyp = asr(audio, 16000)
+                model += word_counts(text, hyp, "en")
+                v_sims.append(cosine(emb.embed(audio), prompt_emb))
+                rows.append({"voice": v, "text": text, "seed": seed, "model_asr": hyp, "teacher_asr": hyp_t})
+        per_voice[v] = {"wer": model.rate, "wer_teacher": teacher.rate, "similarity": float(np.mean(v_sims)),
+                        "saved_voice": "voice" in how}
+        model_all, teacher_all, sims = model_all + model, teacher_all + teacher, sims + v_sims
+    ratio = model_all.rate / teacher_all.rate if teacher_all.rate else None
+    figures = {"sentences": len(texts), "model": str(args.model), "seeds": seeds, "L7": {
+        "wer": model_all.rate, "wer_teacher": teacher_all.rate, "ratio": ratio, "gate": GATES["L7"],
+        "passes": ratio is not None and ratio <= GATES["L7"], "similarity": float(np.mean(sims)),
+        "similarity_cross_speaker": float(np.mean(cross)), "per_voice": per_voice,
+        "rtf": (time.perf_counter() - start) / max(audio_s, 1e-9)}}
+    print(f"| L7 ({len(texts)} held-out WordNet sentences x {len(voices)} festival voices) | model | teacher | "
+          "similarity |")
+    print("|---|---|---|---|")
+    for v, r in per_voice.items():
+        print(f"| {VOICES[v]} ({'saved voice' if r['saved_voice'] else 'zero-shot'}) | {r['wer']:.1%} | "
+              f"{r['wer_teacher']:.1%} | {r['similarity']:.3f} |")
+    r = figures["L7"]
+    print(f"| all: {r['ratio']:.2f}x the teachers (gate <= {GATES['L7']}x: {'passes' if r['passes'] else 'no'}) | "
+          f"{r['wer']:.1%} | {r['wer_teacher']:.1%} | {r['similarity']:.3f} (cross-speaker "
+          f"{r['similarity_cross_speaker']:.3f}) |")
+    if args.json:
+        args.json.write_text(json.dumps({"figures": figures, "rows": rows}, indent=1), encoding="utf-8")
+    return 0
+
+
 # ---- the original measurement (--voices all) --------------------------------------------------------------
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", help="model directory (default: the built-in model; --rows L5: the assembled phone model)")
-    ap.add_argument("--seeds", type=int, default=1, help="with --voices slt: draws per sentence of the sampled rows "
-                    "(L4, L5), pooled into one figure")
+    ap.add_argument("--seeds", type=int, default=1, help="draws per sentence of the sampled rows (L4, L5, L7), pooled "
+                    "into one figure")
     ap.add_argument("-n", type=int, default=50, help="held-out sentences (>= 50 for the issue's measurement)")
     ap.add_argument("--out", type=Path, help="keep the wavs here (default: a temporary folder)")
     ap.add_argument("--json", type=Path, help="also write the figures as JSON")
@@ -352,6 +432,10 @@ def main() -> int:
     args = ap.parse_args()
     if args.clone is not None:
         return measure_clone(args)
+    if "L7" in args.rows:
+        if args.rows != ["L7"]:
+            sys.exit("measure_builtin --rows L7: a measurement of its own (all three voices); measure it alone")
+        return measure_heldout_voices(args)
     if args.voices == "slt":
         return measure_ladder(args)
 
