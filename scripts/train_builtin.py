@@ -23,7 +23,9 @@ Stages (each a `vocalis` command, printed before it runs):
           (RUN/prep_flow_mels, `python -m vocalis.train.flow_mels`) -> the teacher's audio; the committed vocoder
           (L2's, else L1's) tuned on them in RUN/hift-flow with the L1 losses at learning rate 1e-4. Gate it with
           --gate L2-hift (-> RUN/gates/L2/hift.safetensors) and measure the L2 row with it; installed, it is the
-          vocoder that --assemble and the rows above L2 use
+          vocoder that --assemble and the rows above L2 use. In a multi-voice run: L6's vocoder, tuned on the
+          committed L6 flow's mels, each utterance continuing its own voice's prompt (--tune-shards N: N shards of
+          each voice), gated with --gate L6-hift (-> RUN/gates/L6/hift.safetensors)
   labeller L3: vocalis train labeller on prep_labels_audio (prep_labels with the audio; the prompt tokenizer: the 16 kHz Whisper log-mel of the
           stored audio -> one label per 25 Hz frame, cross-entropy); only once the committed L2 figures pass (or
           with --only labeller: it learns from the corpus alone)
@@ -128,8 +130,8 @@ LABELLER_L3 = ["labeller.preset=builtin", "optim.lr=1e-3", "scheduler.name=noam_
 # flow's mel of each utterance's true labels -> the teacher's audio) and L6's (on every voice's teacher mels), the
 # L1 losses at a tenth of the learning rate.
 HIFT_TUNE = ["optim.lr=1e-4", "scheduler.warmup_steps=100"]
-PARTS = {"L1": "hift", "L2": "flow", "L3": "labeller", "L4": "llm", "L2-hift": "hift"}
-GATE_FOLDERS = {"L2-hift": "L2"}  # L2's vocoder gates (and installs) beside the L2 flow
+PARTS = {"L1": "hift", "L2": "flow", "L3": "labeller", "L4": "llm", "L2-hift": "hift", "L6-hift": "hift"}
+GATE_FOLDERS = {"L2-hift": "L2", "L6-hift": "L6"}  # a flow-tuned vocoder gates (and installs) beside its flow
 # Where each part's weights come from, first found first: L6's three-voice parts, then the one-voice rungs.
 PART_RUNGS = {"hift": ("L6", "L2", "L1"), "flow": ("L6", "L2"), "labeller": ("L6", "L3"), "llm": ("L4",)}
 
@@ -265,10 +267,7 @@ def assemble(run: Path, out: Path, weights: dict[str, Path], voices: tuple[str, 
     from safetensors.torch import load_file
 
     from vocalis.checkpoint import load_strict
-    from vocalis.config import PHONE_LABELS, SAMPLE_RATE
-    from vocalis.corpus.phone_corpus import speak_batch, utterance_record
-    from vocalis.corpus.sentences import PROMPT_SENTENCE
-    from vocalis.frontend.audio import align_prompt, load_wav, prompt_mel
+    from vocalis.config import PHONE_LABELS
     from vocalis.frontend.voice import Voice
     from vocalis.model_dir import BUNDLED_TOKENIZER, random_model, save_vocalis
     from vocalis.models.hift.generator import HiFTGenerator, hift_config_for
@@ -285,12 +284,7 @@ def assemble(run: Path, out: Path, weights: dict[str, Path], voices: tuple[str, 
         load_strict(module, {k: v.float() for k, v in load_file(str(weights[part])).items()}, str(weights[part]))
     model.voices = {}
     for voice in voices:
-        wav = run / "assemble" / f"prompt-{voice}.wav"
-        if not wav.is_file():
-            wav.parent.mkdir(parents=True, exist_ok=True)
-            speak_batch(voice, [(PROMPT_SENTENCE, wav)])
-        labels = utterance_record("prompt", PROMPT_SENTENCE, wav)["labels"]
-        mel, labels = align_prompt(prompt_mel(load_wav(wav, SAMPLE_RATE, max_seconds=None)), labels)
+        labels, mel = voice_prompt(run, voice)
         zeros = torch.zeros(model.config.flow.spk_embed_dim)
         # one voice: `default` alone, as the shipped one-voice model; more: each by name, the first also `default`
         names = (["default"] if voice == voices[0] else []) + ([voice] if len(voices) > 1 else [])
@@ -305,6 +299,23 @@ def assemble(run: Path, out: Path, weights: dict[str, Path], voices: tuple[str, 
         save_labeller(modules["labeller"], out)
     log(f"assembled {out} from {', '.join(f'{k} {v}' for k, v in weights.items())}")
     return out
+
+
+def voice_prompt(run: Path, voice: str):  # -> (labels, (2 len(labels), 80) mel)
+    """Festival `voice` speaking `PROMPT_SENTENCE` (RUN/assemble/prompt-<voice>.wav): its true labels (the teacher's
+    alignment) and its mel, aligned: a saved voice's prompt."""
+    from vocalis.config import SAMPLE_RATE
+    from vocalis.corpus.phone_corpus import speak_batch, utterance_record
+    from vocalis.corpus.sentences import PROMPT_SENTENCE
+    from vocalis.frontend.audio import align_prompt, load_wav, prompt_mel
+
+    wav = run / "assemble" / f"prompt-{voice}.wav"
+    if not wav.is_file():
+        wav.parent.mkdir(parents=True, exist_ok=True)
+        speak_batch(voice, [(PROMPT_SENTENCE, wav)])
+    labels = utterance_record("prompt", PROMPT_SENTENCE, wav)["labels"]
+    mel, labels = align_prompt(prompt_mel(load_wav(wav, SAMPLE_RATE, max_seconds=None)), labels)
+    return list(labels), mel
 
 
 def ship(out: Path, weights: dict[str, Path]) -> None:
@@ -353,6 +364,8 @@ def main() -> int:
                     help="L1 at N base channels (a multiple of the preset's 64) in RUN/hift-c<N>, starting from the "
                          "committed vocoder widened to N; with --gate L1: gate that run (default: the committed "
                          "vocoder's width)")
+    ap.add_argument("--tune-shards", type=int, metavar="N",
+                    help="hift-flow: the flow's mels of only the first N shards of each voice (default: all)")
     ap.add_argument("--device", default="cpu", help="cpu or cuda (every trainer)")
     ap.add_argument("--save-every", type=int, default=100, help="trainer steps between checkpoints")
     ap.add_argument("--only", nargs="*", help="run only these stages")
@@ -400,7 +413,7 @@ def main() -> int:
             install_gate(run, GATE_FOLDERS.get(args.gate, args.gate))
         else:
             part = PARTS[args.gate]
-            if args.gate == "L2-hift":
+            if args.gate in ("L2-hift", "L6-hift"):
                 src = run / "hift-flow"
             else:
                 src = hift_dir(run, args.hift_channels) if part == "hift" else run / part
@@ -439,13 +452,15 @@ def main() -> int:
     if args.only is not None and "hift-flow" in args.only:
         from vocalis.train.flow_mels import flow_mel_shards, load_phone_flow
 
+        voices = len(args.voices)
         data = run / "prep_flow_mels"
         if not (data / "summary.json").is_file():
-            flow_weights = LADDER / "L2" / "flow.safetensors"
-            flow = load_phone_flow(flow_weights, args.device)
-            log(f"flow mels: {flow_mel_shards(labels_stage(run, keep_audio=True), flow, data)}")
+            flow = load_phone_flow(LADDER / committed_rung("flow", voices) / "flow.safetensors", args.device)
+            prompts = {f"fest-{v}": voice_prompt(run, v) for v in args.voices} if voices > 1 else None
+            made = flow_mel_shards(labels_stage(run, keep_audio=True), flow, data, prompts, args.tune_shards)
+            log(f"flow mels: {made}")
         out = run / "hift-flow"
-        sets = HIFT_L1 + HIFT_TUNE + start_from_ladder(run, committed_rung("hift", 1), "hift", out) + args.hift_set
+        sets = HIFT_L1 + HIFT_TUNE + start_from_ladder(run, committed_rung("hift", voices), "hift", out) + args.hift_set
         if args.hift_channels is not None:
             sets.append(f"model.hift_channels={args.hift_channels}")
         vocalis("train", "hift", "--data", str(data),

@@ -88,3 +88,41 @@ def test_flow_mel_shards_pair_the_flows_mel_with_the_teachers_audio(tmp_path: Pa
     assert batch.f0[0, :60].tolist() == list(range(60))
     np.testing.assert_array_equal(batch.audio[0, : 60 * 480].numpy(), audio[: 60 * 480] / np.float32(32767.0))
     assert not batch.audio[0, 60 * 480:].any()  # padded to the segment, not the teacher's 61st frame
+
+
+def test_flow_mels_continue_each_speakers_prompt_and_take_n_shards_of_each(tmp_path: Path) -> None:
+    """A multi-voice flow's tuning mels: every utterance continues its own speaker's prompt (a speaker without one
+    stays unprompted), and `shards_per_speaker` keeps the first N shards of each speaker."""
+    import torch
+
+    from vocalis.config import PRESETS
+    from vocalis.models.flow.flow import CausalMaskedDiffWithXvec
+    from vocalis.train.flow_mels import flow_mel_shards, labels_to_mel
+
+    prep = tmp_path / "prep"
+    (prep / "shards").mkdir(parents=True)
+    rng = np.random.default_rng(2)
+    utts = {"s1": "fest-slt", "s2": "fest-slt", "k1": "fest-kal"}
+    for n, (utt, speaker) in enumerate(utts.items()):
+        write_shard([_row(utt, 40) | {"speaker": speaker}], prep / "shards" / f"shard-{n:06d}.parquet")
+    (prep / "data.list").write_text("".join(f"{prep / 'shards' / f'shard-{n:06d}.parquet'}\n" for n in range(3)))
+    labels = {u: rng.integers(0, NUM_LABELS, 20).tolist() for u in utts}
+    (tmp_path / "labels.jsonl").write_text("".join(
+        json.dumps({"utt": u, "frames": len(v), "text_ids": text_ids("A quiet room."), "labels": v}) + "\n"
+        for u, v in labels.items()))
+    attach_labels(prep, tmp_path / "labels.jsonl", tmp_path / "labelled", keep_audio=True)
+    torch.manual_seed(0)
+    flow = CausalMaskedDiffWithXvec(PRESETS["tiny-phones"].flow).eval()
+    prompt = (rng.integers(0, NUM_LABELS, 10).tolist(), torch.randn(20, 80))
+    summary = flow_mel_shards(tmp_path / "labelled", flow, tmp_path / "out", {"fest-kal": prompt},
+                              shards_per_speaker=1)
+    assert summary == {"utterances": 2, "dropped": 0, "shards": 2}  # s2: slt's second shard
+    import pyarrow.parquet as pq
+
+    mels = {r["utt"]: torch.tensor(r["mel"]).reshape(-1, 80) for shard in resolve_shards([str(tmp_path / "out")])
+            for r in pq.read_table(shard, columns=["utt", "mel"]).to_pylist()}
+    assert set(mels) == {"s1", "k1"}
+    torch.testing.assert_close(mels["s1"], labels_to_mel(flow, labels["s1"]))
+    prompted = labels_to_mel(flow, labels["k1"], prompt)
+    assert prompted.shape == (40, 80) and not torch.allclose(prompted, labels_to_mel(flow, labels["k1"]))
+    torch.testing.assert_close(mels["k1"], prompted)

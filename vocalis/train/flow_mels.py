@@ -7,6 +7,10 @@ same kind of mel), while its F0 and 24 kHz audio stay the teacher's, cut to the 
 alignment is the teacher's own, so the flow's frame t and the teacher's audio at frame t are the same sound.
 `vocalis train hift --data OUT` then tunes the vocoder on (flow mel -> teacher audio).
 
+A flow trained on several voices takes its voice from its in-context prompt, so with `prompts` (speaker -> a prompt
+utterance of that voice: its labels and mel) each utterance is made continuing its own speaker's prompt, as a saved
+voice runs at inference.
+
     python -m vocalis.train.flow_mels PREP_LABELS_AUDIO FLOW_WEIGHTS OUT
 """
 
@@ -26,29 +30,41 @@ from vocalis.errors import InputError
 from vocalis.train.data import N_MELS, resolve_shards
 
 
-def labels_to_mel(flow: nn.Module, labels: list[int]) -> torch.Tensor:
-    """25 Hz labels -> the flow's mel (T, 80), T = 2 len(labels): unprompted, zero x-vector, whole utterance."""
+def labels_to_mel(flow: nn.Module, labels: list[int], prompt: tuple[list[int], torch.Tensor] | None = None
+                  ) -> torch.Tensor:
+    """25 Hz labels -> the flow's mel (T, 80), T = 2 len(labels): zero x-vector, whole utterance, unprompted or
+    continuing `prompt` (its labels and its (2 len(labels), 80) mel)."""
     dev = flow.input_embedding.weight.device
     token = torch.tensor([labels], dtype=torch.int64, device=dev)
-    empty = torch.zeros(1, 0, dtype=torch.int64, device=dev)
-    no_len = torch.zeros(1, dtype=torch.int64, device=dev)
+    p_labels, p_mel = prompt if prompt is not None else ([], torch.zeros(0, N_MELS))
+    p_token = torch.tensor([p_labels], dtype=torch.int64, device=dev).reshape(1, -1)
     with torch.inference_mode():
-        mel = flow.inference(token, torch.tensor([len(labels)], device=dev), empty, no_len,
-                             torch.zeros(1, 0, N_MELS, device=dev), no_len,
+        mel = flow.inference(token, torch.tensor([len(labels)], device=dev), p_token,
+                             torch.tensor([len(p_labels)], device=dev), p_mel.unsqueeze(0).to(dev),
+                             torch.tensor([p_mel.shape[0]], device=dev),
                              torch.zeros(1, flow.config.spk_embed_dim, device=dev),
                              streaming=False, finalize=True)  # (1, 80, 2 len(labels))
     return mel[0].transpose(0, 1).float().cpu().contiguous()
 
 
-def flow_mel_shards(prepared: Path, flow: nn.Module, out: Path) -> dict[str, int]:
-    """Rewrite every shard of `prepared` (labelled, with audio) into out/shards with the flow's mel; resumable (a
-    finished shard is kept). Writes out/data.list and out/summary.json. -> the summary."""
+def flow_mel_shards(prepared: Path, flow: nn.Module, out: Path,
+                    prompts: dict[str, tuple[list[int], torch.Tensor]] | None = None,
+                    shards_per_speaker: int | None = None) -> dict[str, int]:
+    """Rewrite every shard of `prepared` (labelled, with audio) into out/shards with the flow's mel, each utterance
+    continuing its speaker's prompt where `prompts` has one; resumable (a finished shard is kept);
+    `shards_per_speaker`: only the first that many shards of each speaker (a tuning set, when the flow's time per
+    utterance is the cost). Writes out/data.list and out/summary.json. -> the summary."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     (out / "shards").mkdir(parents=True, exist_ok=True)
-    shards, kept, dropped = [], 0, 0
+    shards, kept, dropped, taken = [], 0, 0, {}
     for shard in resolve_shards([str(prepared)]):
+        if shards_per_speaker is not None:
+            speaker = pq.read_table(shard, columns=["speaker"]).column(0)[0].as_py()
+            taken[speaker] = taken.get(speaker, 0) + 1
+            if taken[speaker] > shards_per_speaker:
+                continue
         dest = out / "shards" / shard.name
         if dest.is_file():
             shards.append(str(dest.resolve()))
@@ -62,7 +78,7 @@ def flow_mel_shards(prepared: Path, flow: nn.Module, out: Path) -> dict[str, int
             if not labels or not row["audio"] or row["num_frames"] < frames:
                 dropped += 1
                 continue
-            mel = labels_to_mel(flow, labels)  # (frames, 80)
+            mel = labels_to_mel(flow, labels, (prompts or {}).get(row["speaker"]))  # (frames, 80)
             row["mel"] = mel.reshape(-1).tolist()
             row["f0"] = row["f0"][:frames]
             row["audio"] = row["audio"][: 2 * frames * SAMPLES_PER_MEL_FRAME]  # int16: 2 bytes a sample
