@@ -35,9 +35,10 @@ Stages (each a `vocalis` command, printed before it runs):
           stages continue from the committed one-voice parts (L6's own once installed) on every voice: the flow
           learns a voice from its in-context prompt (zero x-vectors, no speaker encoder), the vocoder is tuned on
           the teachers' mels at L2's rate; --gate L6 writes each part's newest checkpoint to RUN/gates/L6
-  assemble (--assemble OUT) a phone-model directory from every part's committed weights (else RUN/gates'; L6's
-          three-voice parts before the one-voice rungs') and a `default` voice (SLT speaking a fixed prompt, its
-          true labels), with the three-voice flow also `slt`, `kal` and `ked`: what the L5 and L6 rows measure
+  assemble (--assemble OUT) a phone-model directory from every part's committed weights (else RUN/gates'; with
+          --voices slt kal ked, L6's three-voice parts before the one-voice rungs') and a `default` voice (SLT
+          speaking a fixed prompt, its true labels), with L6's flow also one voice per --voices name: what the L5,
+          L6 and L7 rows measure
   gate    (--gate L1 | L2 | L3 | L4) the newest HiFT | flow | labeller | LLM checkpoint -> fp16 weights in RUN/gates/<rung>;
           measure them with scripts/measure_builtin.py --voices slt --rows L1 --hift RUN/gates/L1/hift.safetensors
           --json RUN/gates/L1/figures.json (L2: --rows L2 --hift <the L1 weights> --flow
@@ -385,9 +386,9 @@ def main() -> int:
     run.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     if args.assemble is not None:
-        found = {}
+        found, many = {}, len(args.voices) > 1
         for part, rungs in PART_RUNGS.items():
-            files = [f / f"{part}.safetensors" for r in rungs for f in (LADDER / r, run / "gates" / r)]
+            files = [f / f"{part}.safetensors" for r in rungs if many or r != "L6" for f in (LADDER / r, run / "gates" / r)]
             if (file := next((f for f in files if f.is_file()), None)) is not None:
                 found[part] = file
         missing = [p for p in ("llm", "flow", "hift") if p not in found]
@@ -395,7 +396,7 @@ def main() -> int:
             raise SystemExit(f"--assemble: no gate weights for {', '.join(missing)} (run --gate for their rungs)")
         if args.ship and (outside := [str(f) for f in found.values() if not f.is_relative_to(LADDER)]):
             raise SystemExit(f"--ship: {', '.join(outside)} not installed in the ladder (--gate <rung> --install)")
-        voices = ("slt", "kal", "ked") if found["flow"].parent.name == "L6" else ("slt",)
+        voices = tuple(args.voices) if found["flow"].parent.name == "L6" else ("slt",)
         out = assemble(run, args.assemble.resolve(), found, voices)
         if args.ship:
             ship(out, found)

@@ -187,15 +187,16 @@ def test_assemble_builds_a_phone_model_that_speaks_with_its_default_voice(tmp_pa
         assert len(voice.prompt_speech_ids) > 50 and max(voice.prompt_speech_ids) < PHONE_LABELS  # festival's labels
         assert not voice.embedding.any()  # the flow trains with zero x-vectors
         assert isinstance(tts.model.speech_tokenizer, LabellerSpeechTokenizer)
-        name = "decoder.estimator.final_proj.weight"
+        name = "input_embedding.weight"
         assert torch.allclose(tts.model.flow.state_dict()[name], states["flow"][name].half().float())
         wav = tts.synthesize("A quiet room.", voice="default", seed=0)
         assert wav.ndim == 1 and wav.size > 0
 
 
 def test_assemble_takes_the_three_voice_parts_and_names_every_voice(tmp_path: Path, monkeypatch) -> None:
-    """With L6's three-voice flow gated beside the one-voice L2 flow, --assemble takes L6's and saves a voice per
-    festival teacher (SLT also as `default`); --ship refuses weights not installed in the ladder."""
+    """With L6's three-voice flow gated beside the one-voice L2 flow, --assemble of a one-voice run takes L2's and of a
+    three-voice run L6's, saving a voice per festival teacher (SLT also as `default`); --ship refuses weights not
+    installed in the ladder."""
     import sys
 
     import pytest
@@ -209,17 +210,24 @@ def test_assemble_takes_the_three_voice_parts_and_names_every_voice(tmp_path: Pa
     _gated_parts(recipe, run, {"llm": "L4", "flow": "L2", "hift": "L1"}, seed=0)
     (run / "flow").rename(run / "flow-one-voice")
     _, states = _gated_parts(recipe, run, {"flow": "L6"}, seed=1)
-    monkeypatch.setattr(sys, "argv", ["train_builtin.py", str(run), "--assemble", str(tmp_path / "model")])
+    name = "input_embedding.weight"
+    argv = ["train_builtin.py", str(run), "--assemble", str(tmp_path / "one")]
+    monkeypatch.setattr(sys, "argv", argv)
     assert recipe.main() == 0
+    one = load_model(tmp_path / "one")  # a one-voice run: the one-voice parts
+    assert set(one.voices) == {"default"}
+    assert not torch.allclose(one.flow.state_dict()[name], states["flow"][name].half().float())
 
+    monkeypatch.setattr(sys, "argv", argv[:2] + ["--voices", "slt", "kal", "ked", "--assemble", str(tmp_path / "model")])
+    assert recipe.main() == 0
     model = load_model(tmp_path / "model")
     assert set(model.voices) == {"default", "slt", "kal", "ked"}
     assert torch.equal(model.voices["default"].prompt_mel, model.voices["slt"].prompt_mel)
     assert not torch.equal(model.voices["kal"].prompt_mel[:50], model.voices["slt"].prompt_mel[:50])
-    name = "decoder.estimator.final_proj.weight"
     assert torch.allclose(model.flow.state_dict()[name], states["flow"][name].half().float())
 
-    monkeypatch.setattr(sys, "argv", ["train_builtin.py", str(run), "--assemble", str(tmp_path / "m2"), "--ship"])
+    monkeypatch.setattr(sys, "argv", argv[:2] + ["--voices", "slt", "kal", "ked", "--assemble", str(tmp_path / "m2"),
+                                                 "--ship"])
     with pytest.raises(SystemExit, match="not installed in the ladder"):
         recipe.main()
 
