@@ -149,16 +149,21 @@ def _need_festival(*voices: str) -> None:
         pytest.skip(f"festival or its voices {missing} are not installed (.ci/run installs them)")
 
 
-def _gated_parts(recipe, run: Path, rungs: dict[str, str], seed: int = 0) -> tuple[dict[str, Path], dict]:
-    """Random builtin-phones parts, each checkpointed in RUN/<part> and gated to RUN/gates/<its rung>."""
+def _gated_parts(recipe, run: Path, rungs: dict[str, str], shift: float = 0.0) -> tuple[dict[str, Path], dict]:
+    """Random builtin-phones parts (every weight + `shift`, to tell two sets apart), each checkpointed in
+    RUN/<part> and gated to RUN/gates/<its rung>."""
     from vocalis.config import PHONE_LABELS
     from vocalis.model_dir import random_model
     from vocalis.models.speech_tokenizer.labeller import FrameLabeller, labeller_config
 
-    torch.manual_seed(seed)
+    torch.manual_seed(0)
     parts = random_model("builtin-phones")
     modules = {"llm": parts.llm, "flow": parts.flow, "hift": parts.hift,
                "labeller": FrameLabeller(labeller_config("builtin", PHONE_LABELS))}
+    with torch.no_grad():
+        for module in modules.values():
+            for p in module.parameters():
+                p.add_(shift)
     weights = {}
     for part, rung in rungs.items():
         save_atomic({"models": {part: modules[part].state_dict()}, "step": 100}, checkpoint_path(run / part, 100))
@@ -207,9 +212,9 @@ def test_assemble_takes_the_three_voice_parts_and_names_every_voice(tmp_path: Pa
     recipe = _script("train_builtin")
     monkeypatch.setattr(recipe, "LADDER", tmp_path / "ladder")
     run = tmp_path / "run"
-    _gated_parts(recipe, run, {"llm": "L4", "flow": "L2", "hift": "L1"}, seed=0)
+    _gated_parts(recipe, run, {"llm": "L4", "flow": "L2", "hift": "L1"})
     (run / "flow").rename(run / "flow-one-voice")
-    _, states = _gated_parts(recipe, run, {"flow": "L6"}, seed=1)
+    _, states = _gated_parts(recipe, run, {"flow": "L6"}, shift=0.5)
     name = "input_embedding.weight"
     argv = ["train_builtin.py", str(run), "--assemble", str(tmp_path / "one")]
     monkeypatch.setattr(sys, "argv", argv)
