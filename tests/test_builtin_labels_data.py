@@ -22,6 +22,12 @@ def _row(utt: str, frames: int) -> dict[str, object]:
             "f0": [0.0] * frames, "audio": b"\0\0" * 480 * frames}
 
 
+def _write_labels(path: Path, labels: dict[str, list[int]]) -> None:
+    """The corpus's labels.jsonl for `labels` (utt -> 25 Hz labels), every utterance reading "A quiet room."."""
+    path.write_text("".join(json.dumps({"utt": u, "frames": len(v), "text_ids": text_ids("A quiet room."),
+                                        "labels": v}) + "\n" for u, v in labels.items()))
+
+
 def test_labels_replace_the_ids_and_reach_the_flow_batches(tmp_path: Path) -> None:
     prep = tmp_path / "prep"
     (prep / "shards").mkdir(parents=True)
@@ -29,9 +35,7 @@ def test_labels_replace_the_ids_and_reach_the_flow_batches(tmp_path: Path) -> No
     (prep / "data.list").write_text(str(prep / "shards" / "shard-000000.parquet") + "\n")
     rng = np.random.default_rng(0)
     labels = {"a": rng.integers(0, NUM_LABELS, 30).tolist(), "b": rng.integers(0, NUM_LABELS, 25).tolist()}
-    (tmp_path / "labels.jsonl").write_text("".join(
-        json.dumps({"utt": u, "frames": len(v), "text_ids": text_ids("A quiet room."), "labels": v}) + "\n"
-        for u, v in labels.items()))
+    _write_labels(tmp_path / "labels.jsonl", labels)
     summary = attach_labels(prep, tmp_path / "labels.jsonl", tmp_path / "out")
     # b: 25 labels need 50 mel frames, it has 40; c: no labels
     assert summary == {"utterances": 1, "dropped": 2, "shards": 1}
@@ -70,9 +74,7 @@ def test_flow_mel_shards_pair_the_flows_mel_with_the_teachers_audio(tmp_path: Pa
                  _row("b", 40), _row("c", 61) | {"audio": b""}], prep / "shards" / "shard-000000.parquet")
     (prep / "data.list").write_text(str(prep / "shards" / "shard-000000.parquet") + "\n")
     labels = {u: rng.integers(0, NUM_LABELS, 30).tolist() for u in ("a", "b", "c")}
-    (tmp_path / "labels.jsonl").write_text("".join(
-        json.dumps({"utt": u, "frames": len(v), "text_ids": text_ids("A quiet room."), "labels": v}) + "\n"
-        for u, v in labels.items()))
+    _write_labels(tmp_path / "labels.jsonl", labels)
     attach_labels(prep, tmp_path / "labels.jsonl", tmp_path / "labelled", keep_audio=True)
     torch.manual_seed(0)
     flow = CausalMaskedDiffWithXvec(PRESETS["tiny-phones"].flow).eval()
@@ -107,9 +109,7 @@ def test_flow_mels_continue_each_speakers_prompt_and_take_n_shards_of_each(tmp_p
         write_shard([_row(utt, 40) | {"speaker": speaker}], prep / "shards" / f"shard-{n:06d}.parquet")
     (prep / "data.list").write_text("".join(f"{prep / 'shards' / f'shard-{n:06d}.parquet'}\n" for n in range(3)))
     labels = {u: rng.integers(0, NUM_LABELS, 20).tolist() for u in utts}
-    (tmp_path / "labels.jsonl").write_text("".join(
-        json.dumps({"utt": u, "frames": len(v), "text_ids": text_ids("A quiet room."), "labels": v}) + "\n"
-        for u, v in labels.items()))
+    _write_labels(tmp_path / "labels.jsonl", labels)
     attach_labels(prep, tmp_path / "labels.jsonl", tmp_path / "labelled", keep_audio=True)
     torch.manual_seed(0)
     flow = CausalMaskedDiffWithXvec(PRESETS["tiny-phones"].flow).eval()
