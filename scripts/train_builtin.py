@@ -56,6 +56,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # torch loads lazily: --help and the stages that only run commands need none of it
+    import torch
 
 REPO = Path(__file__).resolve().parents[1]
 LADDER = REPO / "vocalis" / "assets" / "builtin" / "ladder"  # committed fp16 weights + figures of each rung
@@ -247,10 +251,15 @@ def hift_dir(run: Path, channels: int | None) -> Path:
     return run / "hift" if channels is None else run / f"hift-c{channels}"
 
 
-def committed_rung(part: str, voices: int = 3) -> str:
+def part_rungs(part: str, voices: int) -> list[str]:
+    """The rungs `part` may come from, first found first: L6's three-voice part only for a run of several voices."""
+    return [r for r in PART_RUNGS[part] if voices > 1 or r != "L6"]
+
+
+def committed_rung(part: str, voices: int) -> str:
     """The rung whose committed `part` a trainer starts from: with one voice the one-voice rungs' (the vocoder: L2's,
     tuned on the L2 flow's mels, once there is one), with more L6's first."""
-    rungs = [r for r in PART_RUNGS[part] if voices > 1 or r != "L6"]
+    rungs = part_rungs(part, voices)
     return next((r for r in rungs if (LADDER / r / f"{part}.safetensors").is_file()), rungs[-1])
 
 
@@ -283,10 +292,9 @@ def assemble(run: Path, out: Path, weights: dict[str, Path], voices: tuple[str, 
         modules["labeller"] = FrameLabeller(labeller_config("builtin", PHONE_LABELS))
     for part, module in modules.items():
         load_strict(module, {k: v.float() for k, v in load_file(str(weights[part])).items()}, str(weights[part]))
-    model.voices = {}
+    model.voices, zeros = {}, torch.zeros(model.config.flow.spk_embed_dim)
     for voice in voices:
         labels, mel = voice_prompt(run, voice)
-        zeros = torch.zeros(model.config.flow.spk_embed_dim)
         # one voice: `default` alone, as the shipped one-voice model; more: each by name, the first also `default`
         names = (["default"] if voice == voices[0] else []) + ([voice] if len(voices) > 1 else [])
         for name in names:
@@ -302,7 +310,7 @@ def assemble(run: Path, out: Path, weights: dict[str, Path], voices: tuple[str, 
     return out
 
 
-def voice_prompt(run: Path, voice: str):  # -> (labels, (2 len(labels), 80) mel)
+def voice_prompt(run: Path, voice: str) -> tuple[list[int], torch.Tensor]:  # labels, (2 len(labels), 80) mel
     """Festival `voice` speaking `PROMPT_SENTENCE` (RUN/assemble/prompt-<voice>.wav): its true labels (the teacher's
     alignment) and its mel, aligned: a saved voice's prompt."""
     from vocalis.config import SAMPLE_RATE
@@ -385,10 +393,11 @@ def main() -> int:
     run: Path = args.run.resolve()
     run.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    voices = len(args.voices)
     if args.assemble is not None:
-        found, many = {}, len(args.voices) > 1
-        for part, rungs in PART_RUNGS.items():
-            files = [f / f"{part}.safetensors" for r in rungs if many or r != "L6" for f in (LADDER / r, run / "gates" / r)]
+        found = {}
+        for part in PART_RUNGS:
+            files = [f / f"{part}.safetensors" for r in part_rungs(part, voices) for f in (LADDER / r, run / "gates" / r)]
             if (file := next((f for f in files if f.is_file()), None)) is not None:
                 found[part] = file
         missing = [p for p in ("llm", "flow", "hift") if p not in found]
@@ -396,8 +405,8 @@ def main() -> int:
             raise SystemExit(f"--assemble: no gate weights for {', '.join(missing)} (run --gate for their rungs)")
         if args.ship and (outside := [str(f) for f in found.values() if not f.is_relative_to(LADDER)]):
             raise SystemExit(f"--ship: {', '.join(outside)} not installed in the ladder (--gate <rung> --install)")
-        voices = tuple(args.voices) if found["flow"].parent.name == "L6" else ("slt",)
-        out = assemble(run, args.assemble.resolve(), found, voices)
+        named = tuple(args.voices) if found["flow"].parent.name == "L6" else ("slt",)
+        out = assemble(run, args.assemble.resolve(), found, named)
         if args.ship:
             ship(out, found)
         return 0
@@ -436,7 +445,6 @@ def main() -> int:
         mark(run, "labels")
     if args.only is None or "hift" in args.only:
         out = hift_dir(run, args.hift_channels)
-        voices = len(args.voices)
         start = start_from_ladder(run, committed_rung("hift", voices) if voices > 1 else "L1", "hift", out,
                                   args.hift_channels)
         sets = HIFT_L1 + (HIFT_TUNE if voices > 1 else []) + start + args.hift_set
@@ -448,12 +456,11 @@ def main() -> int:
         labels_stage(run)  # a run labelled before the flow's x-vector size was known
         vocalis("train", "flow", "--data", str(run / "prep_labels"),
                 *train_args(run / "flow", args.flow_steps, args.device, args.save_every,
-                            FLOW_L2 + start_from_ladder(run, committed_rung("flow", len(args.voices)), "flow")),
+                            FLOW_L2 + start_from_ladder(run, committed_rung("flow", voices), "flow")),
                 pid_file=args.pid_file)
     if args.only is not None and "hift-flow" in args.only:
         from vocalis.train.flow_mels import flow_mel_shards, load_phone_flow
 
-        voices = len(args.voices)
         data = run / "prep_flow_mels"
         if not (data / "summary.json").is_file():
             flow = load_phone_flow(LADDER / committed_rung("flow", voices) / "flow.safetensors", args.device)
@@ -470,8 +477,8 @@ def main() -> int:
     if (args.only is None and passes("L2")) or (args.only is not None and "labeller" in args.only):
         vocalis("train", "labeller", "--data", str(labels_stage(run, keep_audio=True)),
                 *train_args(run / "labeller", args.labeller_steps, args.device, args.save_every,
-                            LABELLER_L3 + start_from_ladder(run, committed_rung("labeller", len(args.voices)),
-                                                            "labeller")), pid_file=args.pid_file)
+                            LABELLER_L3 + start_from_ladder(run, committed_rung("labeller", voices), "labeller")),
+                pid_file=args.pid_file)
     if (args.only is None and passes("L3")) or (args.only is not None and "llm" in args.only):
         labels_stage(run)
         vocalis("train", "llm", "--data", str(run / "prep_labels"),

@@ -52,8 +52,8 @@ def flow_mel_shards(prepared: Path, flow: nn.Module, out: Path,
                     shards_per_speaker: int | None = None) -> dict[str, int]:
     """Rewrite every shard of `prepared` (labelled, with audio) into out/shards with the flow's mel, each utterance
     continuing its speaker's prompt where `prompts` has one; resumable (a finished shard is kept);
-    `shards_per_speaker`: only the first that many shards of each speaker (a tuning set, when the flow's time per
-    utterance is the cost). Writes out/data.list and out/summary.json. -> the summary."""
+    `shards_per_speaker`: only the first that many shards of each speaker (a shard counts for its first row's; a
+    tuning set, when the flow's time per utterance is the cost). Writes out/data.list and out/summary.json. -> the summary."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
