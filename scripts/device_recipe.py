@@ -172,7 +172,8 @@ def run(args: argparse.Namespace) -> int:
     threads = str(max(1, cores // len(args.stages)))
     procs = {}
     for stage in args.stages:
-        extra = [a for s in HIFT_GAN + args.hift_set for a in ("--hift-set", s)] if stage == "hift" else []
+        extra = ([a for s in HIFT_GAN + args.hift_set for a in ("--hift-set", s)] if stage == "hift" else
+                 [a for s in args.flow_set for a in ("--flow-set", s)] if stage == "flow" else [])
         f = open(out / "logs" / f"{stage}.log", "w")  # noqa: SIM115 - open while the trainer runs
         procs[stage] = (subprocess.Popen(recipe(run_dir, "--only", stage, "--voices", *args.voices, "--device",
                                                 args.device, "--save-every", str(args.save_every), *extra),
@@ -229,6 +230,8 @@ def main() -> int:
                     help="hift-flow: L2's vocoder, tuned on the committed flow's mels (made on the device first)")
     rp.add_argument("--hift-set", action="append", default=[], metavar="KEY=VALUE",
                     help="an extra vocoder setting (after the critic settings)")
+    rp.add_argument("--flow-set", action="append", default=[], metavar="KEY=VALUE",
+                    help="an extra flow setting (a GPU affords larger batches than the CPU recipe's)")
     args = ap.parse_args()
     if args.cmd == "fetch":
         fetch(args.dest)

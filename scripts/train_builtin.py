@@ -369,6 +369,8 @@ def main() -> int:
     ap.add_argument("--hift-set", action="append", default=[], metavar="KEY=VALUE",
                     help="an override after the L1 settings (repeatable), e.g. an annealed learning rate when "
                          "continuing from the committed weights")
+    ap.add_argument("--flow-set", action="append", default=[], metavar="KEY=VALUE",
+                    help="an extra flow trainer setting (after the recipe's; e.g. a larger batch on a GPU)")
     ap.add_argument("--hift-channels", type=int, metavar="N",
                     help="L1 at N base channels (a multiple of the preset's 64) in RUN/hift-c<N>, starting from the "
                          "committed vocoder widened to N; with --gate L1: gate that run (default: the committed "
@@ -456,7 +458,7 @@ def main() -> int:
         labels_stage(run)  # a run labelled before the flow's x-vector size was known
         vocalis("train", "flow", "--data", str(run / "prep_labels"),
                 *train_args(run / "flow", args.flow_steps, args.device, args.save_every,
-                            FLOW_L2 + start_from_ladder(run, committed_rung("flow", voices), "flow")),
+                            FLOW_L2 + start_from_ladder(run, committed_rung("flow", voices), "flow") + args.flow_set),
                 pid_file=args.pid_file)
     if args.only is not None and "hift-flow" in args.only:
         from vocalis.train.flow_mels import flow_mel_shards, load_phone_flow
