@@ -115,7 +115,8 @@ def unpack(bundle: Path, root: Path) -> dict[str, str]:
     bin_dir.mkdir(exist_ok=True)
     wrapper = bin_dir / "festival"
     wrapper.write_text("#!/bin/sh\n"
-                       f"LD_LIBRARY_PATH={':'.join(map(str, libs))} exec {root}/usr/bin/festival --libdir {lib} \"$@\"\n")
+                       # Debian's festival reads init.scm under --datadir (--libdir alone leaves the built-in path)
+                       f"LD_LIBRARY_PATH={':'.join(map(str, libs))} exec {root}/usr/bin/festival --libdir {lib} --datadir {lib} \"$@\"\n")
     wrapper.chmod(0o755)
     return {"PATH": f"{bin_dir}:{os.environ.get('PATH', '')}", "VOCALIS_SHARE_DIR": str(share)}
 

@@ -67,8 +67,9 @@ def _quote(text: str) -> str:
     return '"' + text.replace("\\", " ").replace('"', '\\"') + '"'
 
 
-def speak_batch(voice: str, items: list[tuple[str, Path]]) -> None:
-    """One festival process: each (text, wav) -> wav + wav.with_suffix('.segs'), renamed into place when written."""
+def speak_batch(voice: str, items: list[tuple[str, Path]]) -> str | None:
+    """One festival process: each (text, wav) -> wav + wav.with_suffix('.segs'), renamed into place when written.
+    -> festival's complaint (its exit status and the end of its stderr) when it left an utterance unwritten."""
     lines = [f"(voice_{VOICES[voice]})", SEGS_SCHEME]
     for text, wav in items:
         lines.append(f"(set! u (SynthText {_quote(text)}))")
@@ -77,15 +78,22 @@ def speak_batch(voice: str, items: list[tuple[str, Path]]) -> None:
     script = items[0][1].with_name(f".batch-{os.getpid()}-{items[0][1].stem}.scm")
     script.write_text("\n".join(lines) + "\n", encoding="utf-8")
     try:
-        subprocess.run(["festival", "-b", str(script)], check=False, capture_output=True, timeout=_TIMEOUT_S)
+        done = subprocess.run(["festival", "-b", str(script)], check=False, capture_output=True, timeout=_TIMEOUT_S)
+        complaint = f"festival exited {done.returncode}: {done.stderr.decode(errors='replace')[-400:].strip()}"
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        complaint = f"festival did not run: {exc}"
     finally:
         script.unlink(missing_ok=True)
+    missing = 0
     for text, wav in items:
         segs = wav.with_suffix(".segs")
         if Path(str(wav) + ".tmp").is_file() and Path(str(segs) + ".tmp").is_file():
             wav.with_suffix(".txt").write_text(text, encoding="utf-8")
             os.replace(str(segs) + ".tmp", segs)
             os.replace(str(wav) + ".tmp", wav)
+        else:
+            missing += 1
+    return f"{missing} of {len(items)} unwritten; {complaint}" if missing else None
 
 
 def _spoken(wav: Path, text: str) -> bool:
@@ -120,8 +128,12 @@ def build(config: PhoneCorpusConfig) -> dict[str, object]:
         mine = [p for v, p in todo if v == voice]
         jobs += [(voice, mine[i:i + BATCH]) for i in range(0, len(mine), BATCH)]
     with ThreadPoolExecutor(max_workers=max(1, config.workers)) as pool:
-        for k, _ in enumerate(pool.map(lambda j: speak_batch(j[0], [(p.text, out / p.wav) for p in j[1]]), jobs)):
+        complaints = 0
+        for k, complaint in enumerate(pool.map(lambda j: speak_batch(j[0], [(p.text, out / p.wav) for p in j[1]]),
+                                               jobs)):
             log.info("phone corpus: batch %d/%d (%.0f s)", k + 1, len(jobs), time.monotonic() - start)
+            if complaint is not None and (complaints := complaints + 1) <= 3:  # the first few say why; the count says how many
+                log.warning("phone corpus: batch %d (%s): %s", k + 1, jobs[k][0], complaint)
     rows, records, failed, mismatched, seconds = [], [], [], 0, 0.0
     per_voice = dict.fromkeys(config.voices, 0)
     for v, p in planned:
@@ -142,6 +154,9 @@ def build(config: PhoneCorpusConfig) -> dict[str, object]:
         rows.append({"utt": p.utt, "wav": p.wav, "text": p.text, "speaker": f"fest-{v}", "language": "en"})
         records.append(rec)
         per_voice[v] += 1
+    if not rows:
+        raise InputError(f"phone corpus: none of the {len(planned)} utterances was spoken and kept "
+                         "(festival's complaints are above)")
     _write_jsonl(out / "manifest.jsonl", rows)
     _write_jsonl(out / "labels.jsonl", records)
     _write_jsonl(out / "heldout_wordnet.jsonl", [{"id": f"heldout-{i:03d}", "text": t, "language": "en"}
