@@ -171,3 +171,22 @@ def test_a_corpus_of_several_voices_speaks_every_sentence_in_each(tmp_path: Path
         assert (tmp_path / kal["wav"]).is_file() and kal["wav"].startswith("wavs/kal/")
     with pytest.raises(InputError, match="unknown voices"):
         build(PhoneCorpusConfig(str(tmp_path), utterances=1, voices=("slt", "rms")))
+
+
+def test_a_festival_that_cannot_speak_fails_the_corpus_with_its_complaint(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    # the real festival pointed at a data folder without its init file and voices (what an unpacked install with
+    # the wrong paths does): every batch fails, and the corpus says why instead of writing an empty manifest
+    festival = shutil.which("festival")
+    _require(festival is not None and SLT.is_dir(), "festival with festvox-us-slt-hts")
+    from vocalis.corpus.phone_corpus import PhoneCorpusConfig, build
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "festival").write_text(f'#!/bin/sh\nexec {festival} --datadir {tmp_path / "nowhere"} "$@"\n')
+    (bin_dir / "festival").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    with pytest.raises(InputError, match="none of the 2 utterances"):
+        build(PhoneCorpusConfig(str(tmp_path / "corpus"), utterances=2, voices=("slt",)))
+    assert not (tmp_path / "corpus" / "manifest.jsonl").exists()
+    assert "2 of 2 unwritten; festival exited" in caplog.text and "init.scm" in caplog.text  # festival's own words
