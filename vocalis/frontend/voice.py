@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file, save
 
 from vocalis.errors import InputError, ModelLoadError
 
@@ -64,7 +64,7 @@ class Voice:
             "embedding": self.embedding.float().contiguous(),
         }
         tmp = path.with_suffix(path.suffix + ".tmp")
-        save_file(tensors, str(tmp), metadata=meta)
+        tmp.write_bytes(_sorted_header(save(tensors, metadata=meta)))
         tmp.replace(path)
 
     @classmethod
@@ -85,6 +85,15 @@ class Voice:
             )
         except (OSError, KeyError, ValueError, SafetensorError) as exc:
             raise ModelLoadError(f"cannot read voice file {path}: {exc}") from exc
+
+
+def _sorted_header(data: bytes) -> bytes:
+    """safetensors bytes with the header's keys sorted, so that the same voice saves to the same bytes: the library
+    writes the metadata in its hash map's order, which changes from one save to the next. Readers look keys up by
+    name; the header keeps its length (the same keys and values), padded with spaces as the format allows."""
+    n = int.from_bytes(data[:8], "little")
+    text = json.dumps(json.loads(data[8 : 8 + n]), sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    return data if len(text) > n else data[:8] + text.ljust(n, b" ") + data[8 + n :]
 
 
 def voice_from_spk2info(name: str, entry: dict[str, object], mel_dim: int = 80) -> Voice:
