@@ -173,8 +173,9 @@ def run(args: argparse.Namespace) -> int:
     threads = str(max(1, cores // len(args.stages)))
     procs = {}
     for stage in args.stages:
-        extra = ([a for s in HIFT_GAN + args.hift_set for a in ("--hift-set", s)] if stage == "hift" else
-                 [a for s in args.flow_set for a in ("--flow-set", s)] if stage == "flow" else [])
+        option, sets = {"hift": ("--hift-set", HIFT_GAN + args.hift_set),
+                        "flow": ("--flow-set", args.flow_set)}.get(stage, ("", []))
+        extra = [a for s in sets for a in (option, s)]
         f = open(out / "logs" / f"{stage}.log", "w")  # noqa: SIM115 - open while the trainer runs
         procs[stage] = (subprocess.Popen(recipe(run_dir, "--only", stage, "--voices", *args.voices, "--device",
                                                 args.device, "--save-every", str(args.save_every), *extra),

@@ -321,7 +321,8 @@ def voice_prompt(run: Path, voice: str) -> tuple[list[int], torch.Tensor]:  # la
     wav = run / "assemble" / f"prompt-{voice}.wav"
     if not wav.is_file():
         wav.parent.mkdir(parents=True, exist_ok=True)
-        speak_batch(voice, [(PROMPT_SENTENCE, wav)])
+        if (complaint := speak_batch(voice, [(PROMPT_SENTENCE, wav)])) is not None:
+            raise SystemExit(f"{voice}'s prompt sentence: {complaint}")
     labels = utterance_record("prompt", PROMPT_SENTENCE, wav)["labels"]
     mel, labels = align_prompt(prompt_mel(load_wav(wav, SAMPLE_RATE, max_seconds=None)), labels)
     return list(labels), mel
