@@ -18,9 +18,10 @@ round one stream per precision after a warm-up stream (the voice's prefix cached
 shared machine the medians of alternating rounds tell forms apart where separate processes' times drift.
 
 A precision may name the estimator's and HiFT's forms instead of the CPU's default for them (`apply_backend`'s
-flow_int8 / hift_reduced), to measure which is faster on a CPU class: `int8:flow=bf16` (int8 with the estimator's
-Linears in bf16, not fbgemm int8), `int8:hift=bf16` (HiFT's body convs in bf16), `bf16:hift=fp32`; `int8:kernels=off`
-runs the token2wav engine on torch's ops instead of our native bf16 kernels (`Token2WavConfig.native_kernels`).
+flow_int8 / conv_int8 / hift_reduced), to measure which is faster on a CPU class: `int8:flow=bf16` (int8 with
+the estimator's Linears in bf16, not fbgemm int8), `int8:convs=fp32` (the int8 estimator's conv blocks' convs left
+fp32), `int8:hift=bf16` (HiFT's body convs in bf16), `bf16:hift=fp32`; `int8:kernels=off` runs the token2wav engine
+on torch's ops instead of our native bf16 kernels (`Token2WavConfig.native_kernels`).
 """
 
 from __future__ import annotations
@@ -33,22 +34,22 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 from dataclasses import replace
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import torch
 from torch import nn
 
-from vocalis.config import PRESETS, SAMPLE_RATE, TOKEN_RATE
 from vocalis.bench.accuracy import errors, outputs
+from vocalis.config import PRESETS, SAMPLE_RATE, TOKEN_RATE
+from vocalis.models.flow.flow import CausalMaskedDiffWithXvec
+from vocalis.models.hift.generator import HiFTGenerator
+from vocalis.reference.token2wav import FlowPrompt, Token2Wav
 from vocalis.runtime.backends import apply_backend
 from vocalis.token2wav.config import Token2WavConfig
 from vocalis.token2wav.engine import Token2WavEngine
-from vocalis.reference.token2wav import FlowPrompt, Token2Wav
-from vocalis.models.flow.flow import CausalMaskedDiffWithXvec
-from vocalis.models.hift.generator import HiFTGenerator
 
 log = logging.getLogger("bench_token2wav")
 
@@ -180,12 +181,14 @@ def parse_variant(spec: str) -> tuple[str, dict[str, bool], bool]:
         key, _, value = opt.partition("=")
         if key == "flow" and value in ("int8", "bf16"):
             forms["flow_int8"] = value == "int8"
+        elif key == "convs" and value in ("int8", "fp32"):
+            forms["conv_int8"] = value == "int8"
         elif key == "hift" and value in ("fp32", "bf16"):
             forms["hift_reduced"] = value == "bf16"
         elif key == "kernels" and value in ("on", "off"):
             native = value == "on"
         else:
-            raise SystemExit(f"{spec!r}: options are flow=int8|bf16 (precision int8), hift=fp32|bf16, kernels=on|off")
+            raise SystemExit(f"{spec!r}: options are flow=int8|bf16 and convs=int8|fp32 (precision int8), hift=fp32|bf16, kernels=on|off")
     return precision, forms, native
 
 

@@ -23,9 +23,11 @@ from __future__ import annotations
 import warnings
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from vocalis.kernels import cpu
+from vocalis.models.flow.estimator import CausalBlock1D, CausalConv1d
 from vocalis.precision.module_swap import swap_modules
 from vocalis.runtime.heap import MMAP_THRESHOLD_BYTES
 
@@ -120,11 +122,53 @@ class FusedQKV:
         return fused(x)
 
 
-def quantize_estimator_int8(estimator: nn.Module) -> int:
-    """Replace (in place) every `nn.Linear` of the flow estimator by `Int8Linear`; returns how many.
+class Int8Conv1d(nn.Module):
+    """A stride-1 `nn.Conv1d` (or `CausalConv1d`: `causal_padding` zeros on the left) as one `Int8Linear` over its
+    k shifted inputs side by side (im2col): x (B, C_in, T) -> (B, C_out, T - k + 1 + causal_padding) fp32, returned
+    as a transposed view of a time-major result (the LayerNorm after a block's conv reads it as is).
 
-    The convs stay fp32: as int8 GEMMs over their shifted inputs they ran 2.2x faster (a 256 -> 256 k=3 conv on
-    2 x 100 frames at the 0.5B shapes, 2 threads: 61 + 149 us vs 467 us), but their inputs are the unnormalised
-    residual stream, whose few large channels one activation scale serves badly: on the built-in model the mel
-    error grew from 5.6e-3 to 6.2e-2 of its range."""
-    return swap_modules(estimator, lambda m: type(m) is nn.Linear, Int8Linear.from_linear)
+    The weight (C_out, C_in, k) is laid out (C_out, k * C_in), tap j's channels at [j * C_in, (j + 1) * C_in), and
+    quantized per output channel as `Int8Linear` does; the activations take one scale per call over the whole
+    input, so the error grows with the input's largest channel (the estimator's unnormalised residual stream)."""
+
+    def __init__(self, conv: nn.Conv1d) -> None:
+        super().__init__()
+        if conv.stride != (1,) or conv.dilation != (1,) or conv.groups != 1 or conv.padding not in ((0,), "valid"):
+            raise ValueError("Int8Conv1d takes stride-1, undilated, ungrouped, unpadded convs")
+        c_out, c_in, k = conv.weight.shape
+        self.in_channels, self.out_channels, self.kernel_size = c_in, c_out, (k,)
+        self.causal_padding = getattr(conv, "causal_padding", 0)
+        self.gemm = Int8Linear(conv.weight.detach().permute(0, 2, 1).reshape(c_out, k * c_in), conv.bias)
+
+    def valid(self, full: torch.Tensor) -> torch.Tensor:
+        """The unpadded conv: full (B, C_in, k - 1 + n) -> (B, C_out, n)."""
+        k = self.kernel_size[0]
+        n = full.shape[2] - k + 1
+        src = full.transpose(1, 2)  # (B, k - 1 + n, C_in)
+        cols = src if k == 1 else torch.cat([src[:, j : j + n] for j in range(k)], dim=2)  # (B, n, k * C_in)
+        return self.gemm(cols).transpose(1, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.valid(F.pad(x, (self.causal_padding, 0)) if self.causal_padding else x)
+
+    def extra_repr(self) -> str:
+        return f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, {self.gemm.extra_repr()}"
+
+
+def quantize_estimator_int8(estimator: nn.Module, convs: bool = False) -> int:
+    """Replace (in place) every `nn.Linear` of the flow estimator by `Int8Linear`, and with `convs` the causal conv
+    of every conv block (conv -> LayerNorm -> Mish) by `Int8Conv1d`; returns how many modules were replaced.
+
+    As int8 GEMMs over their shifted inputs the convs run ~2x faster than oneDNN's fp32 convs (a 256 -> 256 k=3
+    conv on 2 x 100 frames at the 0.5B shapes, 2 threads: 61 + 149 us vs 467 us). Only the blocks' convs: the
+    LayerNorm after each rescales every frame, so the error of one activation scale per call stays small there,
+    while the resnets' residual convs and the down/up-sampling convs add straight into the unnormalised residual
+    stream, whose few large channels one scale serves badly (on the built-in model each of those alone moved
+    the mel up to 4x further from fp32 than all block convs together; docs/benchmarks.md)."""
+    count = swap_modules(estimator, lambda m: type(m) is nn.Linear, Int8Linear.from_linear)
+    if convs:
+        for block in estimator.modules():
+            if isinstance(block, CausalBlock1D) and type(block.block[0]) is CausalConv1d:
+                block.block[0] = Int8Conv1d(block.block[0])
+                count += 1
+    return count

@@ -14,7 +14,8 @@ Precision (what the heavy matmuls run in):
   neither AVX2 nor AVX-512, no compiler; logged once), dynamic quantization
   (`torch.ao.quantization.quantize_dynamic`, fbgemm). The flow estimator's Linear layers run as fbgemm int8
   GEMMs (`dynamic_int8`: per-channel weights, 8-bit activations; 7-bit weights without VNNI; many-row GEMMs are fbgemm's
-  strength), except on CPUs with native bf16 (AMX tiles, or AVX512-BF16): there the estimator is cast to bf16 as
+  strength), and so do its conv blocks' convs (`Int8Conv1d`, one GEMM over the shifted inputs; the residual and
+  sampling convs stay fp32), except on CPUs with native bf16 (AMX tiles, or AVX512-BF16): there the estimator is cast to bf16 as
   under `bf16`. On AMX it is faster so (prepacked oneDNN GEMMs on AMX: 1.5-3x fbgemm's int8 with its per-call
   activation quantization at the estimator's shapes, 2-core Xeon); with AVX512-BF16 alone it is as fast as int8
   (2-core AMD EPYC, docs/benchmarks.md) with a third of int8's mel error. `apply_backend(flow_int8=True)` forces
@@ -202,12 +203,13 @@ def make_llm_engine(model: LoadedModel, config: EngineConfig | None = None,
 
 def apply_backend(model: object, backend: str = "torch", precision: str = "fp32",
                   device: str | torch.device = "cpu", onnx_dir: str | None = None,
-                  flow_int8: bool | None = None, hift_reduced: bool | None = None,
+                  flow_int8: bool | None = None, conv_int8: bool | None = None, hift_reduced: bool | None = None,
                   kernels: KernelConfig | None = None) -> Runtime:
     """Resolve the choice and apply it to `model` (a `LoadedModel`, modules already on `device`) in place.
 
     flow_int8 (precision int8, torch backend): quantize the flow estimator's Linear layers too; None: unless the
     CPU has native bf16 (AMX, AVX512-BF16), where bf16 is the estimator's better form (see the module notes).
+    conv_int8 (with an int8 estimator): its conv blocks' convs as int8 GEMMs too (`Int8Conv1d`); None: yes.
     hift_reduced (precision bf16 or int8 on the CPU, not onnx): run HiFT's body convs in bf16 (`cast_hift_convs`);
     None: on CPUs with AMX tiles, where they run ~1.9x faster (elsewhere fp32 convs are as fast).
     kernels: which native kernels may run (default all; the environment's overrides are applied here).
@@ -259,8 +261,10 @@ def apply_backend(model: object, backend: str = "torch", precision: str = "fp32"
         if flow_int8 is None:
             flow_int8 = backend != "torch" or not native_bf16_cpu()
         if flow_int8:
-            n = quantize_estimator_int8(estimator)
-            notes.append(f"{n} flow-estimator Linear layers int8 (dynamic), the rest fp32")
+            convs = conv_int8 is not False
+            n = quantize_estimator_int8(estimator, convs=convs)
+            what = "Linear layers and conv-block convs" if convs else "Linear layers"
+            notes.append(f"{n} flow-estimator {what} int8 (dynamic), the rest fp32")
         else:
             n = cast_linears(estimator, torch.bfloat16)
             why = "AMX: faster than int8" if has_amx() else "native bf16: as fast as int8, closer to fp32"

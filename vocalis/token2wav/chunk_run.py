@@ -25,7 +25,7 @@ from torch import nn
 
 from vocalis.kernels import bf16_attention, bf16_gemm, fp32_attention
 from vocalis.models.flow.transformer import SelfAttention
-from vocalis.precision.dynamic_int8 import FusedQKV
+from vocalis.precision.dynamic_int8 import FusedQKV, Int8Conv1d
 from vocalis.token2wav.attention import attend, merge, runs_native
 from vocalis.token2wav.compute import ComputeWeights
 from vocalis.token2wav.estimator_cache import EstimatorCache
@@ -75,6 +75,8 @@ class ChunkRun:
                 if self.keeps[r]:
                     pair = slice(2 * r, 2 * r + 2)
                     c.tails[i] = _tail(left[pair], x[pair], self.lens[r])
+        if isinstance(conv, Int8Conv1d):
+            return conv.valid(torch.cat([left, x], dim=2))
         if self.compute is None:
             return F.conv1d(torch.cat([left, x], dim=2), conv.weight, conv.bias)
         return self.compute.conv(conv, x, left)

@@ -49,7 +49,7 @@ from vocalis.frontend.prompt import FlowPrompt
 from vocalis.kernels import bf16_gemm
 from vocalis.models.flow.flow import CausalMaskedDiffWithXvec
 from vocalis.models.hift.generator import HiFTGenerator
-from vocalis.precision.dynamic_int8 import FusedQKV
+from vocalis.precision.dynamic_int8 import FusedQKV, Int8Conv1d
 from vocalis.token2wav.cache_room import CacheRoom
 from vocalis.token2wav.compute import ComputeWeights
 from vocalis.token2wav.config import CACHE_DTYPES, Token2WavConfig
@@ -394,7 +394,8 @@ class Token2WavEngine:
     def cache_bytes_per_stream(self) -> int:
         """Flow cache bytes a request holds whatever its length: the input tails of the estimator's causal convs
         (kernel - 1 frames each, both guidance rows, every Euler step), at most fp32."""
-        convs = [m for m in self.estimator.modules() if isinstance(m, torch.nn.Conv1d) and m.kernel_size[0] > 1]
+        convs = [m for m in self.estimator.modules()
+                 if isinstance(m, (torch.nn.Conv1d, Int8Conv1d)) and m.kernel_size[0] > 1]
         return sum(2 * m.in_channels * (m.kernel_size[0] - 1) for m in convs) * self.n_timesteps * 4
 
     def started_streams(self) -> list[StreamState]:
