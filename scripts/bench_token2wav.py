@@ -4,7 +4,8 @@ Random weights at a preset's shapes (default the 0.5B flow + HiFT; the LLM is no
 random speech tokens per utterance (25 per second of audio), optionally a prompt. Every side runs in its own
 process (fresh model, own peak RSS). All tokens are available from the start (as in voice conversion), so the
 figures are token2wav alone. Times are wall and process CPU seconds; on a shared machine compare CPU seconds
-(with --threads 1 they are pure work, no spin-waiting), since wall time depends on the other load.
+(with --threads 1 they are pure work, no spin-waiting), since wall time depends on the other load. The engine
+sides run with the serving engine's allocator settings (`runtime.heap.cap_mmap_threshold`, as `AsyncEngine`).
 
   reference: `vocalis.reference.token2wav.Token2Wav`, one stream (its streaming loop re-runs the flow over the
              whole prefix at every chunk); S streams are served one after another, so S x that time.
@@ -48,6 +49,7 @@ from vocalis.models.flow.flow import CausalMaskedDiffWithXvec
 from vocalis.models.hift.generator import HiFTGenerator
 from vocalis.reference.token2wav import FlowPrompt, Token2Wav
 from vocalis.runtime.backends import apply_backend
+from vocalis.runtime.heap import cap_mmap_threshold
 from vocalis.token2wav.config import Token2WavConfig
 from vocalis.token2wav.engine import Token2WavEngine
 
@@ -210,6 +212,7 @@ def variant_config(args: argparse.Namespace, spec: str) -> Token2WavConfig:
 
 
 def run_engine(args: argparse.Namespace, spec: str) -> dict[str, Any]:
+    cap_mmap_threshold()  # the allocator as the serving engine runs it (`AsyncEngine`)
     model, runtime, precision = build_variant(args, spec)
     cfg = variant_config(args, spec)
     with torch.inference_mode():
@@ -229,6 +232,7 @@ def run_alternating(args: argparse.Namespace) -> dict[str, Any]:
     import statistics
 
     specs = [q.strip() for q in args.precisions.split(",") if q.strip()]
+    cap_mmap_threshold()  # the allocator as the serving engine runs it (`AsyncEngine`)
     engines = {}
     for spec in specs:
         model = build_variant(args, spec)[0]
