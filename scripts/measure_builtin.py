@@ -85,6 +85,13 @@ ROWS = {"L1": "teacher mel -> our HiFT", "L2": "true labels -> our flow -> our H
 LENGTH_RANGE = (0.8, 1.25)  # L4: a sentence's label count over the teacher's
 
 
+def _weights(path: Path | None, flag: str, rows: str) -> Path:
+    """`path`, or exit saying which flag the rows need."""
+    if path is None:
+        sys.exit(f"measure_builtin --voices slt --rows {rows}: give the weights with {flag}")
+    return path
+
+
 def _load_part(module, path: Path | None, flag: str, rows: str):  # -> the module, in eval mode
     """`module` with weights from `path` (fp16 gate weights are cast to fp32)."""
     import torch
@@ -92,8 +99,7 @@ def _load_part(module, path: Path | None, flag: str, rows: str):  # -> the modul
 
     from vocalis.checkpoint import load_strict
 
-    if path is None:
-        sys.exit(f"measure_builtin --voices slt --rows {rows}: give the weights with {flag}")
+    path = _weights(path, flag, rows)
     load_strict(module, {k: v.to(torch.float32) for k, v in load_file(str(path)).items()}, str(path))
     return module.eval()
 
@@ -115,9 +121,7 @@ def load_flow(path: Path | None, rows: str = "L2"):  # -> CausalMaskedDiffWithXv
     """The phone-based built-in preset's flow (114 label ids)."""
     from vocalis.train.flow_mels import load_phone_flow
 
-    if path is None:
-        sys.exit(f"measure_builtin --voices slt --rows {rows}: give the weights with --flow")
-    return load_phone_flow(path)
+    return load_phone_flow(_weights(path, "--flow", rows))
 
 
 def load_llm(path: Path | None):  # -> Qwen2LM

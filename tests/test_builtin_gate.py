@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -41,6 +42,15 @@ def test_gate_weights_are_fp16_newest_and_load_into_the_builtin_hift(tmp_path: P
     mel = torch.randn(1, 80, 12)
     out, _ = loaded.inference(mel, generator=torch.Generator().manual_seed(0))
     assert out.shape == (1, 12 * 480) and torch.isfinite(out).all()
+
+
+def test_a_rung_without_its_weights_names_the_flag_it_needs() -> None:
+    """measure_builtin's rows that need a part's weights stop with the flag to give, not a traceback."""
+    measure = _script("measure_builtin")
+    for load, flag, rows in ((measure.load_flow, "--flow", "L2"), (measure.load_llm, "--llm", "L4"),
+                             (measure.load_labeller, "--labeller", "L3")):
+        with pytest.raises(SystemExit, match=f"--rows {rows}: give the weights with {flag}$"):
+            load(None)
 
 
 def test_a_new_machine_starts_from_the_committed_rung(tmp_path: Path, monkeypatch) -> None:
