@@ -1,4 +1,5 @@
-"""Dynamic int8 Linear layers for the flow estimator on CPU (`Int8Linear`: one fbgemm int8 GEMM each).
+"""Dynamic int8 Linear layers for the flow estimator on CPU (`Int8Linear`: one fbgemm int8 GEMM each), and its
+conv blocks' convs as one such GEMM over their shifted inputs (`Int8Conv1d`).
 
 Weights are quantized once, symmetric int8 per output channel; activations are quantized per call (one scale and
 zero point over the whole input, asymmetric uint8), products summed exactly in int32 and scaled back to fp32.
