@@ -29,6 +29,7 @@ from torch import nn
 
 from vocalis.kernels import cpu
 from vocalis.models.flow.estimator import CausalBlock1D, CausalConv1d
+from vocalis.precision.conv_gemm import columns, gemm_weight
 from vocalis.precision.module_swap import swap_modules
 from vocalis.runtime.heap import MMAP_THRESHOLD_BYTES
 
@@ -128,8 +129,7 @@ class Int8Conv1d(nn.Module):
     k shifted inputs side by side (im2col): x (B, C_in, T) -> (B, C_out, T - k + 1 + causal_padding) fp32, returned
     as a transposed view of a time-major result (the LayerNorm after a block's conv reads it as is).
 
-    The weight (C_out, C_in, k) is laid out (C_out, k * C_in), tap j's channels at [j * C_in, (j + 1) * C_in), and
-    quantized per output channel as `Int8Linear` does; the activations take one scale per call over the whole
+    The weight is laid out as `conv_gemm` says and quantized per output channel as `Int8Linear` does; the activations take one scale per call over the whole
     input, so the error grows with the input's largest channel (the estimator's unnormalised residual stream)."""
 
     def __init__(self, conv: nn.Conv1d) -> None:
@@ -139,15 +139,11 @@ class Int8Conv1d(nn.Module):
         c_out, c_in, k = conv.weight.shape
         self.in_channels, self.out_channels, self.kernel_size = c_in, c_out, (k,)
         self.causal_padding = getattr(conv, "causal_padding", 0)
-        self.gemm = Int8Linear(conv.weight.detach().permute(0, 2, 1).reshape(c_out, k * c_in), conv.bias)
+        self.gemm = Int8Linear(gemm_weight(conv.weight.detach()), conv.bias)
 
     def valid(self, full: torch.Tensor) -> torch.Tensor:
         """The unpadded conv: full (B, C_in, k - 1 + n) -> (B, C_out, n)."""
-        k = self.kernel_size[0]
-        n = full.shape[2] - k + 1
-        src = full.transpose(1, 2)  # (B, k - 1 + n, C_in)
-        cols = src if k == 1 else torch.cat([src[:, j : j + n] for j in range(k)], dim=2)  # (B, n, k * C_in)
-        return self.gemm(cols).transpose(1, 2)
+        return self.gemm(columns(full, self.kernel_size[0])).transpose(1, 2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.valid(F.pad(x, (self.causal_padding, 0)) if self.causal_padding else x)

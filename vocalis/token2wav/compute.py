@@ -12,6 +12,7 @@ from torch import nn
 
 from vocalis.kernels import bf16_attention, bf16_gemm
 from vocalis.models.flow.transformer import BasicTransformerBlock, SelfAttention
+from vocalis.precision.conv_gemm import columns, gemm_weight
 from vocalis.precision.layers import CastLinear
 
 # a layer's weights as its GEMM takes them: packed for the native bf16 GEMM, or (weight, bias) for torch's
@@ -129,17 +130,13 @@ class ComputeWeights:
         -> (B, C_out, n) fp32. Natively (`bf16_gemm.conv`) the taps are read in place from a time-major bf16 copy
         of (left, x), and the result comes back time-major (a transposed view): the norm after it reads it as is."""
         c_out, c_in, k = conv.weight.shape
-        # (C_out, C_in, k) -> (C_out, k * C_in) with tap j's channels at [j * C_in, (j + 1) * C_in)
-        gemm = self._gemm(conv, lambda: (conv.weight.permute(0, 2, 1).reshape(c_out, k * c_in), conv.bias))
+        gemm = self._gemm(conv, lambda: (gemm_weight(conv.weight), conv.bias))  # (C_out, k * C_in)
         if isinstance(gemm, bf16_gemm.PackedWeight):
             left = x.new_empty(x.shape[0], c_in, 0) if left is None else left
             return bf16_gemm.conv(x.float(), left.float(), gemm, k)
-        full = x if left is None else torch.cat([left, x], dim=2)
-        n = full.shape[2] - k + 1
-        src = full.transpose(1, 2)  # (B, k - 1 + n, C_in)
-        cols = src if k == 1 else torch.cat([src[:, j : j + n] for j in range(k)], dim=2)  # (B, n, k * C_in)
+        cols = columns(x if left is None else torch.cat([left, x], dim=2), k)  # (B, n, k * C_in)
         y = self._run(gemm, cols.reshape(-1, k * c_in))  # (B * n, C_out)
-        return y.view(full.shape[0], n, c_out).transpose(1, 2).float()
+        return y.view(cols.shape[0], cols.shape[1], c_out).transpose(1, 2).float()
 
     @staticmethod
     def dtype_for(estimator: nn.Module) -> torch.dtype | None:

@@ -1,0 +1,23 @@
+"""A stride-1 conv as one GEMM over its k shifted inputs side by side (im2col), the layout shared by every
+reduced-precision conv: the weight (C_out, C_in, k) as (C_out, k * C_in), tap j's channels at
+[j * C_in, (j + 1) * C_in), and the input frames as rows of their k taps.
+
+Legend: B batch rows, C_in / C_out channels, k taps, n output frames.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def gemm_weight(weight: torch.Tensor) -> torch.Tensor:
+    """Conv weight (C_out, C_in, k) -> GEMM weight (C_out, k * C_in)."""
+    c_out, c_in, k = weight.shape
+    return weight.permute(0, 2, 1).reshape(c_out, k * c_in)
+
+
+def columns(full: torch.Tensor, k: int) -> torch.Tensor:
+    """full (B, C_in, k - 1 + n), every frame's left context included -> (B, n, k * C_in): output frame i's taps."""
+    n = full.shape[2] - k + 1
+    src = full.transpose(1, 2)  # (B, k - 1 + n, C_in)
+    return src if k == 1 else torch.cat([src[:, j : j + n] for j in range(k)], dim=2)
