@@ -158,10 +158,10 @@ def quantize_estimator_int8(estimator: nn.Module, convs: bool = False) -> int:
 
     As int8 GEMMs over their shifted inputs the convs run ~2x faster than oneDNN's fp32 convs (a 256 -> 256 k=3
     conv on 2 x 100 frames at the 0.5B shapes, 2 threads: 61 + 149 us vs 467 us). Only the blocks' convs: the
-    LayerNorm after each rescales every frame, so the error of one activation scale per call stays small there,
-    while the resnets' residual convs and the down/up-sampling convs add straight into the unnormalised residual
-    stream, whose few large channels one scale serves badly (on the built-in model each of those alone moved
-    the mel up to 4x further from fp32 than all block convs together; docs/benchmarks.md)."""
+    LayerNorm after each rescales every frame, so the error of one activation scale per call mostly stays small
+    there, while the resnets' residual convs and the down/up-sampling convs add straight into the unnormalised
+    residual stream, whose few large channels one scale serves badly (scripts/measure_int8_convs.py --each:
+    docs/benchmarks.md)."""
     count = swap_modules(estimator, lambda m: type(m) is nn.Linear, Int8Linear.from_linear)
     if convs:
         for block in estimator.modules():
