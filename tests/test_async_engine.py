@@ -367,3 +367,18 @@ def test_heap_is_released_once_each_time_the_loop_runs_out_of_work(model: Loaded
             _wait_for(lambda: not eng._heap_used)  # the loop found itself out of work
             time.sleep(0.3)  # idle: no further release, no spinning
             assert eng.num_heap_releases == (n if release and release_free_heap() else 0)
+
+
+def test_back_to_back_requests_keep_the_heap_until_the_loop_is_quiet(model: LoadedModel) -> None:
+    """A request arriving within the delay finds the pages its predecessor touched (no release in between);
+    the heap goes back once the loop has been idle for the delay."""
+    async def one(eng: AsyncEngine, seed: int) -> None:
+        await _collect(eng.submit(_request(model, TEXTS[0], seed=seed)))
+
+    with AsyncEngine.from_model(model, heap_release_delay_s=2.0) as eng:
+        for seed in range(3):
+            asyncio.run(one(eng, seed))
+            assert eng.num_heap_releases == 0
+        _wait_for(lambda: not eng._heap_used)  # the loop found itself out of work for the delay
+        time.sleep(0.3)  # the release follows
+        assert eng.num_heap_releases == (1 if release_free_heap() else 0)

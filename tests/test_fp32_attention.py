@@ -1,6 +1,6 @@
 """Our fp32 attention (`vocalis.kernels.fp32_attention`), at this CPU's own level and at the AVX2 level (forced on
 CPUs with more: the other source set), against float64 math: per-query key limits (block-causal and padding masks), queries with no visible key,
-both output layouts, strided q/k/v, head sizes 8 to 128, keys given in pieces; and the estimator's `attend` taking
+both output layouts, strided q/k/v, head sizes 8 to 128, keys given in pieces (fp32 or bf16); and the estimator's `attend` taking
 it for fp32 inputs there.
 
 Bounds: output within 1e-5 of max |v| and log-sum-exp within 1e-5 (fp32 sums over a few hundred keys, exp to
@@ -71,6 +71,27 @@ def test_all_visible_shared_limits_and_key_pieces() -> None:
     want, want_lse = fp32_attention.attend(q, whole_k, whole_v, limits)
     torch.testing.assert_close(out, want, rtol=0, atol=0)
     torch.testing.assert_close(lse, want_lse, rtol=0, atol=0)
+
+
+def test_bf16_key_pieces_equal_their_fp32_upcast() -> None:
+    """bf16 pieces (a cache's dtype: a shared prefix, own cached frames) are read as their exact fp32 values:
+    the result equals the same pieces upcast first, bit for bit, beside fp32 new keys (a strided view); a head size
+    that is not a multiple of 8 takes the scalar tail; mixed key/value dtypes in one piece are refused."""
+    g = torch.Generator().manual_seed(12)
+    for B, H, n, E in ((4, 8, 50, 64), (2, 2, 7, 12)):
+        q = torch.randn(B, H, n, E, generator=g)
+        prefix_k, prefix_v = (torch.randn(2, H, 31, E, generator=g).bfloat16() for _ in range(2))
+        own_k, own_v = (torch.randn(B, H, 9, E, generator=g).bfloat16() for _ in range(2))
+        new = torch.randn(B, n, 2, H, E, generator=g)
+        new_k, new_v = new[:, :, 0].transpose(1, 2), new[:, :, 1].transpose(1, 2)
+        limits = torch.randint(1, 31 + 9 + n + 1, (B, n), generator=g, dtype=torch.int32)
+        out, lse = fp32_attention.attend(q, [prefix_k, own_k, new_k], [prefix_v, own_v, new_v], limits)
+        want, want_lse = fp32_attention.attend(q, [prefix_k.float(), own_k.float(), new_k],
+                                               [prefix_v.float(), own_v.float(), new_v], limits)
+        torch.testing.assert_close(out, want, rtol=0, atol=0)
+        torch.testing.assert_close(lse, want_lse, rtol=0, atol=0)
+    with pytest.raises(RuntimeError, match="equal-shaped"):
+        fp32_attention.attend(q, [own_k], [own_v.float()], None)
 
 
 def test_the_estimators_attend_takes_it_for_fp32() -> None:

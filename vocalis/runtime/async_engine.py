@@ -16,11 +16,12 @@ only the oldest unfinished sentence of a job is vocoded, so chunks arrive in ord
 Text given in pieces (bi-streaming) is read on the caller's event loop (`runtime.text_pump`) and posted to the
 loop piece by piece.
 Abort (explicit, or the consumer cancelled) frees the job's KV blocks and token2wav caches on the loop's next
-iteration boundary: at once when idle, after the step in flight otherwise. Each time the loop runs out of work it
-gives the heap's free memory back to the system (`runtime.heap`; `release_heap_when_idle`), so a server's RSS does
-not creep up from burst to burst; under sustained load it does so after a step once RSS has grown past a slack
-(`HeapWatch`), so the holes that large batched steps free never add up to more than the machine has; and it fixes
-glibc's mmap threshold when it starts (`cap_mmap_threshold`), so large tensors leave no holes at all.
+iteration boundary: at once when idle, after the step in flight otherwise. Once the loop has been out of work for
+`heap_release_delay_s` it gives the heap's free memory back to the system (`runtime.heap`; `release_heap_when_idle`),
+so a server's RSS does not creep up from burst to burst, while back-to-back requests keep the pages their
+predecessors touched; under sustained load it does so after a step once RSS has grown past a slack (`HeapWatch`),
+so the holes that large batched steps free never add up to more than the machine has; and it fixes glibc's mmap
+threshold when it starts (`cap_mmap_threshold`), so large tensors leave no holes at all.
 """
 
 from __future__ import annotations
@@ -61,14 +62,18 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+HEAP_RELEASE_DELAY_S = 1.0  # idle seconds before the loop gives the heap's free memory back (AsyncEngine)
+
 class AsyncEngine:
     """Batched synthesis for many concurrent requests. Use as a context manager, or `start()` / `close()`."""
 
     def __init__(self, model: LoadedModel, llm: LLMEngine | VLLMEngine,
                  token2wav: Token2WavEngine | CV3Token2WavEngine,
-                 grouping: StepGrouping | None = None, release_heap_when_idle: bool = True) -> None:
+                 grouping: StepGrouping | None = None, release_heap_when_idle: bool = True,
+                 heap_release_delay_s: float = HEAP_RELEASE_DELAY_S) -> None:
         self.model = model
         self.release_heap_when_idle = release_heap_when_idle
+        self.heap_release_delay_s = heap_release_delay_s
         self._heap_used = False  # loop thread only: work ran since the heap was last released
         self.num_heap_releases = 0
         self.heap_watch = HeapWatch()  # loop thread only
@@ -97,14 +102,16 @@ class AsyncEngine:
     def from_model(cls, model: LoadedModel, config: EngineConfig | None = None,
                    token2wav_config: Token2WavConfig | None = None, stream: StreamConfig | None = None,
                    grouping: StepGrouping | None = None, runtime: Runtime | None = None,
-                   release_heap_when_idle: bool = True) -> AsyncEngine:
+                   release_heap_when_idle: bool = True,
+                   heap_release_delay_s: float = HEAP_RELEASE_DELAY_S) -> AsyncEngine:
         """Build the LLM engine (ours, or vLLM's when `runtime`, what `apply_backend` returned, is the vllm
         backend's) and the batched token2wav engine of the model's family (CosyVoice 2 or 3) over a loaded model's
         modules; InputError for modules neither runs."""
         if runtime is not None and not runtime.kernels.bf16_gemm:
             token2wav_config = replace(token2wav_config or Token2WavConfig(), native_kernels=False)
         token2wav = token2wav_for(model.flow, model.hift, token2wav_config, stream)
-        return cls(model, make_llm_engine(model, config, runtime), token2wav, grouping, release_heap_when_idle)
+        return cls(model, make_llm_engine(model, config, runtime), token2wav, grouping, release_heap_when_idle,
+                   heap_release_delay_s)
 
     # ---- lifecycle ------------------------------------------------------------------------------------
     def start(self) -> Self:
@@ -239,6 +246,13 @@ class AsyncEngine:
         while True:
             with self._cond:
                 idle = self._idle()
+                if idle and self._heap_used and self.release_heap_when_idle:
+                    # [memory] give the heap back only after a quiet spell: the next request's first token2wav
+                    # step would fault it all in again (the 0.5B shapes: ~0.4 GB, ~0.1 s of a first chunk)
+                    deadline = time.monotonic() + self.heap_release_delay_s
+                    while idle and (left := deadline - time.monotonic()) > 0:
+                        self._cond.wait(left)
+                        idle = self._idle()
                 while idle and not self._heap_used:
                     self._cond.wait()
                     idle = self._idle()

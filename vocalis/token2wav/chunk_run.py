@@ -185,8 +185,23 @@ class ChunkRun:
         self._new_own(i, k)
         rows, h, n, e = q.shape
         p, start = _prefix_frames(c0), c0.num_frames  # prefix frames; the first new frame (absolute)
+        pieces = start > 0 and _reads_pieces(q, c0, self._native)
         if start == 0:
             keys, values = k, v  # nothing cached: the projection's views
+        elif pieces:  # our fp32 kernel reads each stretch where it lies, widening a bf16 cache as it packs
+            own = [None, None]
+            if start > p:
+                own = [o[0][i] if rows == 2 else torch.cat([o_[i] for o_ in o])
+                       for o in ([c.keys for c in self.caches], [c.values for c in self.caches])]
+            pre = c0.prefix
+            keys, values = ([t for t in (None if pre is None else shared[i], held, new) if t is not None]
+                            for shared, held, new in ((None if pre is None else pre.keys, own[0], k),
+                                                      (None if pre is None else pre.values, own[1], v)))
+            if self.keeps[0]:
+                kept_k, kept_v = (self._stored(new) if held is None else torch.cat([held, new.to(held.dtype)], 2)
+                                  for new, held in ((k, own[0]), (v, own[1])))
+                for r, c in enumerate(self.caches):
+                    c.keys[i], c.values[i] = kept_k[2 * r : 2 * r + 2], kept_v[2 * r : 2 * r + 2]
         else:
             keys, values = q.new_empty(rows, h, start + n, e), q.new_empty(rows, h, start + n, e)
             pre = c0.prefix
@@ -198,7 +213,7 @@ class ChunkRun:
                 if start > p:
                     buf[:, :, p:start] = own[0][i] if rows == 2 else torch.cat([o[i] for o in own])
                 buf[:, :, start:] = new
-        if self.keeps[0]:  # a reduced dtype is for storage: this chunk attended at full
+        if self.keeps[0] and not pieces:  # a reduced dtype is for storage: this chunk attended at full
             kept_k, kept_v = self._stored(keys[:, :, p:]), self._stored(values[:, :, p:])
             for r, c in enumerate(self.caches):
                 c.keys[i], c.values[i] = kept_k[2 * r : 2 * r + 2], kept_v[2 * r : 2 * r + 2]
@@ -247,7 +262,9 @@ class ChunkRun:
         merged = False
         for reqs in groups.values():
             prefix = self.caches[reqs[0]].prefix
-            pk, pv = prefix.keys[i].to(q.dtype), prefix.values[i].to(q.dtype)  # (2, H, P, E), once per call
+            pk, pv = prefix.keys[i], prefix.values[i]  # (2, H, P, E)
+            if not _reads_pieces(q, self.caches[reqs[0]], self._native):
+                pk, pv = pk.to(q.dtype), pv.to(q.dtype)  # once per call
             every = len(reqs) == len(self.caches)
             q5 = q.view(-1, 2, h, n, e)  # (R, 2, H, n, E)
             qg = (q5 if every else q5[reqs]).permute(1, 2, 0, 3, 4).reshape(2, h, -1, e)  # (2, H, R_g * n, E)
@@ -360,6 +377,14 @@ def _one_call(q: torch.Tensor, native: bool) -> bool:
     if q.device.type != "cpu":
         return False
     return q.dtype == torch.bfloat16 or (native and fp32_attention.supports(q))
+
+
+def _reads_pieces(q: torch.Tensor, cache: EstimatorCache, native: bool) -> bool:
+    """Whether q's attention runs on our fp32 kernel, which reads keys as pieces in the cache's dtype (fp32 or
+    bf16) where they lie: no upcast copy of a cached stretch, no one-sequence layout."""
+    held = cache.prefix.keys[0] if cache.prefix is not None else cache.keys[0] if cache.keys else None
+    return (native and q.dtype == torch.float32 and fp32_attention.supports(q)
+            and (held is None or held.dtype in (torch.float32, torch.bfloat16)))
 
 
 def _prefix_frames(cache: EstimatorCache) -> int:

@@ -22,13 +22,33 @@ constexpr int kRows = 6;  // rows per product block: 12 accumulators + 2 b vecto
 
 inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
-// One stretch of a row's keys and values, as in bf16_attention.cpp (fp32 here).
+// One stretch of a row's keys and values, as in bf16_attention.cpp: fp32, or bf16 (a cache's dtype), widened to
+// fp32 as it is packed, so a cached stretch is read where it lies instead of first upcast into a copy.
 struct Segment {
-  const float* k;
-  const float* v;
+  const void* k;
+  const void* v;
   int64_t kb, kh, kl, vb, vh, vl;
   int64_t batches, len;
+  bool bf16;
 };
+
+// n values from src (fp32, or bf16 when `bf16`) to dst as fp32.
+inline void widen(const void* src, bool bf16, int64_t n, float* dst) {
+  if (!bf16) {
+    std::memcpy(dst, src, n * sizeof(float));
+    return;
+  }
+  const uint16_t* h = static_cast<const uint16_t*>(src);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h + i)));
+    _mm256_storeu_ps(dst + i, _mm256_castsi256_ps(_mm256_slli_epi32(w, 16)));
+  }
+  for (; i < n; ++i) {
+    const uint32_t bits = static_cast<uint32_t>(h[i]) << 16;
+    std::memcpy(dst + i, &bits, sizeof(float));
+  }
+}
 
 struct Problem {
   const float* q;
@@ -83,15 +103,17 @@ inline void fma_rows(int64_t m, const float* a, int64_t lda, const float* b, int
 inline void pack(const Problem& pr, int64_t b, int64_t h, int64_t need, int64_t padded, int64_t Ep, float* kt,
                  float* vt) {
   const int64_t E = pr.E;
+  float krow[128];
   int64_t l = 0;
   for (const Segment& sg : pr.segments) {
-    const float* kbase = sg.k + (b % sg.batches) * sg.kb + h * sg.kh;
-    const float* vbase = sg.v + (b % sg.batches) * sg.vb + h * sg.vh;
+    const int64_t width = sg.bf16 ? 2 : 4;  // bytes per element; strides are in elements
+    const char* kbase = static_cast<const char*>(sg.k) + ((b % sg.batches) * sg.kb + h * sg.kh) * width;
+    const char* vbase = static_cast<const char*>(sg.v) + ((b % sg.batches) * sg.vb + h * sg.vh) * width;
     for (int64_t r = 0; r < sg.len && l < need; ++r, ++l) {
-      const float* krow = kbase + r * sg.kl;
+      widen(kbase + r * sg.kl * width, sg.bf16, E, krow);
       float* panel = kt + (l / kPanel) * E * kPanel + l % kPanel;
       for (int64_t e = 0; e < E; ++e) panel[e * kPanel] = krow[e];
-      std::memcpy(vt + l * Ep, vbase + r * sg.vl, E * sizeof(float));
+      widen(vbase + r * sg.vl * width, sg.bf16, E, vt + l * Ep);
       std::fill(vt + l * Ep + E, vt + (l + 1) * Ep, 0.0f);
     }
   }
@@ -176,7 +198,7 @@ void run(const Problem& pr) {
 }
 
 // q (B, H, n, E) fp32, last dim contiguous; keys/values: the concatenation along dim 2 of the segments (k_i,
-// v_i), each (B or a divisor of B, H, L_i, E) fp32, last dim contiguous; E at most 128. limits: int32 (1 or B,
+// v_i), each (B or a divisor of B, H, L_i, E) fp32 or bf16 (k_i and v_i alike), last dim contiguous; E at most 128. limits: int32 (1 or B,
 // n), keys [0, limit) visible to each query (clamped to L), or empty (all visible). Returns out fp32, (B, H, n,
 // E) when heads_first else (B, n, H, E), and lse fp32 (B, H, n).
 std::vector<torch::Tensor> attention(const torch::Tensor& q, const std::vector<torch::Tensor>& ks,
@@ -190,12 +212,12 @@ std::vector<torch::Tensor> attention(const torch::Tensor& q, const std::vector<t
              nullptr, B, H, n, E, 0, static_cast<float>(scale)};
   for (size_t i = 0; i < ks.size(); ++i) {
     const torch::Tensor &k = ks[i], &v = vs[i];
-    TORCH_CHECK(k.dim() == 4 && v.sizes() == k.sizes() && k.scalar_type() == at::kFloat &&
-                v.scalar_type() == at::kFloat && k.stride(3) == 1 && v.stride(3) == 1,
-                "attention: keys/values must be equal-shaped 4-D fp32, last dim contiguous");
+    TORCH_CHECK(k.dim() == 4 && v.sizes() == k.sizes() && v.scalar_type() == k.scalar_type() &&
+                (k.scalar_type() == at::kFloat || k.scalar_type() == at::kBFloat16) && k.stride(3) == 1 &&
+                v.stride(3) == 1, "attention: keys/values must be equal-shaped 4-D fp32 or bf16, last dim contiguous");
     TORCH_CHECK(B % k.size(0) == 0 && k.size(1) == H && k.size(3) == E, "attention: key shapes");
-    pr.segments.push_back({k.data_ptr<float>(), v.data_ptr<float>(), k.stride(0), k.stride(1), k.stride(2),
-                           v.stride(0), v.stride(1), v.stride(2), k.size(0), k.size(2)});
+    pr.segments.push_back({k.data_ptr(), v.data_ptr(), k.stride(0), k.stride(1), k.stride(2), v.stride(0),
+                           v.stride(1), v.stride(2), k.size(0), k.size(2), k.scalar_type() == at::kBFloat16});
     pr.L += k.size(2);
   }
   if (limits.numel() != 0) {
