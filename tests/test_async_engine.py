@@ -375,6 +375,8 @@ def test_back_to_back_requests_keep_the_heap_until_the_loop_is_quiet(model: Load
     async def one(eng: AsyncEngine, seed: int) -> None:
         await _collect(eng.submit(_request(model, TEXTS[0], seed=seed)))
 
+    with pytest.raises(InputError, match="heap_release_delay_s"):
+        AsyncEngine.from_model(model, heap_release_delay_s=-1.0)
     with AsyncEngine.from_model(model, heap_release_delay_s=2.0) as eng:
         for seed in range(3):
             asyncio.run(one(eng, seed))

@@ -71,6 +71,8 @@ class AsyncEngine:
                  token2wav: Token2WavEngine | CV3Token2WavEngine,
                  grouping: StepGrouping | None = None, release_heap_when_idle: bool = True,
                  heap_release_delay_s: float = HEAP_RELEASE_DELAY_S) -> None:
+        if not heap_release_delay_s >= 0:
+            raise InputError(f"heap_release_delay_s must be >= 0 seconds, got {heap_release_delay_s}")
         self.model = model
         self.release_heap_when_idle = release_heap_when_idle
         self.heap_release_delay_s = heap_release_delay_s
