@@ -38,7 +38,7 @@ from vocalis.kernels.bf16_gemm import PackedWeight
 from vocalis.kernels.bf16_gemm import available as bf16_gemm_available
 from vocalis.model_dir import random_model
 from vocalis.models.flow.estimator import CausalBlock1D, CausalConv1d
-from vocalis.precision.dynamic_int8 import FusedQKV, Int8Conv1d, Int8Linear, weight_bits
+from vocalis.precision.dynamic_int8 import FusedQKV, Int8Conv1d, Int8Linear, weight_bits, weight_count
 from vocalis.precision.int8_linear import available as int8_available
 from vocalis.precision.layers import CastConv, CastLinear
 from vocalis.reference.token2wav import FlowPrompt
@@ -172,6 +172,11 @@ def test_engine_int8_estimator_error(reference, force_cpu_level, level: str | No
     assert engine.compute is None
     # the cache budget still counts every conv's left-context tails
     assert engine.cache_bytes_per_stream() == ref_engine.cache_bytes_per_stream() > 0
+    # the default step width follows the estimator's size, which its packed int8 weights keep (only the swapped
+    # layers' biases, packed too, drop out of the count)
+    fp32_size = weight_count(reference.flow.decoder.estimator)
+    assert 0.99 * fp32_size <= weight_count(est) <= fp32_size
+    assert engine.max_batch == ref_engine.max_batch
     scale = ref.abs().max()
     rel = ((mel - ref).abs().max() / scale).item()
     batched, _ = _engine_mels(model, streams=2)

@@ -152,6 +152,13 @@ class Int8Conv1d(nn.Module):
         return f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, {self.gemm.extra_repr()}"
 
 
+def weight_count(module: nn.Module) -> int:
+    """Weights below `module` as its model has them: its parameters plus the weights its `Int8Linear`s hold packed
+    (not parameters), so a quantized module counts as large as its fp32 original."""
+    packed = sum(m.in_features * m.out_features for m in module.modules() if isinstance(m, Int8Linear))
+    return packed + sum(p.numel() for p in module.parameters())
+
+
 def quantize_estimator_int8(estimator: nn.Module, convs: bool = False) -> int:
     """Replace (in place) every `nn.Linear` of the flow estimator by `Int8Linear`, and with `convs` the causal conv
     of every conv block (conv -> LayerNorm -> Mish) by `Int8Conv1d`; returns how many modules were replaced.

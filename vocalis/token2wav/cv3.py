@@ -52,6 +52,7 @@ from vocalis.models.cv3.hift import CausalHiFTGenerator
 from vocalis.models.flow.cfm import cosine_time_grid
 from vocalis.models.flow.flow import CausalMaskedDiffWithXvec
 from vocalis.models.hift.generator import HiFTGenerator
+from vocalis.precision.dynamic_int8 import weight_count
 from vocalis.token2wav.config import CACHE_DTYPES, Token2WavConfig
 from vocalis.token2wav.cv3_budget import CV3CacheBudget, Room
 from vocalis.token2wav.cv3_dit import DiTCache, dit_new_frames
@@ -134,8 +135,7 @@ class CV3Token2WavEngine:
         self.chunk_frames = flow.estimator.config.static_chunk_size
         self.cache_dtype = CACHE_DTYPES[self.config.dit_cache_dtype]
         self.cache_budget = self.config.cache_budget_bytes(flow.input_embedding.weight.device)
-        self.max_batch = self.config.step_batch(flow.input_embedding.weight.device,
-                                                sum(p.numel() for p in flow.estimator.parameters()))
+        self.max_batch = self.config.step_batch(flow.input_embedding.weight.device, weight_count(flow.estimator))
         self._live: weakref.WeakSet[CV3StreamState] = weakref.WeakSet()
         self._voices: OrderedDict[str, list[DiTCache]] = OrderedDict()  # voice key -> prefix caches per Euler step
         self.held = 0  # streams waiting for cache room after the last step (`wait_for_cache`)

@@ -49,7 +49,7 @@ from vocalis.frontend.prompt import FlowPrompt
 from vocalis.kernels import bf16_gemm
 from vocalis.models.flow.flow import CausalMaskedDiffWithXvec
 from vocalis.models.hift.generator import HiFTGenerator
-from vocalis.precision.dynamic_int8 import FusedQKV, Int8Conv1d
+from vocalis.precision.dynamic_int8 import FusedQKV, Int8Conv1d, weight_count
 from vocalis.token2wav.cache_room import CacheRoom
 from vocalis.token2wav.compute import ComputeWeights
 from vocalis.token2wav.config import CACHE_DTYPES, Token2WavConfig
@@ -112,8 +112,7 @@ class Token2WavEngine:
         self._voices: OrderedDict[str, VoicePrefix] = OrderedDict()
         self._live: weakref.WeakSet[StreamState] = weakref.WeakSet()
         self.cache_budget = self.config.cache_budget_bytes(flow.input_embedding.weight.device)
-        self.max_batch = self.config.step_batch(flow.input_embedding.weight.device,
-                                                sum(p.numel() for p in self.estimator.parameters()))
+        self.max_batch = self.config.step_batch(flow.input_embedding.weight.device, weight_count(self.estimator))
         self.held = 0  # streams waiting for cache room after the last step
 
     def _compute_weights(self) -> ComputeWeights | None:
