@@ -22,10 +22,10 @@ import torch
 FINAL_ATTENTION = ("causal", "full")
 CACHE_DTYPES = {None: None, "bf16": torch.bfloat16, "fp16": torch.float16}
 GPU_STEP_BATCH, CPU_STEP_BATCH = 16, 2  # `Token2WavConfig.max_batch` when it is None
-# ...except a CPU with a small flow estimator (fewer parameters than SMALL_ESTIMATOR), whose steps are bound by
-# per-call overheads rather than arithmetic, so wider steps finish more audio per second there; not much wider:
-# wider steps vary the GEMMs' row counts more, and oneDNN keeps a compiled primitive per shape (up to 1024), so a
-# server's idle RSS would keep growing for several rounds
+# ...except a CPU with a small flow estimator (fewer weights than SMALL_ESTIMATOR, int8-packed ones counted), whose
+# steps are bound by per-call overheads rather than arithmetic, so wider steps finish more audio per second there;
+# not much wider: wider steps vary the GEMMs' row counts more, and oneDNN keeps a compiled primitive per shape (up
+# to 1024), so a server's idle RSS would keep growing for several rounds
 SMALL_ESTIMATOR, CPU_SMALL_STEP_BATCH = 20_000_000, 4
 
 
@@ -39,8 +39,8 @@ class Token2WavConfig:
     frame at the 0.5B shapes in fp32 (half in bf16).
     max_batch: most requests in one step (the rest wait for the next step, oldest first as given). None:
     `GPU_STEP_BATCH` on a GPU; on a CPU `CPU_STEP_BATCH`, where wider steps finished less audio per second at the
-    0.5B shapes, or `CPU_SMALL_STEP_BATCH` for an estimator under `SMALL_ESTIMATOR` parameters (the tiny and
-    built-in shapes), where they finished more (docs/benchmarks.md, "Requests per token2wav step").
+    0.5B shapes, or `CPU_SMALL_STEP_BATCH` for an estimator under `SMALL_ESTIMATOR` weights (the tiny and
+    built-in shapes; `dynamic_int8.weight_count`: an int8 estimator's packed weights count), where they finished more (docs/benchmarks.md, "Requests per token2wav step").
     cache_dtype: "bf16" (default) / "fp16" store the estimator's cached keys/values reduced: half the memory,
     mel max rel error 3.6e-5 at the 0.5B shapes (random weights); None keeps the compute dtype (exact).
     dit_cache_dtype: the same for CosyVoice 3's DiT caches, exact (None) by default: its streamed audio moved by
@@ -108,7 +108,8 @@ class Token2WavConfig:
             raise ValueError(f"flow_steps must be >= 1 (or None for the model's own count), got {self.flow_steps!r}")
 
     def step_batch(self, device: torch.device, estimator_params: int | None = None) -> int:
-        """`max_batch`, or the default for the device and the flow estimator's size (parameters; None: large)."""
+        """`max_batch`, or the default for the device and the flow estimator's size (its weights, int8-packed ones
+        included: `dynamic_int8.weight_count`; None: large)."""
         if self.max_batch is not None:
             return self.max_batch
         if device.type == "cuda":
