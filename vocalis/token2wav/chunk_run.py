@@ -132,8 +132,7 @@ class ChunkRun:
         # a uniform batch attends as one key sequence per request in bf16 on the CPU, and where our fp32 kernel
         # reads the keys as pieces (a shared prefix read where it lies by every request: no copy, no merge);
         # elsewhere the two-part split reads a shared voice prefix once per call instead of copying it per request
-        one_sequence = (q.dtype == torch.bfloat16 and q.device.type == "cpu") or _reads_pieces(q, self.caches[0],
-                                                                                               self._native)
+        one_sequence = (q.dtype == torch.bfloat16 and q.device.type == "cpu") or self._reads_pieces(q)
         if len(self.caches) == 1 or (one_sequence and self._uniform([c.num_frames for c in self.caches], n)):
             result = self._attention_whole(i, q, k, v)
         else:
@@ -155,7 +154,7 @@ class ChunkRun:
         the prefix and the cached frames read where they lie."""
         i = self.block_index
         self.block_index += 1
-        rows, n, _ = x.shape
+        n = x.shape[1]
         c0 = self.caches[0]
         p, start = _prefix_frames(c0), c0.num_frames
         cached_k, cached_v, own_k, own_v = [], [], None, None
@@ -163,17 +162,14 @@ class ChunkRun:
             cached_k.append(c0.prefix.keys[i].to(torch.bfloat16))  # (2, H, p, E): row b reads b % 2
             cached_v.append(c0.prefix.values[i].to(torch.bfloat16))
         if start > p:
-            own_k, own_v = ((s[0][i] if rows == 2 else torch.cat([s_[i] for s_ in s])).to(torch.bfloat16)
-                            for s in ([c.keys for c in self.caches], [c.values for c in self.caches]))
+            own_k, own_v = (t.to(torch.bfloat16) for t in self._held(i))
             cached_k.append(own_k)
             cached_v.append(own_v)
         self._whole_bias(start, n, x)  # the call's mask: the block reads its key limits
         k_new, v_new = bf16_gemm.transformer_block(x, w, cached_k, cached_v, self._mask[1])
         self._new_own(i, k_new)
         if self.keeps[0]:  # the cache holds each request's own frames: earlier ones, then these
-            kept_k, kept_v = (self._stored_new(new, own) for new, own in ((k_new, own_k), (v_new, own_v)))
-            for r, c in enumerate(self.caches):
-                c.keys[i], c.values[i] = kept_k[2 * r : 2 * r + 2], kept_v[2 * r : 2 * r + 2]
+            self._keep(i, *(self._stored_new(new, own) for new, own in ((k_new, own_k), (v_new, own_v))))
 
     def _attention_whole(self, i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Requests of one layout (one alone: every chunk of a lone stream, its first the latency case; or a
@@ -182,44 +178,35 @@ class ChunkRun:
         read where they lie (the prefix's two rows by every request, a bf16 cache widened as it packs); elsewhere
         they are laid out once (the prefix's keys are upcast from the cache dtype anyway). bf16 on the CPU: one
         call under the block-causal mask (0.31 vs 0.40 ms for 100 queries over 200 keys in two blocks; 3.1 vs 3.9
-        ms for 8 requests against the two-part path). Otherwise (one request) queries go block by block, each over exactly
-        the keys its block sees: no mask and no masked work."""
+        ms for 8 requests against the two-part path). Otherwise (one request) queries go block by block, each over
+        exactly the keys its block sees: no mask and no masked work."""
         c0 = self.caches[0]
         self._new_own(i, k)
         rows, h, n, e = q.shape
         p, start = _prefix_frames(c0), c0.num_frames  # prefix frames; the first new frame (absolute)
-        pieces = start > 0 and _reads_pieces(q, c0, self._native)
+        pre = c0.prefix
+        held = self._held(i) if start > p else (None, None)  # each request's own cached frames
+        pieces = start > 0 and self._reads_pieces(q)
         if start == 0:
             keys, values = k, v  # nothing cached: the projection's views
         elif pieces:  # our fp32 kernel reads each stretch where it lies, widening a bf16 cache as it packs
-            own = [None, None]
-            if start > p:
-                own = [o[0][i] if rows == 2 else torch.cat([o_[i] for o_ in o])
-                       for o in ([c.keys for c in self.caches], [c.values for c in self.caches])]
-            pre = c0.prefix
-            keys, values = ([t for t in (None if pre is None else shared[i], held, new) if t is not None]
-                            for shared, held, new in ((None if pre is None else pre.keys, own[0], k),
-                                                      (None if pre is None else pre.values, own[1], v)))
+            keys, values = ([t for t in (None if pre is None else shared[i], own, new) if t is not None]
+                            for shared, own, new in ((None if pre is None else pre.keys, held[0], k),
+                                                     (None if pre is None else pre.values, held[1], v)))
             if self.keeps[0]:
-                kept_k, kept_v = (self._stored(new) if held is None else torch.cat([held, new.to(held.dtype)], 2)
-                                  for new, held in ((k, own[0]), (v, own[1])))
-                for r, c in enumerate(self.caches):
-                    c.keys[i], c.values[i] = kept_k[2 * r : 2 * r + 2], kept_v[2 * r : 2 * r + 2]
+                self._keep(i, *(self._stored(new) if own is None else torch.cat([own, new.to(own.dtype)], 2)
+                                for new, own in ((k, held[0]), (v, held[1]))))
         else:
             keys, values = q.new_empty(rows, h, start + n, e), q.new_empty(rows, h, start + n, e)
-            pre = c0.prefix
-            for buf, new, own, shared in ((keys, k, [c.keys for c in self.caches], None if pre is None else pre.keys),
-                                          (values, v, [c.values for c in self.caches],
-                                           None if pre is None else pre.values)):
+            for buf, new, own, shared in ((keys, k, held[0], None if pre is None else pre.keys),
+                                          (values, v, held[1], None if pre is None else pre.values)):
                 if shared is not None:  # (2, H, p, E) into every request's row pair
                     buf.view(rows // 2, 2, h, start + n, e)[:, :, :, :p] = shared[i]
-                if start > p:
-                    buf[:, :, p:start] = own[0][i] if rows == 2 else torch.cat([o[i] for o in own])
+                if own is not None:
+                    buf[:, :, p:start] = own
                 buf[:, :, start:] = new
         if self.keeps[0] and not pieces:  # a reduced dtype is for storage: this chunk attended at full
-            kept_k, kept_v = self._stored(keys[:, :, p:]), self._stored(values[:, :, p:])
-            for r, c in enumerate(self.caches):
-                c.keys[i], c.values[i] = kept_k[2 * r : 2 * r + 2], kept_v[2 * r : 2 * r + 2]
+            self._keep(i, self._stored(keys[:, :, p:]), self._stored(values[:, :, p:]))
         if _one_call(q, self._native):
             bias = self._whole_bias(start, n, q)
             out, _ = attend(q, keys, values, None if bias is None else bias.expand(rows, -1, -1, -1),
@@ -266,7 +253,7 @@ class ChunkRun:
         for reqs in groups.values():
             prefix = self.caches[reqs[0]].prefix
             pk, pv = prefix.keys[i], prefix.values[i]  # (2, H, P, E)
-            if not _reads_pieces(q, self.caches[reqs[0]], self._native):
+            if not self._reads_pieces(q):
                 pk, pv = pk.to(q.dtype), pv.to(q.dtype)  # once per call
             every = len(reqs) == len(self.caches)
             q5 = q.view(-1, 2, h, n, e)  # (R, 2, H, n, E)
@@ -294,6 +281,25 @@ class ChunkRun:
         c0 = self.caches[0]
         return all(c.prefix is c0.prefix and s == starts[0] and m == n and keep == self.keeps[0]
                    for c, s, m, keep in zip(self.caches, starts, self.lens, self.keeps))
+
+    def _reads_pieces(self, q: torch.Tensor) -> bool:
+        """Whether q's attention runs on our fp32 kernel, which reads keys as pieces in the cache dtype (fp32 or
+        bf16: the voice prefixes and every request's own frames are stored in it) where they lie: no upcast copy
+        of a cached stretch, no one-sequence layout."""
+        return (self._native and q.dtype == torch.float32 and self.cache_dtype in (None, torch.bfloat16)
+                and fp32_attention.supports(q))
+
+    def _held(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Block i's own cached keys and values of every request, request-major (2R, H, held, E) in the cache
+        dtype (one request's as they lie)."""
+        if len(self.caches) == 1:
+            return self.caches[0].keys[i], self.caches[0].values[i]
+        return torch.cat([c.keys[i] for c in self.caches]), torch.cat([c.values[i] for c in self.caches])
+
+    def _keep(self, i: int, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Block i's caches from request-major (2R, H, L, E) keys/values: each request's row pair (views)."""
+        for r, c in enumerate(self.caches):
+            c.keys[i], c.values[i] = keys[2 * r : 2 * r + 2], values[2 * r : 2 * r + 2]
 
     def _stored(self, t: torch.Tensor) -> torch.Tensor:
         """A fresh contiguous copy of t in the cache dtype (never a view: t may alias a whole-batch buffer)."""
@@ -380,14 +386,6 @@ def _one_call(q: torch.Tensor, native: bool) -> bool:
     if q.device.type != "cpu":
         return False
     return q.dtype == torch.bfloat16 or (native and fp32_attention.supports(q))
-
-
-def _reads_pieces(q: torch.Tensor, cache: EstimatorCache, native: bool) -> bool:
-    """Whether q's attention runs on our fp32 kernel, which reads keys as pieces in the cache's dtype (fp32 or
-    bf16) where they lie: no upcast copy of a cached stretch, no one-sequence layout."""
-    held = cache.prefix.keys[0] if cache.prefix is not None else cache.keys[0] if cache.keys else None
-    return (native and q.dtype == torch.float32 and fp32_attention.supports(q)
-            and (held is None or held.dtype in (torch.float32, torch.bfloat16)))
 
 
 def _prefix_frames(cache: EstimatorCache) -> int:
