@@ -1,7 +1,7 @@
 """Our fp32 attention (`vocalis.kernels.fp32_attention`), at this CPU's own level and at the AVX2 level (forced on
-CPUs with more: the other source set), against float64 math: per-query key limits (block-causal and padding masks), queries with no visible key,
-both output layouts, strided q/k/v, head sizes 8 to 128, keys given in pieces (fp32 or bf16); and the estimator's `attend` taking
-it for fp32 inputs there.
+CPUs with more: the other source set), against float64 math: per-query key limits (block-causal and padding
+masks), queries with no visible key, both output layouts, strided q/k/v, head sizes 8 to 128, keys given in pieces
+(fp32 or bf16); and the estimator's `attend` taking it for fp32 inputs there.
 
 Bounds: output within 1e-5 of max |v| and log-sum-exp within 1e-5 (fp32 sums over a few hundred keys, exp to
 ~1e-7 relative) [measured ~1e-6]."""

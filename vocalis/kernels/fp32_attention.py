@@ -39,8 +39,8 @@ def attend(q: torch.Tensor, k: torch.Tensor | list[torch.Tensor], v: torch.Tenso
            limits: torch.Tensor | None, heads_first: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """q (B, H, n, E) fp32, k, v (B, H, L, E) fp32 or bf16 (last dim contiguous; a bf16 cache is read where it
     lies, widened as the kernel packs it), or lists of such pieces along dim 2 (a piece may have fewer batch rows, a
-    divisor of B: row b reads row b % rows); limits (1 or B, n) int32 or None (every key
-    visible) -> out (B, H, n, E) when heads_first else (B, n, H, E), and log-sum-exp (B, H, n) fp32."""
+    divisor of B: row b reads row b % rows); limits (1 or B, n) int32 or None (every key visible) -> out
+    (B, H, n, E) when heads_first else (B, n, H, E), and log-sum-exp (B, H, n) fp32."""
     ext = build.extension()
     if ext is None or not hasattr(ext, "fp32_attention"):
         raise ValueError("the fp32 attention kernel does not run here (it needs the native extension)")

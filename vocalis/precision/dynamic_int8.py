@@ -129,8 +129,9 @@ class Int8Conv1d(nn.Module):
     k shifted inputs side by side (im2col): x (B, C_in, T) -> (B, C_out, T - k + 1 + causal_padding) fp32, returned
     as a transposed view of a time-major result (the LayerNorm after a block's conv reads it as is).
 
-    The weight is laid out as `conv_gemm` says and quantized per output channel as `Int8Linear` does; the activations take one scale per call over the whole
-    input, so the error grows with the input's largest channel (the estimator's unnormalised residual stream)."""
+    The weight is laid out as `conv_gemm` says and quantized per output channel as `Int8Linear` does; the
+    activations take one scale per call over the whole input, so the error grows with the input's largest channel
+    (the estimator's unnormalised residual stream)."""
 
     def __init__(self, conv: nn.Conv1d) -> None:
         super().__init__()

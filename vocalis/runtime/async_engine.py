@@ -64,6 +64,7 @@ log = logging.getLogger(__name__)
 
 HEAP_RELEASE_DELAY_S = 1.0  # idle seconds before the loop gives the heap's free memory back (AsyncEngine)
 
+
 class AsyncEngine:
     """Batched synthesis for many concurrent requests. Use as a context manager, or `start()` / `close()`."""
 

@@ -40,7 +40,8 @@ class Token2WavConfig:
     max_batch: most requests in one step (the rest wait for the next step, oldest first as given). None:
     `GPU_STEP_BATCH` on a GPU; on a CPU `CPU_STEP_BATCH`, where wider steps finished less audio per second at the
     0.5B shapes, or `CPU_SMALL_STEP_BATCH` for an estimator under `SMALL_ESTIMATOR` weights (the tiny and
-    built-in shapes; `dynamic_int8.weight_count`: an int8 estimator's packed weights count), where they finished more (docs/benchmarks.md, "Requests per token2wav step").
+    built-in shapes; `dynamic_int8.weight_count`: an int8 estimator's packed weights count), where they finished
+    more (docs/benchmarks.md, "Requests per token2wav step").
     cache_dtype: "bf16" (default) / "fp16" store the estimator's cached keys/values reduced: half the memory,
     mel max rel error 3.6e-5 at the 0.5B shapes (random weights); None keeps the compute dtype (exact).
     dit_cache_dtype: the same for CosyVoice 3's DiT caches, exact (None) by default: its streamed audio moved by
