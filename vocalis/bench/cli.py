@@ -6,7 +6,7 @@ and the engine at every requested precision. Reported: LLM prefill and decode to
 machine's memory bandwidth (streaming-read probes interleaved with the batch-1 decode, see `bench.engine_side` /
 `bench.bandwidth`), the decode limit it implies for the precision and the fraction reached, token2wav RTF,
 end-to-end RTF and first-chunk latency (single-stream: medians of `e2e_repeats` requests on each side), audio
-seconds per second at each concurrency, peak RSS; a JSON file and a PNG plot.
+seconds per second at each concurrency (medians of `stream_repeats` batches), peak RSS; a JSON file and a PNG plot.
 
 The reference path serves one request at a time, so its throughput at any concurrency is its single-stream
 figure (measured once) and its LLM speed at any batch is its batch-1 speed.
@@ -254,6 +254,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"what to measure, comma separated: {', '.join(PARTS)} (e.g. --parts llm: LLM only, quick)")
     p.add_argument("--e2e-repeats", type=int,
                    help="single-stream end-to-end requests per side, their medians reported (default 3)")
+    p.add_argument("--stream-repeats", type=int,
+                   help="engine batches per concurrency above 1, their medians reported (default 1; each takes as "
+                        "long as the batch, so 3 steadies the multi-stream figures on a noisy machine)")
     p.add_argument("--quick", action="store_true", help="a small subset: batches 1,4, streams 1,4, short utterances")
     p.add_argument("--json", default="vocalis-bench.json", help="JSON report path")
     p.add_argument("--plot", default="vocalis-bench.png", help="PNG plot path ('' for none)")
@@ -280,6 +283,8 @@ def config_from_args(args: argparse.Namespace) -> Any:
         kw["t2w_step"] = args.t2w_step
     if args.e2e_repeats is not None:
         kw["e2e_repeats"] = args.e2e_repeats
+    if args.stream_repeats is not None:
+        kw["stream_repeats"] = args.stream_repeats
     if args.prompt_tokens is not None:
         if args.prompt_tokens < 1:  # zero-shot needs prompt speech
             raise InputError(f"--prompt-tokens must be >= 1, got {args.prompt_tokens}")
@@ -300,9 +305,9 @@ def config_from_args(args: argparse.Namespace) -> Any:
 
         # resolve "auto" and fail with a clear message now rather than from a side process
         kw["precisions"] = tuple(dict.fromkeys(resolve(args.backend, p, args.device)[1] for p in kw["precisions"]))
-    if kw.get("tokens", 1) < 1 or kw.get("e2e_repeats", 1) < 1 \
+    if kw.get("tokens", 1) < 1 or kw.get("e2e_repeats", 1) < 1 or kw.get("stream_repeats", 1) < 1 \
             or any(v < 1 for v in kw.get("batches", ()) + kw.get("concurrency", ())):
-        raise InputError("--tokens, --e2e-repeats, --batches and --concurrency must be positive")
+        raise InputError("--tokens, --e2e-repeats, --stream-repeats, --batches and --concurrency must be positive")
     return BenchConfig(**kw)
 
 

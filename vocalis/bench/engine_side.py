@@ -200,9 +200,9 @@ async def _engine_e2e(cfg: BenchConfig, model: LoadedModel, runtime: Runtime | N
             # in the next), which the reference's median of repeated runs leaves out too
             await _engine_batch(engine, voice, cfg, c, salt=100)
             runs = []
-            # repeated as the reference's single-stream figures, each with new texts: a repeated text would find
+            # repeated (single-stream as the reference's figures), each with new texts: a repeated text would find
             # its whole prompt in the LLM's prefix cache and skip the prefill the reference pays
-            for r in range(cfg.e2e_repeats if c == 1 else 1):
+            for r in range(cfg.e2e_repeats if c == 1 else cfg.stream_repeats):
                 runs.append(await _engine_batch(engine, voice, cfg, c, salt=c + REPEAT_SALT * r))
                 log.info("engine end to end, %d streams: %s", c, runs[-1])
             results[str(c)] = medians(runs)
