@@ -41,12 +41,13 @@ from vocalis.model_dir import random_model
 from vocalis.models.flow.estimator import CausalBlock1D, CausalConv1d
 from vocalis.precision.dynamic_int8 import FusedQKV, Int8Conv1d, Int8Linear, weight_bits, weight_count
 from vocalis.precision.int8_linear import available as int8_available
-from vocalis.precision.layers import CastConv, CastLinear
+from vocalis.precision.layers import CastConv, CastLinear, cast_hift_convs
 from vocalis.reference.token2wav import FlowPrompt
 from vocalis.runtime.backends import apply_backend, has_amx, native_bf16_cpu, resolve
 from vocalis.runtime.heap import MMAP_THRESHOLD_BYTES
 from vocalis.token2wav.config import Token2WavConfig
 from vocalis.token2wav.engine import Token2WavEngine
+from vocalis.token2wav.hift import hift_body
 from vocalis.tts import TTS
 
 
@@ -99,7 +100,12 @@ def test_error_against_fp32(reference_outputs, backend: str, precision: str, flo
                             hift_reduced: bool | None, conv_int8: bool | None, bounds: dict[str, float]) -> None:
     model, runtime = _applied(backend, precision, flow_int8, hift_reduced, conv_int8)
     assert (runtime.backend, runtime.precision) == (backend, precision)
-    assert isinstance(model.hift.conv_post, CastConv) == bool(hift_reduced), runtime.notes
+    post = model.hift.conv_post  # HiFT's body convs on the CPU: bf16 where reduced, else fp32 time-major
+    if backend == "onnx":
+        assert not isinstance(post, CastConv), runtime.notes
+    else:
+        assert isinstance(post, CastConv) and post.time_major != bool(hift_reduced), runtime.notes
+        assert post.weight.dtype == (torch.bfloat16 if hift_reduced else torch.float32)
     measured = errors(reference_outputs, outputs(model, seed=0, llm=backend == "torch"))
     print(backend, precision, measured)
     for key, bound in bounds.items():
@@ -107,6 +113,35 @@ def test_error_against_fp32(reference_outputs, backend: str, precision: str, flo
             assert measured[key] >= bound, (key, measured[key])
         else:
             assert measured[key] <= bound, (key, measured[key])
+
+
+def test_time_major_convs_equal_the_modules() -> None:
+    """`CastConv(time_major=True)` (HiFT's body convs under bf16 and int8 on CPUs without AMX): each kind of conv HiFT
+    has equals the module's NCL conv (dilated same-padded, strided, transposed, weight-normed), returns time-major
+    output (channel stride 1) and reads time-major input; the whole HiFT body on such convs equals the module's. Run
+    with the AVX2 switches, this covers oneDNN's AVX2 kernels too."""
+    torch.manual_seed(0)
+    wn = torch.nn.utils.parametrizations.weight_norm
+    x = torch.randn(2, 32, 301)
+    convs = [wn(torch.nn.Conv1d(32, 32, 11, dilation=5, padding=25)), torch.nn.Conv1d(32, 16, 6, 3, padding=1),
+             wn(torch.nn.ConvTranspose1d(32, 16, 16, 8, padding=4))]
+    for conv in convs:
+        layer = CastConv(conv, torch.float32, time_major=True)
+        with torch.inference_mode():
+            ref, out = conv(x), layer(x)
+            again = layer(x.transpose(1, 2).contiguous().transpose(1, 2))  # time-major input
+        assert out.shape == ref.shape and out.stride(1) == 1, (out.shape, out.stride())
+        assert torch.allclose(out, ref, rtol=1e-5, atol=1e-5), (out - ref).abs().max()
+        assert torch.allclose(again, ref, rtol=1e-5, atol=1e-5)
+    model = random_model("tiny")
+    hift = model.hift.eval()
+    mel, lens, cfg = torch.randn(3, 80, 40), torch.tensor([40, 33, 21]), hift.config
+    stft = 0.1 * torch.randn(3, cfg.istft_n_fft + 2, 40 * cfg.hop_samples // cfg.istft_hop_len + 1)  # source STFT
+    with torch.inference_mode():
+        ref = hift_body(hift, mel, stft, lens)
+        assert cast_hift_convs(hift, torch.float32, time_major=True) > 0
+        out = hift_body(hift, mel, stft, lens)
+    assert (out - ref).abs().max() <= 1e-5 * ref.abs().max(), (out - ref).abs().max()
 
 
 @pytest.mark.parametrize("level", [None, "avx2"])
@@ -249,9 +284,10 @@ def test_int8_estimator_form_follows_the_cpu() -> None:
         assert layer is CastLinear and any("Linear layers bf16 (" in note for note in runtime.notes), runtime.notes
     else:
         assert layer is Int8Linear and any("int8 (dynamic)" in note for note in runtime.notes), runtime.notes
-    # HiFT's body convs likewise: bf16 on AMX CPUs (said in the runtime), fp32 elsewhere
-    assert isinstance(model.hift.conv_post, CastConv) == has_amx()
+    # HiFT's body convs likewise: bf16 on AMX CPUs, fp32 time-major elsewhere (said in the runtime)
+    assert isinstance(model.hift.conv_post, CastConv) and model.hift.conv_post.time_major != has_amx()
     assert any("HiFT body convs bf16" in note for note in runtime.notes) == has_amx(), runtime.notes
+    assert any("HiFT body convs fp32 time-major" in note for note in runtime.notes) != has_amx(), runtime.notes
     assert isinstance(model.hift.f0_predictor.condnet[0], torch.nn.Conv1d)
 
 

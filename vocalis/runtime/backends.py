@@ -7,7 +7,9 @@ Precision (what the heavy matmuls run in):
   Euler state stay fp32, and so does HiFT (as the official fp16 path keeps it), except on CPUs with AMX tiles:
   there HiFT's body convs run in bf16 (`CastConv`, under bf16 and int8; fp32 between the convs, the F0 predictor
   and the source fp32): ~1.9x faster HiFT (0.19 -> 0.10 s for a 50-frame first chunk at the 0.5B shapes) for a
-  wav error of 4.3e-3 relative RMS there (~-47 dB; `apply_backend(hift_reduced=False)` keeps it fp32).
+  wav error of 4.3e-3 relative RMS there (~-47 dB; `apply_backend(hift_reduced=False)` keeps it fp32). Elsewhere
+  on the CPU HiFT's body convs stay fp32 under bf16 and int8 but run time-major (`CastConv(time_major=True)`:
+  oneDNN's channels-last kernels, ~1.25x faster HiFT on AVX2, the same values up to summation order).
 - int8 (CPU only): the LLM's Linear layers run our int8 kernel (`int8_linear`: int8 weights per output channel,
   activations quantized per row and call, exact int32 sums; AVX-512 VNNI, or AVX2 with int16 products; 1.1-1.5x
   fbgemm's decode speed at batch 16-1 on VNNI), or, where no kernel can be built or run (AVX-512 without VNNI,
@@ -279,9 +281,13 @@ def apply_backend(model: object, backend: str = "torch", precision: str = "fp32"
         notes.append(f"estimator attention fp32 ({how})")
     if hift_reduced is None:
         hift_reduced = has_amx()
-    if hift_reduced and precision in ("bf16", "int8") and backend != "onnx" and torch.device(device).type == "cpu":
-        n = cast_hift_convs(hift, torch.bfloat16)
-        notes.append(f"{n} HiFT body convs bf16 (fp32 between them), F0 predictor and source fp32")
+    if precision in ("bf16", "int8") and backend != "onnx" and torch.device(device).type == "cpu":
+        if hift_reduced:
+            n = cast_hift_convs(hift, torch.bfloat16)
+            notes.append(f"{n} HiFT body convs bf16 (fp32 between them), F0 predictor and source fp32")
+        else:  # fp32 convs on oneDNN's channels-last kernels (`CastConv` time_major)
+            n = cast_hift_convs(hift, torch.float32, time_major=True)
+            notes.append(f"{n} HiFT body convs fp32 time-major")
     if backend == "compile":
         flow.decoder.estimator = torch.compile(estimator)
         notes.append("flow estimator under torch.compile (full passes; the cached streaming path is eager)")
