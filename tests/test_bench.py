@@ -14,7 +14,7 @@ from vocalis.cli import main
 def test_bench_quick_tiny_writes_json_and_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out, png = tmp_path / "bench.json", tmp_path / "bench.png"
     rc = main(["bench", "--preset", "tiny", "--quick", "--batches", "1,2", "--concurrency", "1,2", "--tokens", "30",
-               "--e2e-repeats", "3", "--stream-repeats", "2", "--t2w-step", "1", "--json", str(out), "--plot", str(png)])
+               "--e2e-repeats", "3", "--stream-repeats", "2", "--t2w-step", "1", "--rounds", "2", "--json", str(out), "--plot", str(png)])
     assert rc == 0
     report = json.loads(out.read_text())
     assert report["config"]["t2w_step"] == 1  # the 2-stream batch's token2wav runs one stream per step
@@ -31,8 +31,18 @@ def test_bench_quick_tiny_writes_json_and_plot(tmp_path: Path, capsys: pytest.Ca
         assert len(walls) == repeats and e2e["wall_s"] == pytest.approx(float(np.median(walls)))
     assert eng["decode_limit_tps"] > 0 and 0 < eng["peak_rss_mib"] < 4096
     assert "decode_b1_fraction_of_limit[fp32]" in report["targets"]
+    # two rounds of both sides: the table is round 1's, each target the median of the rounds' own ratios
+    rounds = report["rounds"]
+    assert len(rounds) == 2 and rounds[0]["reference"] == ref and rounds[0]["engine"]["fp32"] == eng
+    assert rounds[1]["reference"]["e2e"]["runs"] != ref["e2e"]["runs"]  # measured again
+    for key, value in report["targets"].items():
+        if key != "wanted" and value is not None:
+            assert value == pytest.approx(float(np.median([r["targets"][key] for r in rounds]))), key
+    first = rounds[1]["engine"]["fp32"]["e2e"]["1"]["first_chunk_s"] / rounds[1]["reference"]["e2e"]["first_chunk_s"]
+    assert rounds[1]["targets"]["first_chunk_vs_reference[fp32]"] == pytest.approx(first)
     assert png.stat().st_size > 10_000 and png.read_bytes()[:4] == b"\x89PNG"
-    assert "LLM decode tok/s, batch 1" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "LLM decode tok/s, batch 1" in printed and "round 2: " in printed and "medians of the rounds" in printed
 
 
 def test_bench_llm_part_only(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -65,6 +75,7 @@ def test_bench_llm_part_only(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     (["--preset", "nope"], "unknown preset"),
     (["--e2e-repeats", "0"], "must be positive"),
     (["--stream-repeats", "0"], "must be positive"),
+    (["--rounds", "0"], "must be positive"),
     (["--precision", "fp16"], "fp16 needs a CUDA GPU"),
     (["--tokens", "0"], "must be positive"),
     (["--parts", "llm,vocoder"], "--parts takes"),

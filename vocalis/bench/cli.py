@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -74,8 +75,13 @@ def run(cfg: Any) -> dict[str, Any]:
     load_before = os.getloadavg()
     bandwidth = measure_bandwidth()
     log.info("memory bandwidth (numpy copy, read+write): %.1f GB/s", bandwidth["copy_gbps"])
-    reference = _side("reference", cfg, None)
-    engines = {p: _side("engine", cfg, p) for p in cfg.precisions}
+    # a shared machine runs in faster and slower periods: each round measures the sides back to back, so each
+    # round's ratios compare work done close in time, and their medians over rounds are reported
+    rounds = []
+    for _ in range(cfg.rounds):
+        sides = {"reference": _side("reference", cfg, None),
+                 "engine": {p: _side("engine", cfg, p) for p in cfg.precisions}}
+        rounds.append({**sides, "targets": targets(sides)})
     load_after = os.getloadavg()
     from vocalis.engine.config import EngineConfig
 
@@ -91,15 +97,27 @@ def run(cfg: Any) -> dict[str, Any]:
                     # other processes share the cores: 1-minute load averages around the run, for context
                     "loadavg_before": load_before[0], "loadavg_after": load_after[0]},
         "config": cfg.to_json(),
-        "reference": reference,
-        "engine": engines,
+        "reference": rounds[0]["reference"],  # the first round's figures (the table); every round's under "rounds"
+        "engine": rounds[0]["engine"],
+        "rounds": rounds,
+        "targets": median_targets([r["targets"] for r in rounds]),
     }
-    report["targets"] = targets(report)
     return report
 
 
+def median_targets(per_round: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each target's median over the rounds that measured it (None where none did)."""
+    out: dict[str, Any] = {"wanted": TARGETS}
+    for key in per_round[0]:
+        if key != "wanted":
+            values = [r[key] for r in per_round if r[key] is not None]
+            out[key] = statistics.median(values) if values else None
+    return out
+
+
 def targets(report: dict[str, Any]) -> dict[str, Any]:
-    """The issue's targets as measured ratios (None where this run did not measure what they need)."""
+    """The issue's targets as measured ratios of one round's sides (None where it did not measure what they
+    need)."""
     ref, engines = report["reference"], report["engine"]
     out: dict[str, Any] = {"wanted": TARGETS}
     for p, eng in engines.items():
@@ -147,9 +165,18 @@ def summary(report: dict[str, Any]) -> str:
     if "e2e" in parts:
         _e2e_rows(row, ref, engines, report["config"]["concurrency"])
     row("peak RSS MiB", ref["peak_rss_mib"], [e["peak_rss_mib"] for e in engines.values()], "{:.0f}")
-    lines.append("targets: " + ", ".join(f"{k} = {v:.3g}" for k, v in report["targets"].items()
-                                         if isinstance(v, float)))
+    rounds = report.get("rounds", [])
+    if len(rounds) > 1:  # the table is the first round's; each round's ratios, then their medians
+        lines[0] += f"; {len(rounds)} rounds (the table: round 1)"
+        for i, r in enumerate(rounds, 1):
+            lines.append(f"round {i}: " + _target_text(r["targets"]))
+    lines.append(("targets (medians of the rounds): " if len(rounds) > 1 else "targets: ")
+                 + _target_text(report["targets"]))
     return "\n".join(lines)
+
+
+def _target_text(targets: dict[str, Any]) -> str:
+    return ", ".join(f"{k} = {v:.3g}" for k, v in targets.items() if isinstance(v, float))
 
 
 def _limit_rows(row: Any, engines: dict[str, Any]) -> None:
@@ -254,6 +281,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"what to measure, comma separated: {', '.join(PARTS)} (e.g. --parts llm: LLM only, quick)")
     p.add_argument("--e2e-repeats", type=int,
                    help="single-stream end-to-end requests per side, their medians reported (default 3)")
+    p.add_argument("--rounds", type=int,
+                   help="run the reference side and then the engine sides this many times, ratios taken within each "
+                        "round, their medians reported (default 1; a shared machine's slow spells then fall on both)")
     p.add_argument("--stream-repeats", type=int,
                    help="engine batches per concurrency above 1, their medians reported (default 1; each takes as "
                         "long as the batch, so 3 steadies the multi-stream figures on a noisy machine)")
@@ -285,6 +315,8 @@ def config_from_args(args: argparse.Namespace) -> Any:
         kw["e2e_repeats"] = args.e2e_repeats
     if args.stream_repeats is not None:
         kw["stream_repeats"] = args.stream_repeats
+    if args.rounds is not None:
+        kw["rounds"] = args.rounds
     if args.prompt_tokens is not None:
         if args.prompt_tokens < 1:  # zero-shot needs prompt speech
             raise InputError(f"--prompt-tokens must be >= 1, got {args.prompt_tokens}")
@@ -305,9 +337,10 @@ def config_from_args(args: argparse.Namespace) -> Any:
 
         # resolve "auto" and fail with a clear message now rather than from a side process
         kw["precisions"] = tuple(dict.fromkeys(resolve(args.backend, p, args.device)[1] for p in kw["precisions"]))
-    if kw.get("tokens", 1) < 1 or kw.get("e2e_repeats", 1) < 1 or kw.get("stream_repeats", 1) < 1 \
+    if min(kw.get("tokens", 1), kw.get("e2e_repeats", 1), kw.get("stream_repeats", 1), kw.get("rounds", 1)) < 1 \
             or any(v < 1 for v in kw.get("batches", ()) + kw.get("concurrency", ())):
-        raise InputError("--tokens, --e2e-repeats, --stream-repeats, --batches and --concurrency must be positive")
+        raise InputError("--tokens, --e2e-repeats, --stream-repeats, --rounds, --batches and --concurrency must be "
+                         "positive")
     return BenchConfig(**kw)
 
 

@@ -48,6 +48,7 @@ class BenchConfig:
     b1_warmup_tokens: int = 4  # untimed batch-1 decode steps first (the first steps after prefill ran slower)
     e2e_repeats: int = 3  # single-stream end-to-end requests per side; their medians are reported (one varies ~10 %)
     stream_repeats: int = 1  # engine batches per concurrency above 1; their medians are reported
+    rounds: int = 1  # reference then engine sides, this many times; each round's ratios, their medians reported
     tokens: int = 75  # speech tokens per utterance (3 s)
     prompt_tokens: int = 75  # the voice's prompt speech (3 s)
     text_words: int = 12
