@@ -72,8 +72,8 @@ class CastConv(nn.Module):
 
 def cast_hift_convs(hift: nn.Module, dtype: torch.dtype, time_major: bool = False) -> int:
     """Replace every conv of HiFT's body (`vocalis.token2wav.hift.hift_body`: pre/post convs, upsampling,
-    resblocks, source downsampling) by a `CastConv` (in place); the F0 predictor and the source stay fp32.
-    Returns how many."""
+    resblocks, source downsampling) by a `CastConv` in `dtype`, time-major or not (in place); the F0 predictor and
+    the source stay as they are. Returns how many."""
     for name in ("conv_pre", "conv_post"):
         setattr(hift, name, CastConv(getattr(hift, name), dtype, time_major))
     return 2 + sum(swap_modules(getattr(hift, name), lambda m: isinstance(m, (nn.Conv1d, nn.ConvTranspose1d)),

@@ -9,7 +9,7 @@ Precision (what the heavy matmuls run in):
   and the source fp32): ~1.9x faster HiFT (0.19 -> 0.10 s for a 50-frame first chunk at the 0.5B shapes) for a
   wav error of 4.3e-3 relative RMS there (~-47 dB; `apply_backend(hift_reduced=False)` keeps it fp32). Elsewhere
   on the CPU HiFT's body convs stay fp32 under bf16 and int8 but run time-major (`CastConv(time_major=True)`:
-  oneDNN's channels-last kernels, ~1.25x faster HiFT on AVX2, the same values up to summation order).
+  oneDNN's channels-last kernels: HiFT's body 1.1-1.3x faster on AVX2, the same values up to summation order).
 - int8 (CPU only): the LLM's Linear layers run our int8 kernel (`int8_linear`: int8 weights per output channel,
   activations quantized per row and call, exact int32 sums; AVX-512 VNNI, or AVX2 with int16 products; 1.1-1.5x
   fbgemm's decode speed at batch 16-1 on VNNI), or, where no kernel can be built or run (AVX-512 without VNNI,
