@@ -14,7 +14,8 @@ from vocalis.cli import main
 def test_bench_quick_tiny_writes_json_and_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out, png = tmp_path / "bench.json", tmp_path / "bench.png"
     rc = main(["bench", "--preset", "tiny", "--quick", "--batches", "1,2", "--concurrency", "1,2", "--tokens", "30",
-               "--e2e-repeats", "3", "--stream-repeats", "2", "--t2w-step", "1", "--rounds", "2", "--json", str(out), "--plot", str(png)])
+               "--e2e-repeats", "3", "--stream-repeats", "2", "--t2w-step", "1", "--rounds", "2",
+               "--json", str(out), "--plot", str(png)])
     assert rc == 0
     report = json.loads(out.read_text())
     assert report["config"]["t2w_step"] == 1  # the 2-stream batch's token2wav runs one stream per step

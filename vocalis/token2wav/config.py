@@ -108,14 +108,14 @@ class Token2WavConfig:
                                             or self.flow_steps < 1):
             raise ValueError(f"flow_steps must be >= 1 (or None for the model's own count), got {self.flow_steps!r}")
 
-    def step_batch(self, device: torch.device, estimator_params: int | None = None) -> int:
+    def step_batch(self, device: torch.device, estimator_weights: int | None = None) -> int:
         """`max_batch`, or the default for the device and the flow estimator's size (its weights, int8-packed ones
         included: `dynamic_int8.weight_count`; None: large)."""
         if self.max_batch is not None:
             return self.max_batch
         if device.type == "cuda":
             return GPU_STEP_BATCH
-        small = estimator_params is not None and estimator_params < SMALL_ESTIMATOR
+        small = estimator_weights is not None and estimator_weights < SMALL_ESTIMATOR
         return CPU_SMALL_STEP_BATCH if small else CPU_STEP_BATCH
 
     def cache_budget_bytes(self, device: torch.device) -> int:
