@@ -67,7 +67,7 @@ def serve_side(args: argparse.Namespace) -> None:
         from vocalis.model_options import ModelOptions
 
         t2w = Token2WavConfig(final_attention=final, max_cache_mib=args.t2w_cache_mib, wait_for_cache=args.t2w_wait,
-                              max_batch=args.t2w_step)
+                              max_batch=args.t2w_step, workers=args.t2w_workers)
         cap = ModelOptions(max_streams=args.max_streams).streams_cap("cpu")  # as `vocalis serve`
         t2w = dataclasses.replace(t2w, max_streams=cap)
         backend = EngineBackend(BenchTTS(model, token2wav=t2w, runtime=runtime), **opts)
@@ -180,6 +180,8 @@ def run_backend(name: str, args: argparse.Namespace) -> dict[str, Any]:
         cmd.append("--t2w-wait")
     if args.t2w_step is not None:
         cmd += ["--t2w-step", str(args.t2w_step)]
+    if args.t2w_workers is not None:
+        cmd += ["--t2w-workers", str(args.t2w_workers)]
     if args.max_streams is not None:
         cmd += ["--max-streams", str(args.max_streams)]
     proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONUNBUFFERED": "1"})
@@ -240,6 +242,7 @@ class _Args:
     t2w_cache_mib: int | None
     t2w_wait: bool
     t2w_step: int | None
+    t2w_workers: int | None
     max_streams: int | None
     warmup: int | None
     threaded_requests: int | None
@@ -269,6 +272,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--t2w-wait", action="store_true", help="new streams wait for token2wav cache room")
     p.add_argument("--t2w-step", type=at_least(1), help="the engine server's requests per token2wav step (default: "
                    "its own, `Token2WavConfig.max_batch`)")
+    p.add_argument("--t2w-workers", type=at_least(1), help="threads sharing the engine server's token2wav steps, "
+                   "one core each (default: its own, `Token2WavConfig.workers`; 1: off)")
     p.add_argument("--max-streams", type=int, help="the engine server's requests in flight (0: no cap; default: "
                    "`vocalis serve`'s)")
     p.add_argument("--warmup", type=int, help="concurrent requests of the uncounted warm-up (default: --clients; "

@@ -9,12 +9,12 @@ import pytest
 import torch
 
 from vocalis.config import PRESETS
+from vocalis.models.flow.flow import CausalMaskedDiffWithXvec
+from vocalis.models.hift.generator import HiFTGenerator
+from vocalis.reference.token2wav import FlowPrompt, Token2Wav
 from vocalis.token2wav.config import Token2WavConfig
 from vocalis.token2wav.engine import Token2WavEngine
 from vocalis.token2wav.state import StreamState
-from vocalis.reference.token2wav import FlowPrompt, Token2Wav
-from vocalis.models.flow.flow import CausalMaskedDiffWithXvec
-from vocalis.models.hift.generator import HiFTGenerator
 
 ATOL = 1e-5  # audio samples in [-1, 1]; measured ~1e-7 (float summation order only)
 EXACT = Token2WavConfig(cache_dtype=None)  # fp32 caches: equal to the reference up to summation order
@@ -202,6 +202,20 @@ def test_batched_equals_one_at_a_time(modules, alone) -> None:
     assert engine.stats.rows > engine.stats.steps  # steps really batched several requests
     for spec in SPECS:
         _assert_chunks_equal(together[spec[0]], alone[spec[0]][0])
+
+
+def test_a_step_in_parts_on_core_workers_equals_one_at_a_time(modules, alone) -> None:
+    """A step's requests split over two worker threads (one core each) give each request the audio it gets alone;
+    two of them start from one voice in the same step (its prefix computed once, before the split)."""
+    twin = ("zero-shoT", *SPECS[0][1:])  # the first request again: same voice, tokens and noise seed
+    specs = [*SPECS, twin]
+    engine = Token2WavEngine(*modules, replace(EXACT, workers=2, max_batch=len(specs)))
+    assert engine.workers == 2
+    out = _drive(engine, [_make(engine, s) for s in specs], [s[2] for s in specs], [s[5] for s in specs])
+    assert engine._core_workers is not None  # steps really ran in parts
+    assert engine.stats.voice_cache_misses == 1 and engine.stats.voice_cache_hits == 1  # the shared voice
+    for spec in specs:
+        _assert_chunks_equal(out[spec[0]], alone[SPECS[0][0] if spec is twin else spec[0]][0])
 
 
 def test_a_step_takes_at_most_max_batch_and_the_rest_follow_unchanged(modules, alone) -> None:

@@ -1,4 +1,5 @@
-"""OpenMP pool control: releasing a thread's pool ends its worker threads, and the next parallel op makes them again."""
+"""OpenMP pool control: releasing a thread's pool ends its worker threads, and the next parallel op makes them again;
+`CoreWorkers` run their parts side by side, each on one intra-op thread, leaving every other thread's count alone."""
 
 from __future__ import annotations
 
@@ -6,10 +7,11 @@ import os
 import threading
 import time
 
+import numpy as np
 import pytest
 import torch
 
-from vocalis.kernels.threads import release_openmp_pool
+from vocalis.kernels.threads import CoreWorkers, release_openmp_pool
 
 
 def _threads() -> int:
@@ -61,5 +63,40 @@ def test_release_ends_only_the_calling_threads_workers() -> None:
         _parallel_op()  # a new pool for the main thread
         # main + its new worker; the other thread and its worker are gone
         assert _threads_settle_at(with_both - 2) == with_both - 2
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_core_workers_run_parts_side_by_side_on_one_thread_each() -> None:
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        workers = CoreWorkers(2)
+        both = threading.Barrier(2, timeout=10)
+
+        def part(n: int) -> tuple[int, str, float]:
+            both.wait()  # returns only while the other part runs too
+            return torch.get_num_threads(), threading.current_thread().name, float(torch.ones(n).exp().sum())
+
+        results = workers.map(part, [1000, 2000])
+        assert [r[0] for r in results] == [1, 1]
+        assert len({r[1] for r in results}) == 2 and all(r[1].startswith("vocalis-core") for r in results)
+        assert [r[2] for r in results] == pytest.approx([1000 * np.e, 2000 * np.e])
+        assert torch.get_num_threads() == 2  # the caller keeps its count...
+        later: list[int] = []
+        fresh = threading.Thread(target=lambda: later.append(torch.get_num_threads()))
+        fresh.start()
+        fresh.join()
+        assert later == [2]  # ...and so does a thread started afterwards
+
+        def failing(n: int) -> int:
+            if n == 1:
+                raise ValueError("part 1 failed")
+            return n
+
+        with pytest.raises(ValueError, match="part 1 failed"):
+            workers.map(failing, [0, 1])
+        assert workers.map(failing, [2, 3]) == [2, 3]  # the workers outlive a failed part
+        workers.close()
     finally:
         torch.set_num_threads(before)

@@ -277,6 +277,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the engine's cap on requests in flight; more queue (as `vocalis serve --max-streams`)")
     p.add_argument("--t2w-step", type=int, metavar="N",
                    help="the engine's requests per token2wav step (default: the device's, Token2WavConfig.max_batch)")
+    p.add_argument("--t2w-workers", type=int, metavar="N",
+                   help="threads sharing a token2wav step's requests, one core each (default: the CPU threads; 1: "
+                        "every op of the step over all threads, Token2WavConfig.workers)")
     p.add_argument("--parts", default=",".join(PARTS),
                    help=f"what to measure, comma separated: {', '.join(PARTS)} (e.g. --parts llm: LLM only, quick)")
     p.add_argument("--e2e-repeats", type=int,
@@ -311,6 +314,10 @@ def config_from_args(args: argparse.Namespace) -> Any:
         if args.t2w_step < 1:
             raise InputError(f"--t2w-step must be >= 1, got {args.t2w_step}")
         kw["t2w_step"] = args.t2w_step
+    if args.t2w_workers is not None:
+        if args.t2w_workers < 1:
+            raise InputError(f"--t2w-workers must be >= 1, got {args.t2w_workers}")
+        kw["t2w_workers"] = args.t2w_workers
     if args.e2e_repeats is not None:
         kw["e2e_repeats"] = args.e2e_repeats
     if args.stream_repeats is not None:

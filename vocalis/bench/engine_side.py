@@ -188,7 +188,7 @@ async def _engine_e2e(cfg: BenchConfig, model: LoadedModel, runtime: Runtime | N
     FixedLengthEngine = fixed_length_engine(cfg.tokens)
 
     top = max(cfg.concurrency)
-    t2w = Token2WavConfig(max_streams=cfg.max_streams, max_batch=cfg.t2w_step)
+    t2w = Token2WavConfig(max_streams=cfg.max_streams, max_batch=cfg.t2w_step, workers=cfg.t2w_workers)
     engine = FixedLengthEngine(model, make_llm_engine(model, EngineConfig(max_num_seqs=max(top, 1)), runtime),
                                Token2WavEngine(model.flow, model.hift, t2w))
     # the engines' defaults otherwise

@@ -57,6 +57,7 @@ class BenchConfig:
     device: str = "cpu"  # both sides run there ("cuda": the decode limit comes from the GPU's memory bandwidth)
     max_streams: int | None = None  # the engine's cap on requests in flight (Token2WavConfig.max_streams)
     t2w_step: int | None = None  # the engine's requests per token2wav step (Token2WavConfig.max_batch)
+    t2w_workers: int | None = None  # threads sharing a token2wav step's requests (Token2WavConfig.workers)
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

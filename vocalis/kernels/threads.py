@@ -11,7 +11,8 @@ The switch has its own price: right after a parallel region (a decode step) the 
 than a single row's work, which never forks (every op of it is one row of < 32768 elements, torch's grain).
 Callers skip it there.
 
-`release_openmp_pool` is about the other side of the same pool: see its doc.
+`release_openmp_pool` is about the other side of the same pool: see its doc. `CoreWorkers` splits work the other
+way: whole independent parts (requests) on threads of their own, one core each.
 """
 
 from __future__ import annotations
@@ -20,11 +21,17 @@ import contextlib
 import ctypes
 import functools
 import logging
-from collections.abc import Callable, Iterator
+import os
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
 
 import torch
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
+R = TypeVar("R")
 _OMP_PAUSE_SOFT = 1  # omp_pause_resource_t: free the threads, keep nothing
 
 
@@ -78,3 +85,49 @@ def _omp_pause() -> Callable[[int], int] | None:
         return fn
     log.debug("no libgomp with omp_pause_resource_all loaded: OpenMP pools are left as they are")
     return None
+
+
+class CoreWorkers:
+    """`count` threads that each run torch's CPU ops on themselves alone (one intra-op thread each), for work made
+    of independent parts: `map` runs the parts side by side, one per core, instead of one after another with
+    every op split over the cores.
+
+    Why: an op split over the cores ends when its slowest share does, so every op waits at a barrier for the
+    other threads, and the Python between ops runs on one core while the others spin. On a machine whose cores
+    run at different speeds (hybrid P/E cores, a busy SMT sibling, a shared VM) the slowest core paces every op.
+    Parts on cores of their own wait for nobody until the last part ends, and one part's Python overlaps the
+    other's arithmetic (torch and our kernels release the GIL).
+
+    torch's intra-op thread count is per thread (OpenMP's, MKL's and oneDNN's are read from the calling thread),
+    but `torch.set_num_threads` also sets the count a thread started later begins with; that default is put back
+    once the workers are set up, so only they run single-threaded."""
+
+    def __init__(self, count: int) -> None:
+        if count < 2:
+            raise ValueError(f"CoreWorkers needs at least 2 threads, got {count}")
+        self.count = count
+        self.pid = os.getpid()  # a forked child has none of these threads: it needs workers of its own
+        threads = torch.get_num_threads()
+        self._pool = ThreadPoolExecutor(count, thread_name_prefix="vocalis-core")
+        ready = threading.Barrier(count, timeout=60)
+
+        def one_thread(_: int) -> None:
+            torch.get_num_threads()  # the thread's lazy intra-op set-up runs now, not later over our count
+            torch.set_num_threads(1)
+            ready.wait()  # every worker holds one set-up task: each of the `count` threads is set
+
+        list(self._pool.map(one_thread, range(count)))
+        torch.set_num_threads(threads)
+
+    def map(self, fn: Callable[[T], R], parts: Sequence[T]) -> list[R]:
+        """[fn(part) for part in parts], the parts on the workers side by side (at most `count` at once); an
+        exception in any part is raised here once every part has ended."""
+        futures = [self._pool.submit(fn, part) for part in parts]
+        errors = [f.exception() for f in futures]
+        for error in errors:
+            if error is not None:
+                raise error
+        return [f.result() for f in futures]
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False)

@@ -38,10 +38,10 @@ class Token2WavConfig:
     0 disables prefix reuse altogether (every request computes its prompt). One costs ~4.6 MB per prompt mel
     frame at the 0.5B shapes in fp32 (half in bf16).
     max_batch: most requests in one step (the rest wait for the next step, oldest first as given). None:
-    `GPU_STEP_BATCH` on a GPU; on a CPU `CPU_STEP_BATCH`, where wider steps finished less audio per second at the
-    0.5B shapes, or `CPU_SMALL_STEP_BATCH` for an estimator under `SMALL_ESTIMATOR` weights (the tiny and
-    built-in shapes; `dynamic_int8.weight_count`: an int8 estimator's packed weights count), where they finished
-    more (docs/benchmarks.md, "Requests per token2wav step").
+    `GPU_STEP_BATCH` on a GPU; on a CPU `CPU_STEP_BATCH` per worker (`workers`), where wider steps finished less
+    audio per second at the 0.5B shapes, or `CPU_SMALL_STEP_BATCH` per worker for an estimator under
+    `SMALL_ESTIMATOR` weights (the tiny and built-in shapes; `dynamic_int8.weight_count`: an int8 estimator's
+    packed weights count), where they finished more (docs/benchmarks.md, "Requests per token2wav step").
     cache_dtype: "bf16" (default) / "fp16" store the estimator's cached keys/values reduced: half the memory,
     mel max rel error 3.6e-5 at the 0.5B shapes (random weights); None keeps the compute dtype (exact).
     dit_cache_dtype: the same for CosyVoice 3's DiT caches, exact (None) by default: its streamed audio moved by
@@ -72,6 +72,12 @@ class Token2WavConfig:
     native_kernels: let the incremental estimator run its bf16 GEMMs (AMX) and its bf16 attention (AMX or
     AVX512-BF16) on our native kernels where the CPU has them; False keeps torch's (the runtime's
     `KernelConfig.bf16_gemm`, VOCALIS_BF16_GEMM=0, sets it).
+    workers: threads that share a step's requests on a CPU, each running its part of them on one core
+    (`kernels.threads.CoreWorkers`) instead of every op of the whole step split over the cores; a step with one
+    request runs on the calling thread with all of them (a lone request's latency). None: torch's intra-op thread
+    count when the engine is made, on a CPU; 1 (off) on a GPU, with the native bf16 estimator kernels (AMX CPUs,
+    where it is unmeasured), and where a backend runs HiFT (its own thread pool). Values are the same either way
+    but for the int8 GEMMs' per-call activation scale, which spans the requests of a call as batching does.
     vocoder_window: CosyVoice 3's causal HiFT decodes, per streaming call, only the new samples' frames and the
     frames that can reach them (`token2wav.cv3_vocoder`): linear in the stream's length, the same samples to float
     rounding. False re-runs it over all mel so far, as the official pipeline does (quadratic).
@@ -89,6 +95,7 @@ class Token2WavConfig:
     flow_steps: int | None = None
     native_kernels: bool = True
     vocoder_window: bool = True
+    workers: int | None = None
 
     def __post_init__(self) -> None:
         if self.final_attention not in FINAL_ATTENTION:
@@ -104,19 +111,30 @@ class Token2WavConfig:
             raise ValueError(f"compute must be 'auto' or 'modules', got {self.compute!r}")
         if self.max_cache_mib is not None and self.max_cache_mib < 0:
             raise ValueError("max_cache_mib must be >= 0 (or None for a quarter of the device memory)")
+        if self.workers is not None and (isinstance(self.workers, bool) or not isinstance(self.workers, int)
+                                         or self.workers < 1):
+            raise ValueError(f"workers must be >= 1 (or None for the CPU's threads), got {self.workers!r}")
         if self.flow_steps is not None and (isinstance(self.flow_steps, bool) or not isinstance(self.flow_steps, int)
                                             or self.flow_steps < 1):
             raise ValueError(f"flow_steps must be >= 1 (or None for the model's own count), got {self.flow_steps!r}")
 
-    def step_batch(self, device: torch.device, estimator_weights: int | None = None) -> int:
+    def step_batch(self, device: torch.device, estimator_weights: int | None = None, workers: int = 1) -> int:
         """`max_batch`, or the default for the device and the flow estimator's size (its weights, int8-packed ones
-        included: `dynamic_int8.weight_count`; None: large)."""
+        included: `dynamic_int8.weight_count`; None: large); on a CPU that many per worker (`step_workers`)."""
         if self.max_batch is not None:
             return self.max_batch
         if device.type == "cuda":
             return GPU_STEP_BATCH
         small = estimator_weights is not None and estimator_weights < SMALL_ESTIMATOR
-        return CPU_SMALL_STEP_BATCH if small else CPU_STEP_BATCH
+        return (CPU_SMALL_STEP_BATCH if small else CPU_STEP_BATCH) * workers
+
+    def step_workers(self, device: torch.device, threads: int, native: bool = False, own_vocoder: bool = False
+                     ) -> int:
+        """`workers`, or the default for the device: `threads` (torch's intra-op count) on a CPU unless the
+        estimator runs the `native` bf16 kernels or a backend runs HiFT (`own_vocoder`); else 1."""
+        if self.workers is not None:
+            return self.workers
+        return 1 if device.type != "cpu" or native or own_vocoder else max(1, threads)
 
     def cache_budget_bytes(self, device: torch.device) -> int:
         """`max_cache_mib` in bytes, or a quarter of the device's memory when it is None."""

@@ -78,21 +78,23 @@ class RelPosProjections:
 
     def __init__(self, layers: list[ConformerEncoderLayer]) -> None:
         self.layers = layers
-        self.length = 0
-        self.tables: list[torch.Tensor] = []
+        # (L, tables): replaced whole when it grows, so threads stepping requests side by side read a matching pair
+        self._tables: tuple[int, list[torch.Tensor]] = (0, [])
 
     def get(self, index: int, length: int) -> tuple[torch.Tensor, int]:
         """Projected table of layer `index` covering relative positions |i - j| < length, and its L."""
-        if length > self.length:
-            self.length = max(length, 2 * self.length, 256)
-            self.tables = []
+        size, tables = self._tables
+        if length > size:
+            size = max(length, 2 * size, 256)
+            tables = []
             for layer in self.layers:
                 attn = layer.self_attn
                 w = attn.linear_pos.weight
-                table = relative_positional_table(self.length, w.shape[1], w.device, torch.float32)
+                table = relative_positional_table(size, w.shape[1], w.device, torch.float32)
                 table = table.to(w.dtype) if w.is_floating_point() else table
-                self.tables.append(attn.linear_pos(table)[0].view(-1, attn.h, attn.d_k))  # (2L-1, H, Dh)
-        return self.tables[index], self.length
+                tables.append(attn.linear_pos(table)[0].view(-1, attn.h, attn.d_k))  # (2L-1, H, Dh)
+            self._tables = (size, tables)
+        return tables[index], size
 
 
 class EncoderStreamer:

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import weakref
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -47,6 +48,7 @@ import torch
 from vocalis.config import StreamConfig
 from vocalis.frontend.prompt import FlowPrompt
 from vocalis.kernels import bf16_gemm
+from vocalis.kernels.threads import CoreWorkers
 from vocalis.models.flow.flow import CausalMaskedDiffWithXvec
 from vocalis.models.hift.generator import HiFTGenerator
 from vocalis.precision.dynamic_int8 import FusedQKV, Int8Conv1d, weight_count
@@ -62,6 +64,9 @@ from vocalis.token2wav.state import StreamState, Token2WavChunk
 from vocalis.token2wav.voice_cache import VoicePrefix, start_caches, voice_key
 
 log = logging.getLogger(__name__)
+
+# where a request's incremental chunk starts: its encoder cache, its estimator caches, whether the chunk extends them
+_Start = tuple[EncoderCache, list[EstimatorCache], bool]
 
 
 @dataclass
@@ -112,7 +117,15 @@ class Token2WavEngine:
         self._voices: OrderedDict[str, VoicePrefix] = OrderedDict()
         self._live: weakref.WeakSet[StreamState] = weakref.WeakSet()
         self.cache_budget = self.config.cache_budget_bytes(flow.input_embedding.weight.device)
-        self.max_batch = self.config.step_batch(flow.input_embedding.weight.device, weight_count(self.estimator))
+        device = flow.input_embedding.weight.device
+        # requests of one step run in this many parts side by side, one core each (`CoreWorkers`, made on first use)
+        self.workers = self.config.step_workers(device, torch.get_num_threads(),
+                                                native=self.compute is not None and bool(self.compute.native),
+                                                own_vocoder=self.hift_body is not None)
+        self._core_workers: CoreWorkers | None = None
+        self.max_batch = self.config.step_batch(device, weight_count(self.estimator), self.workers)
+        if self.workers > 1:
+            log.info("token2wav: a step's requests run in up to %d parts side by side, one core each", self.workers)
         self.held = 0  # streams waiting for cache room after the last step
 
     def _compute_weights(self) -> ComputeWeights | None:
@@ -210,21 +223,64 @@ class Token2WavEngine:
             else:
                 todo.append((s, final))
         if todo:
-            full = [(s, f) for s, f in todo if self._needs_full_pass(s, f)]
-            inc = [(s, f) for s, f in todo if not self._needs_full_pass(s, f)]
-            mels: dict[int, torch.Tensor] = {}
-            with torch.inference_mode():
-                if inc:
-                    mels.update(self._flow_incremental(inc))
-                if full:
-                    mels.update(self._flow_full([s for s, _ in full]))
-            with torch.inference_mode():
-                audio = self._vocode(todo, [mels[id(s)] for s, _ in todo])
-            for (s, final), wav in zip(todo, audio):
+            for (s, final), wav in zip(todo, self._synthesize(todo)):
                 chunks[id(s)] = self._emit(s, wav, final)
         self.stats.steps += 1
         self.stats.rows += len(todo)
         return [chunks[id(s)] for s, _ in work]
+
+    def _synthesize(self, todo: list[tuple[StreamState, bool]]) -> list[np.ndarray]:
+        """Flow and HiFT for a step's requests -> each one's audio, in order. What requests share (the cache budget,
+        voice prefixes, the stats) is settled here on the calling thread; after that each request's work touches
+        only its own state, so with `workers` the requests run in parts side by side, one core each."""
+        inc = [(s, f) for s, f in todo if not self._needs_full_pass(s, f)]
+        with torch.inference_mode():  # a new voice's prefix is computed here
+            starts = self._start_incremental(inc) if inc else {}
+        frames = sum(s.estimator_frames for s, _ in todo)
+        parts = self._parts(todo, starts)
+        if len(parts) == 1:
+            audio = self._run_part(todo, starts)
+        else:
+            if self._core_workers is None or self._core_workers.pid != os.getpid():
+                self._core_workers = CoreWorkers(self.workers)
+            done = self._core_workers.map(lambda part: self._run_part(part, starts), parts)
+            by_id = {id(s): wav for part, wavs in zip(parts, done) for (s, _), wav in zip(part, wavs)}
+            audio = [by_id[id(s)] for s, _ in todo]
+        self.stats.estimator_frames += sum(s.estimator_frames for s, _ in todo) - frames
+        return audio
+
+    def _parts(self, todo: list[tuple[StreamState, bool]], starts: dict[int, _Start]
+               ) -> list[list[tuple[StreamState, bool]]]:
+        """The step's requests in at most `workers` parts of about equal work (largest first, each to the part
+        with the least so far), by the tokens each takes through the flow."""
+        count = min(self.workers, len(todo))
+        if count < 2:
+            return [todo]
+
+        def tokens(item: tuple[StreamState, bool]) -> int:
+            s, final = item
+            start = starts[id(s)][0].num_tokens if id(s) in starts else 0
+            return self._chunk_end(s, final) - start
+
+        parts: list[list[tuple[StreamState, bool]]] = [[] for _ in range(count)]
+        load = [0] * count
+        for item in sorted(todo, key=tokens, reverse=True):
+            i = load.index(min(load))
+            parts[i].append(item)
+            load[i] += tokens(item)
+        return parts
+
+    def _run_part(self, items: list[tuple[StreamState, bool]], starts: dict[int, _Start]) -> list[np.ndarray]:
+        """Flow then HiFT for some of a step's requests (on any thread) -> their audio, in order."""
+        full = [s for s, f in items if self._needs_full_pass(s, f)]
+        inc = [(s, f) for s, f in items if not self._needs_full_pass(s, f)]
+        mels: dict[int, torch.Tensor] = {}
+        with torch.inference_mode():  # per thread: the workers' own
+            if inc:
+                mels.update(self._flow_incremental(inc, [starts[id(s)] for s, _ in inc]))
+            if full:
+                mels.update(self._flow_full(full))
+            return self._vocode(items, [mels[id(s)] for s, _ in items])
 
     def _needs_full_pass(self, s: StreamState, final: bool) -> bool:
         return final and (not s.streaming or self.config.final_attention == "full")
@@ -247,24 +303,35 @@ class Token2WavEngine:
         prompt = s.prompt.speech_ids.reshape(-1).long()
         return torch.cat([prompt, torch.tensor(s.tokens, dtype=torch.long)])  # (P + N,)
 
-    def _flow_incremental(self, items: list[tuple[StreamState, bool]]) -> dict[int, torch.Tensor]:
-        """Streaming-mask flow on each request's new tokens -> emitted mel (80, frames) per state."""
+    def _chunk_end(self, s: StreamState, final: bool) -> int:
+        """The token (prompt included) the request's next chunk ends at."""
+        return s.num_prompt_tokens + (len(s.tokens) if final else s.token_offset + self.this_hop(s))
+
+    def _start_incremental(self, items: list[tuple[StreamState, bool]]) -> dict[int, _Start]:
+        """The caches each request's incremental chunk starts from, by id(state): the cache budget enforced, and a
+        new request's voice prefix looked up or computed (shared engine state: the calling thread's work)."""
         self._enforce_budget(items)
-        rows, emit_from, caches = [], [], []
+        starts: dict[int, _Start] = {}
         for s, final in items:
             if s.cached:
                 if s.enc_cache is None:
                     s.voice = self._voice_prefix(s)
                     s.enc_cache, s.est_caches = start_caches(s.voice)
-                enc, est, keep = s.enc_cache, s.est_caches, not final
+                starts[id(s)] = (s.enc_cache, s.est_caches, not final)
             else:  # over budget: this chunk runs from the voice prefix and keeps nothing
-                enc, est = start_caches(self._voice_prefix(s))
-                keep = False
-            p = s.num_prompt_tokens
-            end = p + len(s.tokens) if final else p + s.token_offset + self.this_hop(s)
-            rows.append(EncoderRow(self._all_ids(s), enc.num_tokens, end, final, enc, keep=keep))
+                starts[id(s)] = (*start_caches(self._voice_prefix(s)), False)
+        return starts
+
+    def _flow_incremental(self, items: list[tuple[StreamState, bool]], starts: list[_Start]
+                          ) -> dict[int, torch.Tensor]:
+        """Streaming-mask flow on each request's new tokens, from the caches `_start_incremental` gave it ->
+        emitted mel (80, frames) per state."""
+        rows, emit_from, caches = [], [], []
+        for (s, final), (enc, est, keep) in zip(items, starts):
+            rows.append(EncoderRow(self._all_ids(s), enc.num_tokens, self._chunk_end(s, final), final, enc,
+                                   keep=keep))
             caches.append(est)
-            emit_from.append(p + s.token_offset)
+            emit_from.append(s.num_prompt_tokens + s.token_offset)
         mu, lens = self.encoder.forward(rows)
         mu = mu.transpose(1, 2)  # (R, 80, n)
         spks, cond = self._conditions([s for s, _ in items], [r.start for r in rows], mu)
@@ -276,7 +343,6 @@ class Token2WavEngine:
         for i, (s, _) in enumerate(items):
             s.estimator_frames += lens[i] * self.n_timesteps
             s.encoder_tokens += rows[i].end - rows[i].start
-            self.stats.estimator_frames += lens[i] * self.n_timesteps
             skip = (emit_from[i] - rows[i].start) * self.ratio
             out[id(s)] = mel[i, :, skip : lens[i]]
         return out
@@ -318,7 +384,6 @@ class Token2WavEngine:
         for r, s in enumerate(states):
             frames = int(lens[r]) * self.ratio
             s.estimator_frames += frames * self.n_timesteps
-            self.stats.estimator_frames += frames * self.n_timesteps
             out[id(s)] = mel[r, :, (s.num_prompt_tokens + s.token_offset) * self.ratio : frames]
         return out
 
