@@ -22,7 +22,8 @@ A precision may name the estimator's and HiFT's forms instead of the CPU's defau
 flow_int8 / conv_int8 / hift_reduced), to measure which is faster on a CPU class: `int8:flow=bf16` (int8 with
 the estimator's Linears in bf16, not fbgemm int8), `int8:convs=fp32` (the int8 estimator's conv blocks' convs left
 fp32), `int8:hift=bf16` (HiFT's body convs in bf16), `bf16:hift=fp32`; `int8:kernels=off` runs the token2wav engine
-on torch's ops instead of our native bf16 kernels (`Token2WavConfig.native_kernels`).
+on torch's ops instead of our native bf16 kernels (`Token2WavConfig.native_kernels`); `int8:workers=1` runs every
+step's requests together on all threads instead of in parts on per-core workers (`Token2WavConfig.workers`).
 """
 
 from __future__ import annotations
@@ -173,12 +174,13 @@ def _run_streams(engine: Token2WavEngine, args: argparse.Namespace, count: int) 
             "cache_fallbacks": engine.stats.cache_fallbacks}
 
 
-def parse_variant(spec: str) -> tuple[str, dict[str, bool], bool]:
-    """'int8:flow=bf16:hift=bf16:kernels=off' -> ('int8', {'flow_int8': False, 'hift_reduced': True}, False): the
-    precision, `apply_backend`'s forms, and whether the token2wav engine may run our native kernels."""
+def parse_variant(spec: str) -> tuple[str, dict[str, bool], dict[str, Any]]:
+    """'int8:flow=bf16:hift=bf16:kernels=off:workers=1' -> ('int8', {'flow_int8': False, 'hift_reduced': True},
+    {'native_kernels': False, 'workers': 1}): the precision, `apply_backend`'s forms, and the token2wav engine's
+    settings (`Token2WavConfig` fields)."""
     precision, *opts = spec.split(":")
     forms: dict[str, bool] = {}
-    native = True
+    engine: dict[str, Any] = {"native_kernels": True}
     for opt in opts:
         key, _, value = opt.partition("=")
         if key == "flow" and value in ("int8", "bf16"):
@@ -188,10 +190,13 @@ def parse_variant(spec: str) -> tuple[str, dict[str, bool], bool]:
         elif key == "hift" and value in ("fp32", "bf16"):
             forms["hift_reduced"] = value == "bf16"
         elif key == "kernels" and value in ("on", "off"):
-            native = value == "on"
+            engine["native_kernels"] = value == "on"
+        elif key == "workers" and value.isdigit() and int(value) >= 1:
+            engine["workers"] = int(value)
         else:
-            raise SystemExit(f"{spec!r}: options are flow=int8|bf16 and convs=int8|fp32 (precision int8), hift=fp32|bf16, kernels=on|off")
-    return precision, forms, native
+            raise SystemExit(f"{spec!r}: options are flow=int8|bf16 and convs=int8|fp32 (precision int8), "
+                             "hift=fp32|bf16, kernels=on|off, workers=N")
+    return precision, forms, engine
 
 
 def engine_config(args: argparse.Namespace) -> Token2WavConfig:
@@ -207,8 +212,9 @@ def build_variant(args: argparse.Namespace, spec: str) -> tuple[SimpleNamespace,
 
 
 def variant_config(args: argparse.Namespace, spec: str) -> Token2WavConfig:
-    """The engine's config for `spec` (`kernels=off`: torch's ops instead of our native kernels)."""
-    return replace(engine_config(args), native_kernels=parse_variant(spec)[2])
+    """The engine's config for `spec` (`kernels=off`: torch's ops instead of our native kernels; `workers=N`: a
+    step's requests in N parts side by side, 1 off)."""
+    return replace(engine_config(args), **parse_variant(spec)[2])
 
 
 def run_engine(args: argparse.Namespace, spec: str) -> dict[str, Any]:

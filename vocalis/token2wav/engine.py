@@ -119,11 +119,12 @@ class Token2WavEngine:
         self.cache_budget = self.config.cache_budget_bytes(flow.input_embedding.weight.device)
         device = flow.input_embedding.weight.device
         # requests of one step run in this many parts side by side, one core each (`CoreWorkers`, made on first use)
-        self.workers = self.config.step_workers(device, torch.get_num_threads(),
+        weights = weight_count(self.estimator)
+        self.workers = self.config.step_workers(device, torch.get_num_threads(), weights,
                                                 native=self.compute is not None and bool(self.compute.native),
                                                 own_vocoder=self.hift_body is not None)
         self._core_workers: CoreWorkers | None = None
-        self.max_batch = self.config.step_batch(device, weight_count(self.estimator), self.workers)
+        self.max_batch = self.config.step_batch(device, weights, self.workers)
         if self.workers > 1:
             log.info("token2wav: a step's requests run in up to %d parts side by side, one core each", self.workers)
         self.held = 0  # streams waiting for cache room after the last step
