@@ -105,7 +105,6 @@ class CoreWorkers:
     def __init__(self, count: int) -> None:
         if count < 2:
             raise ValueError(f"CoreWorkers needs at least 2 threads, got {count}")
-        self.count = count
         self.pid = os.getpid()  # a forked child has none of these threads: it needs workers of its own
         threads = torch.get_num_threads()
         self._pool = ThreadPoolExecutor(count, thread_name_prefix="vocalis-core")

@@ -113,11 +113,9 @@ class Token2WavConfig:
             raise ValueError(f"compute must be 'auto' or 'modules', got {self.compute!r}")
         if self.max_cache_mib is not None and self.max_cache_mib < 0:
             raise ValueError("max_cache_mib must be >= 0 (or None for a quarter of the device memory)")
-        if self.workers is not None and (isinstance(self.workers, bool) or not isinstance(self.workers, int)
-                                         or self.workers < 1):
+        if not _count_or_none(self.workers):
             raise ValueError(f"workers must be >= 1 (or None for the CPU's threads), got {self.workers!r}")
-        if self.flow_steps is not None and (isinstance(self.flow_steps, bool) or not isinstance(self.flow_steps, int)
-                                            or self.flow_steps < 1):
+        if not _count_or_none(self.flow_steps):
             raise ValueError(f"flow_steps must be >= 1 (or None for the model's own count), got {self.flow_steps!r}")
 
     def step_batch(self, device: torch.device, estimator_weights: int | None = None, workers: int = 1) -> int:
@@ -127,8 +125,7 @@ class Token2WavConfig:
             return self.max_batch
         if device.type == "cuda":
             return GPU_STEP_BATCH
-        small = estimator_weights is not None and estimator_weights < SMALL_ESTIMATOR
-        return (CPU_SMALL_STEP_BATCH if small else CPU_STEP_BATCH) * workers
+        return (CPU_SMALL_STEP_BATCH if _small(estimator_weights) else CPU_STEP_BATCH) * workers
 
     def step_workers(self, device: torch.device, threads: int, estimator_weights: int | None = None,
                      native: bool = False, own_vocoder: bool = False) -> int:
@@ -137,7 +134,7 @@ class Token2WavConfig:
         kernels, or a backend runs HiFT (`own_vocoder`); else 1."""
         if self.workers is not None:
             return self.workers
-        small = estimator_weights is not None and estimator_weights < SMALL_ESTIMATOR
+        small = _small(estimator_weights)
         return 1 if device.type != "cpu" or small or native or own_vocoder else max(1, threads)
 
     def cache_budget_bytes(self, device: torch.device) -> int:
@@ -147,3 +144,13 @@ class Token2WavConfig:
         if device.type == "cuda":
             return torch.cuda.get_device_properties(device).total_memory // 4
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 4
+
+
+def _count_or_none(value: object) -> bool:
+    """None or an int >= 1 (a bool is not a count)."""
+    return value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 1)
+
+
+def _small(estimator_weights: int | None) -> bool:
+    """An estimator under `SMALL_ESTIMATOR` weights (None: large)."""
+    return estimator_weights is not None and estimator_weights < SMALL_ESTIMATOR

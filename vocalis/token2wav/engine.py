@@ -116,8 +116,8 @@ class Token2WavEngine:
         self.stats = Token2WavStats()
         self._voices: OrderedDict[str, VoicePrefix] = OrderedDict()
         self._live: weakref.WeakSet[StreamState] = weakref.WeakSet()
-        self.cache_budget = self.config.cache_budget_bytes(flow.input_embedding.weight.device)
         device = flow.input_embedding.weight.device
+        self.cache_budget = self.config.cache_budget_bytes(device)
         # requests of one step run in this many parts side by side, one core each (`CoreWorkers`, made on first use)
         weights = weight_count(self.estimator)
         self.workers = self.config.step_workers(device, torch.get_num_threads(), weights,
@@ -258,17 +258,14 @@ class Token2WavEngine:
         if count < 2:
             return [todo]
 
-        def tokens(item: tuple[StreamState, bool]) -> int:
-            s, final = item
-            start = starts[id(s)][0].num_tokens if id(s) in starts else 0
-            return self._chunk_end(s, final) - start
-
+        tokens = [self._chunk_end(s, final) - (starts[id(s)][0].num_tokens if id(s) in starts else 0)
+                  for s, final in todo]
         parts: list[list[tuple[StreamState, bool]]] = [[] for _ in range(count)]
         load = [0] * count
-        for item in sorted(todo, key=tokens, reverse=True):
+        for j in sorted(range(len(todo)), key=tokens.__getitem__, reverse=True):
             i = load.index(min(load))
-            parts[i].append(item)
-            load[i] += tokens(item)
+            parts[i].append(todo[j])
+            load[i] += tokens[j]
         return parts
 
     def _run_part(self, items: list[tuple[StreamState, bool]], starts: dict[int, _Start]) -> list[np.ndarray]:
