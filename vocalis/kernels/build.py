@@ -74,6 +74,9 @@ def extension() -> ModuleType | None:
     """The compiled extension of the level in use (`isa()`; its `isa` attribute names the set), building it on first
     call; None (logged once, with the reason) when it cannot be built or loaded here."""
     global _ext, _reason
+    ext = _ext
+    if ext is not None:  # built: no lock (every attention call of a step asks, from every worker thread)
+        return ext
     with _lock:
         if _ext is None and _reason is None:
             name = isa()

@@ -143,8 +143,8 @@ class ChunkRun:
             result = self._attention_batched(i, q, k, v)
         result = result.view(rows, n, h * e)  # (2R, n, H*E)
         if self.compute is None:
-            return residual + attn.to_out[1](attn.to_out[0](result))
-        return self.compute.linear_add_(residual, attn.to_out[0], result)  # to_out[1]: dropout, identity in eval
+            return residual + attn.to_out[0](result)  # to_out[1]: dropout, identity in eval
+        return self.compute.linear_add_(residual, attn.to_out[0], result)
 
     def one_layout(self, n: int) -> bool:
         """Whether this call's requests share one key layout (one request, or a uniform batch): what `block` and

@@ -68,9 +68,9 @@ def _transformers(run: ChunkRun, blocks: nn.ModuleList, h: torch.Tensor) -> torc
             return x.transpose(1, 2)
     for block in blocks:
         x = run.attention(block.attn1, block.norm1(x), x)
-        if run.compute is None:
-            x = x + block.ff(block.norm3(x))
-        else:  # ff.net = [GELU projection, dropout, Linear]; the 4D-wide hidden stays in the compute dtype
+        if run.compute is None:  # ff.net = [GELU projection, dropout (identity in eval), Linear]
+            x = x + block.ff.net[2](block.ff.net[0](block.norm3(x)))
+        else:  # the 4D-wide hidden stays in the compute dtype
             hidden = run.compute.linear(block.ff.net[0].proj, block.norm3(x), gelu=True)
             x = run.compute.linear_add_(x, block.ff.net[2], hidden)
     return x.transpose(1, 2)

@@ -111,11 +111,11 @@ def solve_chunk(
     for step in range(1, len(t_span)):
         step_terms = time_terms(estimator, t) if terms is None else terms.get(n_timesteps, step, t)
         if apart:  # row j alone: its inputs' row j, x (1, 80, n) the same for both
-            def row_v(j: int, row: EstimatorCache) -> torch.Tensor:
+            def row_v(j: int, row: EstimatorCache, x: torch.Tensor = x, terms: list = step_terms) -> torch.Tensor:
                 one = slice(j, j + 1)
                 run = ChunkRun([row], lens, keeps, chunk, cache_dtype, compute, qkv, guidance_rows=1)
-                return estimator_chunk(estimator, x, None if mask_in is None else mask_in[one], mu_in[one],
-                                       step_terms, spks_in[one], cond_in[one], run)
+                return estimator_chunk(estimator, x, None if mask_in is None else mask_in[one], mu_in[one], terms,
+                                       spks_in[one], cond_in[one], run)
 
             v = _rows_apart(workers, caches[0][step - 1], keeps[0], row_v)
         else:
