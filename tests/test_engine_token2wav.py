@@ -218,19 +218,6 @@ def test_a_step_in_parts_on_core_workers_equals_one_at_a_time(modules, alone) ->
         _assert_chunks_equal(out[spec[0]], alone[SPECS[0][0] if spec is twin else spec[0]][0])
 
 
-@pytest.mark.parametrize("cache_dtype", [None, "bf16"])
-def test_a_lone_requests_guidance_rows_apart_on_core_workers_equal_the_pair(modules, alone, cache_dtype) -> None:
-    """A request alone in its steps runs its conditional and unconditional rows on two worker threads, each row
-    over one-row views of its caches, joined back after every Euler step (its voice's prefix computed the same
-    way): the same audio as the two rows as one batch, with exact and with bf16 caches."""
-    for spec in SPECS:
-        pair = Token2WavEngine(*modules, replace(EXACT, cache_dtype=cache_dtype))
-        apart = Token2WavEngine(*modules, replace(EXACT, cache_dtype=cache_dtype, workers=2))
-        want, got = (_drive(e, [_make(e, spec)], [spec[2]], [spec[5]])[spec[0]] for e in (pair, apart))
-        assert pair._core_workers is None and apart._core_workers is not None  # only lone steps ran: rows apart
-        _assert_chunks_equal(got, alone[spec[0]][0] if cache_dtype is None else want)
-
-
 def test_a_step_takes_at_most_max_batch_and_the_rest_follow_unchanged(modules, alone) -> None:
     """More streams ready than one step takes: the rest run in the next steps, oldest first, with the same audio
     as alone."""

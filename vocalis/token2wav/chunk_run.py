@@ -14,8 +14,7 @@ residual add; causal convs read their taps in place from a time-major bf16 copy 
 Other batches keep the two-part attention above, on `bf16_attention` (which also serves bf16 compute on CPUs with
 AVX512-BF16 and no AMX, where torch's GEMMs run the rest).
 
-Legend: R requests, n new frames (padded), C channels, D transformer width, H heads, E head width. Shapes say 2R
-rows (each request's conditional and unconditional rows); a run over one-row caches (`guidance_rows=1`) has R.
+Legend: R requests, n new frames (padded), C channels, D transformer width, H heads, E head width.
 """
 
 from __future__ import annotations
@@ -39,11 +38,8 @@ class ChunkRun:
 
     def __init__(self, caches: list[EstimatorCache], lens: list[int], keeps: list[bool], chunk: int,
                  cache_dtype: torch.dtype | None = None, compute: ComputeWeights | None = None,
-                 qkv: FusedQKV | None = None, guidance_rows: int = 2) -> None:
+                 qkv: FusedQKV | None = None) -> None:
         self.caches = caches
-        # rows each cache holds: both guidance rows (conditional, unconditional), or one where a lone request's
-        # rows run apart (`EstimatorCache.row`); the inputs hold guidance_rows rows per request, request-major
-        self.g = guidance_rows
         self.cache_dtype = cache_dtype
         self.compute = compute
         self.qkv = qkv  # int8 modules: each attention's q/k/v as one GEMM where it can
@@ -65,7 +61,7 @@ class ChunkRun:
         self.conv_index += 1
         ctx = conv.kernel_size[0] - 1
         if not all(len(c.tails) > i for c in self.caches):
-            zero = x.new_zeros(self.g, x.shape[1], ctx)
+            zero = x.new_zeros(2, x.shape[1], ctx)
             for c in self.caches:
                 if len(c.tails) == i:
                     c.tails.append(zero)
@@ -73,11 +69,11 @@ class ChunkRun:
         if all(self.keeps) and all(m == self.lens[0] for m in self.lens):  # one copy, a view per request
             tails = _tail(left, x, self.lens[0])
             for r, c in enumerate(self.caches):
-                c.tails[i] = tails[self.g * r : self.g * (r + 1)]
+                c.tails[i] = tails[2 * r : 2 * r + 2]
         else:
             for r, c in enumerate(self.caches):
                 if self.keeps[r]:
-                    pair = slice(self.g * r, self.g * (r + 1))
+                    pair = slice(2 * r, 2 * r + 2)
                     c.tails[i] = _tail(left[pair], x[pair], self.lens[r])
         if isinstance(conv, Int8Conv1d):
             return conv.valid(torch.cat([left, x], dim=2))
@@ -93,13 +89,13 @@ class ChunkRun:
         if self._mask is None:
             kj = torch.arange(width, device=like.device)
             count = 1 if uniform else len(starts)
-            bias = like.new_full((count, self.g, 1, n, width), _MASK_BIAS)
+            bias = like.new_full((count, 2, 1, n, width), _MASK_BIAS)
             for r in range(count):
                 a, m, f = starts[r], self.lens[r], firsts[r]
                 qi = torch.arange(a, a + m, device=like.device)
                 limit = torch.clamp((qi // self.chunk + 1) * self.chunk, max=a + m) - f  # block end, own index
                 bias[r, :, 0, :m] = torch.where(kj[None, :] < limit[:, None], 0.0, _MASK_BIAS).to(like.dtype)
-            bias = (None if bool((bias == 0).all()) else bias.expand(rows // self.g, self.g, 1, n, width)
+            bias = (None if bool((bias == 0).all()) else bias.expand(rows // 2, 2, 1, n, width)
                     .reshape(rows, 1, n, width) if uniform else bias.view(rows, 1, n, width))
             limits = None if bias is None or not runs_native(like) else bf16_attention.limits_of(bias)
             self._mask = (bias, limits)
@@ -205,7 +201,7 @@ class ChunkRun:
             for buf, new, own, shared in ((keys, k, held[0], None if pre is None else pre.keys),
                                           (values, v, held[1], None if pre is None else pre.values)):
                 if shared is not None:  # (2, H, p, E) into every request's row pair
-                    buf.view(rows // self.g, self.g, h, start + n, e)[:, :, :, :p] = shared[i]
+                    buf.view(rows // 2, 2, h, start + n, e)[:, :, :, :p] = shared[i]
                 if own is not None:
                     buf[:, :, p:start] = own
                 buf[:, :, start:] = new
@@ -253,28 +249,28 @@ class ChunkRun:
             if c.prefix is not None:
                 groups.setdefault(id(c.prefix), []).append(r)
         result = q.new_empty(rows, n, h, e)  # the output projection's layout
-        merged, g = False, self.g
+        merged = False
         for reqs in groups.values():
             prefix = self.caches[reqs[0]].prefix
             pk, pv = prefix.keys[i], prefix.values[i]  # (2, H, P, E)
             if not self._reads_pieces(q):
                 pk, pv = pk.to(q.dtype), pv.to(q.dtype)  # once per call
             every = len(reqs) == len(self.caches)
-            q5 = q.view(-1, g, h, n, e)  # (R, g, H, n, E)
-            qg = (q5 if every else q5[reqs]).permute(1, 2, 0, 3, 4).reshape(g, h, -1, e)  # (g, H, R_g * n, E)
+            q5 = q.view(-1, 2, h, n, e)  # (R, 2, H, n, E)
+            qg = (q5 if every else q5[reqs]).permute(1, 2, 0, 3, 4).reshape(2, h, -1, e)  # (2, H, R_g * n, E)
             out_p, lse_p = attend(qg, pk, pv, None, native=self._native)
-            out_p = out_p.view(g, h, len(reqs), n, e).permute(2, 0, 1, 3, 4)  # (R_g, g, H, n, E)
-            lse_p = lse_p.view(g, h, len(reqs), n).permute(2, 0, 1, 3)  # (R_g, g, H, n)
+            out_p = out_p.view(2, h, len(reqs), n, e).permute(2, 0, 1, 3, 4)  # (R_g, 2, H, n, E)
+            lse_p = lse_p.view(2, h, len(reqs), n).permute(2, 0, 1, 3)  # (R_g, 2, H, n)
             if every:
-                merge(out.view(-1, g, h, n, e), lse.view(-1, g, h, n), out_p, lse_p,
-                      result.view(-1, g, n, h, e).transpose(2, 3))
+                merge(out.view(-1, 2, h, n, e), lse.view(-1, 2, h, n), out_p, lse_p,
+                      result.view(-1, 2, n, h, e).transpose(2, 3))
                 merged = True
             else:
                 idx = torch.tensor(reqs, device=q.device)
-                o5, l5 = out.view(-1, g, h, n, e), lse.view(-1, g, h, n)
+                o5, l5 = out.view(-1, 2, h, n, e), lse.view(-1, 2, h, n)
                 part = torch.empty_like(out_p)
                 merge(o5[idx], l5[idx], out_p, lse_p, part)
-                out = out.view(-1, g, h, n, e).index_copy(0, idx, part).view(rows, h, n, e)
+                out = out.view(-1, 2, h, n, e).index_copy(0, idx, part).view(rows, h, n, e)
         if not merged:
             result.copy_(out.transpose(1, 2))
         return result
@@ -303,7 +299,7 @@ class ChunkRun:
     def _keep(self, i: int, keys: torch.Tensor, values: torch.Tensor) -> None:
         """Block i's caches from request-major (2R, H, L, E) keys/values: each request's row pair (views)."""
         for r, c in enumerate(self.caches):
-            c.keys[i], c.values[i] = keys[self.g * r : self.g * (r + 1)], values[self.g * r : self.g * (r + 1)]
+            c.keys[i], c.values[i] = keys[2 * r : 2 * r + 2], values[2 * r : 2 * r + 2]
 
     def _stored(self, t: torch.Tensor) -> torch.Tensor:
         """A fresh contiguous copy of t in the cache dtype (never a view: t may alias a whole-batch buffer)."""
@@ -319,8 +315,8 @@ class ChunkRun:
         """Empty own key/value caches for block i of requests on their first chunk."""
         for c in self.caches:
             if len(c.keys) == i:  # first chunk of this request: no own frames yet
-                c.keys.append(k.new_zeros(self.g, k.shape[1], 0, k.shape[3], dtype=self.cache_dtype or k.dtype))
-                c.values.append(k.new_zeros(self.g, k.shape[1], 0, k.shape[3], dtype=self.cache_dtype or k.dtype))
+                c.keys.append(k.new_zeros(2, k.shape[1], 0, k.shape[3], dtype=self.cache_dtype or k.dtype))
+                c.values.append(k.new_zeros(2, k.shape[1], 0, k.shape[3], dtype=self.cache_dtype or k.dtype))
 
     def _own_uniform(self, i: int, k: torch.Tensor, v: torch.Tensor, starts: list[int], firsts: list[int]
                      ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -339,7 +335,7 @@ class ChunkRun:
             if self.keeps[0]:  # a reduced dtype is for storage: this chunk attended at full
                 kept = self._stored(own)
                 for r, s in enumerate(store):
-                    s[i] = kept[self.g * r : self.g * (r + 1)]
+                    s[i] = kept[2 * r : 2 * r + 2]
             out.append(own)
         return out[0], out[1]
 
@@ -356,7 +352,7 @@ class ChunkRun:
             own = new.new_empty(rows, h, width, e)
             for r, s in enumerate(store):
                 held, m = starts[r] - firsts[r], self.lens[r]
-                pair = slice(self.g * r, self.g * (r + 1))  # the request's guidance rows
+                pair = slice(2 * r, 2 * r + 2)  # the request's conditional and unconditional rows
                 own[pair, :, :held] = s[i]
                 own[pair, :, held : held + m] = new[pair, :, :m]
                 own[pair, :, held + m :] = 0

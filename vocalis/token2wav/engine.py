@@ -239,10 +239,12 @@ class Token2WavEngine:
             starts = self._start_incremental(inc) if inc else {}
         frames = sum(s.estimator_frames for s, _ in todo)
         parts = self._parts(todo, starts)
-        if len(parts) == 1:  # a lone request's guidance rows run apart instead
-            audio = self._run_part(todo, starts, self._core())
+        if len(parts) == 1:
+            audio = self._run_part(todo, starts)
         else:
-            done = self._core().map(lambda part: self._run_part(part, starts), parts)
+            if self._core_workers is None or self._core_workers.pid != os.getpid():
+                self._core_workers = CoreWorkers(self.workers)
+            done = self._core_workers.map(lambda part: self._run_part(part, starts), parts)
             by_id = {id(s): wav for part, wavs in zip(parts, done) for (s, _), wav in zip(part, wavs)}
             audio = [by_id[id(s)] for s, _ in todo]
         self.stats.estimator_frames += sum(s.estimator_frames for s, _ in todo) - frames
@@ -266,24 +268,14 @@ class Token2WavEngine:
             load[i] += tokens[j]
         return parts
 
-    def _core(self) -> CoreWorkers | None:
-        """The per-core workers (None without): made on first use, and again in a forked child."""
-        if self.workers < 2:
-            return None
-        if self._core_workers is None or self._core_workers.pid != os.getpid():
-            self._core_workers = CoreWorkers(self.workers)
-        return self._core_workers
-
-    def _run_part(self, items: list[tuple[StreamState, bool]], starts: dict[int, _Start],
-                  rows_apart: CoreWorkers | None = None) -> list[np.ndarray]:
-        """Flow then HiFT for some of a step's requests (on any thread) -> their audio, in order. rows_apart: a
-        lone request's incremental flow runs its two guidance rows on these workers (`solver._rows_apart`)."""
+    def _run_part(self, items: list[tuple[StreamState, bool]], starts: dict[int, _Start]) -> list[np.ndarray]:
+        """Flow then HiFT for some of a step's requests (on any thread) -> their audio, in order."""
         full = [s for s, f in items if self._needs_full_pass(s, f)]
         inc = [(s, f) for s, f in items if not self._needs_full_pass(s, f)]
         mels: dict[int, torch.Tensor] = {}
         with torch.inference_mode():  # per thread: the workers' own
             if inc:
-                mels.update(self._flow_incremental(inc, [starts[id(s)] for s, _ in inc], rows_apart))
+                mels.update(self._flow_incremental(inc, [starts[id(s)] for s, _ in inc]))
             if full:
                 mels.update(self._flow_full(full))
             return self._vocode(items, [mels[id(s)] for s, _ in items])
@@ -328,8 +320,8 @@ class Token2WavEngine:
                 starts[id(s)] = (*start_caches(self._voice_prefix(s)), False)
         return starts
 
-    def _flow_incremental(self, items: list[tuple[StreamState, bool]], starts: list[_Start],
-                          rows_apart: CoreWorkers | None = None) -> dict[int, torch.Tensor]:
+    def _flow_incremental(self, items: list[tuple[StreamState, bool]], starts: list[_Start]
+                          ) -> dict[int, torch.Tensor]:
         """Streaming-mask flow on each request's new tokens, from the caches `_start_incremental` gave it ->
         emitted mel (80, frames) per state."""
         rows, emit_from, caches = [], [], []
@@ -344,7 +336,7 @@ class Token2WavEngine:
         starts = [r.start * self.ratio for r in rows]
         mel = solve_chunk(self.flow.decoder, self.estimator, mu, spks, cond, starts, lens,
                           caches, [r.keep for r in rows], self.n_timesteps, self.cache_dtype, self.compute,
-                          self.time_terms, qkv=self.qkv, workers=rows_apart)
+                          self.time_terms, qkv=self.qkv)
         out = {}
         for i, (s, _) in enumerate(items):
             s.estimator_frames += lens[i] * self.n_timesteps
@@ -443,7 +435,7 @@ class Token2WavEngine:
         spks, cond = self._conditions([holder], [0], mu)
         est: list[EstimatorCache] = []
         solve_chunk(self.flow.decoder, self.estimator, mu, spks, cond, [0], lens, [est], [True], self.n_timesteps,
-                    self.cache_dtype, self.compute, self.time_terms, qkv=self.qkv, workers=self._core())
+                    self.cache_dtype, self.compute, self.time_terms, qkv=self.qkv)
         self.stats.estimator_frames += lens[0] * self.n_timesteps
         return VoicePrefix(key, pc, enc, est)
 

@@ -37,20 +37,6 @@ class EstimatorCache:
             raise ValueError("a shared prefix cache cannot itself continue a prefix")
         return cls([], [], list(prefix.tails), prefix.num_frames, prefix)
 
-    def row(self, j: int) -> EstimatorCache:
-        """A cache of guidance row j alone (0 conditional, 1 unconditional): views of this one's tensors and of
-        its prefix's, (1, ...) each, for a run of that row by itself (`ChunkRun(guidance_rows=1)`)."""
-        prefix = None if self.prefix is None else self.prefix.row(j)
-        return EstimatorCache(*([t[j : j + 1] for t in ts] for ts in (self.keys, self.values, self.tails)),
-                              self.num_frames, prefix)
-
-    def join_rows(self, rows: list[EstimatorCache]) -> None:
-        """Take the tensors of the rows' caches (`row`, then extended by runs of one row each) as this cache's
-        (2, ...) tensors, row by row."""
-        for mine, theirs in ((self.keys, [r.keys for r in rows]), (self.values, [r.values for r in rows]),
-                             (self.tails, [r.tails for r in rows])):
-            mine[:] = [torch.cat(ts) for ts in zip(*theirs)]
-
     def nbytes(self) -> int:
         """This cache's own bytes (a shared prefix is not counted)."""
         return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values, *self.tails))

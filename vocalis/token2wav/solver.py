@@ -3,12 +3,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 
 from vocalis.errors import InputError
-from vocalis.kernels.threads import CoreWorkers
 from vocalis.models.flow.cfm import CausalConditionalCFM, cosine_time_grid
 from vocalis.models.flow.estimator import CausalConditionalDecoder
 from vocalis.precision.dynamic_int8 import FusedQKV
@@ -58,7 +55,6 @@ def solve_chunk(
     terms: TimeTerms | None = None,
     full_attention: bool = False,
     qkv: FusedQKV | None = None,
-    workers: CoreWorkers | None = None,
 ) -> torch.Tensor:
     """Euler + CFG on new frames. mu, cond (R, 80, n), spks (R, 80); row r covers absolute frames
     [starts[r], starts[r] + lens[r]); caches[r] holds one `EstimatorCache` per Euler step (created on first use)
@@ -67,8 +63,7 @@ def solve_chunk(
     and attention in a reduced dtype (`ComputeWeights`; None: the modules as they are); terms keeps the time terms
     across calls (None: computed per step); qkv runs int8 modules' q/k/v projections as one GEMM (`FusedQKV`).
     full_attention: every frame sees every frame of its request (the estimator's non-streaming mask: the
-    reference's final and offline pass), from frame 0, keeping nothing. workers: a lone request's two guidance
-    rows run apart, one core each (`_rows_apart`; not with the native bf16 block kernels, which read row pairs).
+    reference's final and offline pass), from frame 0, keeping nothing.
     Returns mel (R, 80, n) float32 (zeros on padding)."""
     num, _, n = mu.shape
     dev, dtype = mu.device, mu.dtype
@@ -107,22 +102,11 @@ def solve_chunk(
     x = z
     t = t_span[0]
     dt = t_span[1] - t_span[0]
-    apart = workers is not None and num == 1 and not (compute is not None and compute.native)
     for step in range(1, len(t_span)):
+        run = ChunkRun([per_step[step - 1] for per_step in caches], lens, keeps, chunk, cache_dtype, compute, qkv)
         step_terms = time_terms(estimator, t) if terms is None else terms.get(n_timesteps, step, t)
-        if apart:  # row j alone: its inputs' row j, x (1, 80, n) the same for both
-            def row_v(j: int, row: EstimatorCache, x: torch.Tensor = x, terms: list = step_terms) -> torch.Tensor:
-                one = slice(j, j + 1)
-                run = ChunkRun([row], lens, keeps, chunk, cache_dtype, compute, qkv, guidance_rows=1)
-                return estimator_chunk(estimator, x, None if mask_in is None else mask_in[one], mu_in[one], terms,
-                                       spks_in[one], cond_in[one], run)
-
-            v = _rows_apart(workers, caches[0][step - 1], keeps[0], row_v)
-        else:
-            run = ChunkRun([per_step[step - 1] for per_step in caches], lens, keeps, chunk, cache_dtype, compute,
-                           qkv)
-            v = estimator_chunk(estimator, x.repeat_interleave(2, dim=0), mask_in, mu_in, step_terms, spks_in,
-                                cond_in, run).view(num, 2, *x.shape[1:])
+        v = estimator_chunk(estimator, x.repeat_interleave(2, dim=0), mask_in, mu_in, step_terms, spks_in,
+                            cond_in, run).view(num, 2, *x.shape[1:])
         x = x + dt * ((1.0 + cfg) * v[:, 0] - cfg * v[:, 1])
         t = t + dt
         if step < len(t_span) - 1:
@@ -132,22 +116,3 @@ def solve_chunk(
             for c in per_step:
                 c.num_frames = starts[r] + lens[r]
     return (x * mask).float()
-
-
-def _rows_apart(workers: CoreWorkers, cache: EstimatorCache, keep: bool,
-                row_v: Callable[[int, EstimatorCache], torch.Tensor]) -> torch.Tensor:
-    """A lone request's Euler step with its conditional and unconditional rows on two cores side by side:
-    row_v(j, cache of row j alone) -> that row's velocity (1, 80, n); returns v (1, 2, 80, n). The rows meet only
-    here, once per Euler step (the CFG combination): the estimator treats rows independently, so a row alone gives
-    what it gives in the pair. Otherwise a lone stream's step splits every op of a 2-row batch over the cores, and
-    ops that small scale poorly that way (`CoreWorkers`)."""
-    rows = [cache.row(0), cache.row(1)]
-
-    def one(j: int) -> torch.Tensor:
-        with torch.inference_mode():  # grad mode is per thread: the worker's own
-            return row_v(j, rows[j])
-
-    v = workers.map(one, [0, 1])
-    if keep:
-        cache.join_rows(rows)
-    return torch.cat(v)[None]
