@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from vocalis.kernels import fp32_attention
 from vocalis.kernels.threads import CoreWorkers, release_openmp_pool
 
 
@@ -97,6 +98,28 @@ def test_core_workers_run_parts_side_by_side_on_one_thread_each() -> None:
         with pytest.raises(ValueError, match="part 1 failed"):
             workers.map(failing, [0, 1])
         assert workers.map(failing, [2, 3]) == [2, 3]  # the workers outlive a failed part
+        workers.close()
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.skipif(not fp32_attention.available(), reason="needs the native kernels")
+def test_core_workers_stay_on_one_thread_through_our_native_kernels() -> None:
+    """Our native kernels hold their own copy of ATen's once-per-thread intra-op set-up: a worker's first parallel
+    op in them must not put the worker back on the process's thread count (every part after it would then split
+    its ops over all cores again, the parts' threads oversubscribing them)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        workers = CoreWorkers(2)
+        q, k = torch.randn(2, 8, 64, 64), torch.randn(2, 8, 128, 64)
+
+        def part(_: int) -> int:
+            fp32_attention.attend(q, k, k, None)  # parallel over batch x heads inside the kernel
+            return torch.get_num_threads()
+
+        assert workers.map(part, [0, 1]) == [1, 1]
+        assert workers.map(part, [0, 1]) == [1, 1]
         workers.close()
     finally:
         torch.set_num_threads(before)

@@ -29,6 +29,8 @@ from typing import TypeVar
 
 import torch
 
+from vocalis.kernels import build
+
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 R = TypeVar("R")
@@ -112,6 +114,7 @@ class CoreWorkers:
 
         def one_thread(_: int) -> None:
             torch.get_num_threads()  # the thread's lazy intra-op set-up runs now, not later over our count
+            _native_thread_setup()  # and our native kernels' own copy of it
             torch.set_num_threads(1)
             ready.wait()  # every worker holds one set-up task: each of the `count` threads is set
 
@@ -130,3 +133,11 @@ class CoreWorkers:
 
     def close(self) -> None:
         self._pool.shutdown(wait=False)
+
+
+def _native_thread_setup() -> None:
+    """ATen's once-per-thread intra-op set-up as our native kernels hold it (their own copy of the flag: module.cpp,
+    `init_threads`), run in the calling thread; nothing where they do not run."""
+    ext = build.extension()  # builds them on first use, as the step's first attention call would
+    if ext is not None:
+        ext.init_threads()
