@@ -75,11 +75,10 @@ class Token2WavConfig:
     workers: threads that share a step's requests on a CPU, each running its part of them on one core
     (`kernels.threads.CoreWorkers`) instead of every op of the whole step split over the cores; a step with one
     request runs on the calling thread with all of them (a lone request's latency). None: torch's intra-op thread
-    count when the engine is made, on a CPU; 1 (off) on a GPU, for a small estimator (under `SMALL_ESTIMATOR`: the
-    tiny and built-in shapes, whose steps are too short to gain and measured slower served), with the native bf16
-    estimator kernels (AMX CPUs, unmeasured) and where a backend runs HiFT (its own thread pool). Values are the
-    same either way but for the int8 GEMMs' per-call activation scale, which spans the requests of a call as
-    batching does (docs/benchmarks.md, "A step's requests on per-core workers").
+    count when the engine is made, on a CPU; 1 (off) on a GPU, with the native bf16 estimator kernels (AMX CPUs,
+    unmeasured) and where a backend runs HiFT (its own thread pool). Values are the same either way but for the int8
+    GEMMs' per-call activation scale, which spans the requests of a call as batching does (docs/benchmarks.md, "A
+    step's requests on per-core workers").
     vocoder_window: CosyVoice 3's causal HiFT decodes, per streaming call, only the new samples' frames and the
     frames that can reach them (`token2wav.cv3_vocoder`): linear in the stream's length, the same samples to float
     rounding. False re-runs it over all mel so far, as the official pipeline does (quadratic).
@@ -127,15 +126,13 @@ class Token2WavConfig:
             return GPU_STEP_BATCH
         return (CPU_SMALL_STEP_BATCH if _small(estimator_weights) else CPU_STEP_BATCH) * workers
 
-    def step_workers(self, device: torch.device, threads: int, estimator_weights: int | None = None,
-                     native: bool = False, own_vocoder: bool = False) -> int:
+    def step_workers(self, device: torch.device, threads: int, native: bool = False, own_vocoder: bool = False
+                     ) -> int:
         """`workers`, or the default for the device: `threads` (torch's intra-op count) on a CPU unless the
-        estimator is small (under `SMALL_ESTIMATOR` weights, as `step_batch` counts them), runs the `native` bf16
-        kernels, or a backend runs HiFT (`own_vocoder`); else 1."""
+        estimator runs the `native` bf16 kernels or a backend runs HiFT (`own_vocoder`); else 1."""
         if self.workers is not None:
             return self.workers
-        small = _small(estimator_weights)
-        return 1 if device.type != "cpu" or small or native or own_vocoder else max(1, threads)
+        return 1 if device.type != "cpu" or native or own_vocoder else max(1, threads)
 
     def cache_budget_bytes(self, device: torch.device) -> int:
         """`max_cache_mib` in bytes, or a quarter of the device's memory when it is None."""

@@ -120,7 +120,7 @@ class Token2WavEngine:
         self.cache_budget = self.config.cache_budget_bytes(device)
         # requests of one step run in this many parts side by side, one core each (`CoreWorkers`, made on first use)
         weights = weight_count(self.estimator)
-        self.workers = self.config.step_workers(device, torch.get_num_threads(), weights,
+        self.workers = self.config.step_workers(device, torch.get_num_threads(),
                                                 native=self.compute is not None and bool(self.compute.native),
                                                 own_vocoder=self.hift_body is not None)
         self._core_workers: CoreWorkers | None = None
