@@ -4,10 +4,10 @@ Two source sets, one per instruction-set level, each compiled into one translati
 `torch.utils.cpp_extension.load_inline` (gcc + ninja) into torch's extension cache dir:
 - avx512 (where the CPU probe, `kernels.cpu`, reports AVX-512 F/BW/VL/DQ): the shared vector math, the int8 VNNI
   GEMV (its int8 path also needs VNNI), the decode step's vector pieces, the estimator's bf16 GEMM, attention
-  and transformer block (AMX), its fp32 attention (the avx2 set's), and the fused decoder-stack steps
+  and transformer block (AMX), its fp32 attention and LayerNorm + Mish (the avx2 set's), and the fused decoder-stack steps
   (int8 / fp32 / bf16) with the Python module;
 - avx2 (AVX2 + FMA + F16C): the same decode steps and int8 GEMV with 8-wide vectors (`*_avx2.cpp`), and the
-  estimator's attention in fp32 (no bf16 arithmetic there).
+  estimator's attention and LayerNorm + Mish in fp32 (no bf16 arithmetic there).
 The decode steps' ISA-free part (decode_weights.cpp, decode_operands.cpp, int8_decode.cpp) and the Python module
 (module.cpp) are in both. A CPU forced to a lower level (`VOCALIS_CPU_ISA=avx2`) builds and loads the avx2 set, so an
 AVX-512 machine tests it too. When the set cannot be built or loaded, `extension()` is None, one log line says why,
@@ -33,10 +33,11 @@ _DECODE_STEP = ("decode_weights.cpp", "decode_operands.cpp", "int8_decode.cpp", 
 # and the ISA flags
 SOURCE_SETS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "avx512": (("vec_math.cpp", "int8_gemv.cpp", "decode_math.cpp", "bf16_gemm.cpp", "bf16_attention.cpp",
-                "bf16_block.cpp", "vec_math_avx2.cpp", "fp32_attention_avx2.cpp", *_DECODE_STEP),
+                "bf16_block.cpp", "vec_math_avx2.cpp", "fp32_attention_avx2.cpp", "fp32_pointwise_avx2.cpp",
+                *_DECODE_STEP),
                ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni", "-mfma")),
     "avx2": (("vec_math_avx2.cpp", "int8_gemv_avx2.cpp", "decode_math_avx2.cpp", "fp32_attention_avx2.cpp",
-              *_DECODE_STEP),
+              "fp32_pointwise_avx2.cpp", *_DECODE_STEP),
              ("-mavx2", "-mfma", "-mf16c")),
 }
 
