@@ -8,8 +8,8 @@ Two source sets, one per instruction-set level, each compiled into one translati
   (int8 / fp32 / bf16) with the Python module;
 - avx2 (AVX2 + FMA + F16C): the same decode steps and int8 GEMV with 8-wide vectors (`*_avx2.cpp`), and the
   estimator's attention and LayerNorm + Mish in fp32 (no bf16 arithmetic there).
-The decode steps' ISA-free part (decode_weights.cpp, decode_operands.cpp, int8_decode.cpp) and the Python module
-(module.cpp) are in both. A CPU forced to a lower level (`VOCALIS_CPU_ISA=avx2`) builds and loads the avx2 set, so an
+The decode steps' ISA-free part (decode_weights.cpp, decode_operands.cpp, int8_decode.cpp), a conv's GEMM input
+(conv_columns.cpp) and the Python module (module.cpp) are in both. A CPU forced to a lower level (`VOCALIS_CPU_ISA=avx2`) builds and loads the avx2 set, so an
 AVX-512 machine tests it too. When the set cannot be built or loaded, `extension()` is None, one log line says why,
 and every caller keeps its torch path.
 """
@@ -27,17 +27,17 @@ from vocalis.kernels import cpu
 log = logging.getLogger(__name__)
 
 CSRC = Path(__file__).with_name("csrc")
-# the fused decode steps' ISA-free sources, then the module: the same in both sets
-_DECODE_STEP = ("decode_weights.cpp", "decode_operands.cpp", "int8_decode.cpp", "module.cpp")
+# the ISA-free sources (the fused decode steps', a conv's columns), then the module: the same in both sets
+_BOTH_SETS = ("decode_weights.cpp", "decode_operands.cpp", "int8_decode.cpp", "conv_columns.cpp", "module.cpp")
 # per set: sources in order (later ones use what earlier ones define; module.cpp, last, holds the Python module)
 # and the ISA flags
 SOURCE_SETS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "avx512": (("vec_math.cpp", "int8_gemv.cpp", "decode_math.cpp", "bf16_gemm.cpp", "bf16_attention.cpp",
                 "bf16_block.cpp", "vec_math_avx2.cpp", "fp32_attention_avx2.cpp", "fp32_pointwise_avx2.cpp",
-                *_DECODE_STEP),
+                *_BOTH_SETS),
                ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni", "-mfma")),
     "avx2": (("vec_math_avx2.cpp", "int8_gemv_avx2.cpp", "decode_math_avx2.cpp", "fp32_attention_avx2.cpp",
-              "fp32_pointwise_avx2.cpp", *_DECODE_STEP),
+              "fp32_pointwise_avx2.cpp", *_BOTH_SETS),
              ("-mavx2", "-mfma", "-mf16c")),
 }
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from vocalis.kernels import build
+
 
 def gemm_weight(weight: torch.Tensor) -> torch.Tensor:
     """Conv weight (C_out, C_in, k) -> GEMM weight (C_out, k * C_in)."""
@@ -21,3 +23,13 @@ def columns(full: torch.Tensor, k: int) -> torch.Tensor:
     n = full.shape[2] - k + 1
     src = full.transpose(1, 2)  # (B, k - 1 + n, C_in)
     return src if k == 1 else torch.cat([src[:, j : j + n] for j in range(k)], dim=2)
+
+
+def columns_after(left: torch.Tensor, x: torch.Tensor, k: int) -> torch.Tensor:
+    """`columns` of (left, x) joined on time: left (B, C_in, ctx) the frames before x (B, C_in, n) -> (B, ctx + n -
+    k + 1, k * C_in). On the CPU one native copy from where each frame lies (conv_columns.cpp), not a
+    concatenation and then the shifted copies."""
+    ext = build.extension() if x.device.type == "cpu" else None
+    if ext is None or not hasattr(ext, "conv_columns") or (torch.is_grad_enabled() and x.requires_grad):
+        return columns(torch.cat([left, x], dim=2), k)
+    return ext.conv_columns(left, x, k)

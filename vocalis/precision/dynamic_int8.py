@@ -29,7 +29,7 @@ from torch import nn
 
 from vocalis.kernels import cpu
 from vocalis.models.flow.estimator import CausalBlock1D, CausalConv1d
-from vocalis.precision.conv_gemm import columns, gemm_weight
+from vocalis.precision.conv_gemm import columns, columns_after, gemm_weight
 from vocalis.precision.module_swap import swap_modules
 from vocalis.runtime.heap import MMAP_THRESHOLD_BYTES
 
@@ -145,6 +145,10 @@ class Int8Conv1d(nn.Module):
     def valid(self, full: torch.Tensor) -> torch.Tensor:
         """The unpadded conv: full (B, C_in, k - 1 + n) -> (B, C_out, n)."""
         return self.gemm(columns(full, self.kernel_size[0])).transpose(1, 2)
+
+    def after(self, left: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """The unpadded conv of x (B, C_in, n) after its left context (B, C_in, k - 1) -> (B, C_out, n)."""
+        return self.gemm(columns_after(left, x, self.kernel_size[0])).transpose(1, 2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.valid(F.pad(x, (self.causal_padding, 0)) if self.causal_padding else x)

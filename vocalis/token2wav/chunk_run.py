@@ -65,7 +65,8 @@ class ChunkRun:
             for c in self.caches:
                 if len(c.tails) == i:
                     c.tails.append(zero)
-        left = torch.cat([c.tails[i].to(x.dtype) for c in self.caches])  # (2R, C, ctx), request-major
+        left = (self.caches[0].tails[i].to(x.dtype) if len(self.caches) == 1 else
+                torch.cat([c.tails[i].to(x.dtype) for c in self.caches]))  # (2R, C, ctx), request-major
         if all(self.keeps) and all(m == self.lens[0] for m in self.lens):  # one copy, a view per request
             tails = _tail(left, x, self.lens[0])
             for r, c in enumerate(self.caches):
@@ -76,7 +77,7 @@ class ChunkRun:
                     pair = slice(2 * r, 2 * r + 2)
                     c.tails[i] = _tail(left[pair], x[pair], self.lens[r])
         if isinstance(conv, Int8Conv1d):
-            return conv.valid(torch.cat([left, x], dim=2))
+            return conv.after(left, x)
         if self.compute is None:
             return F.conv1d(torch.cat([left, x], dim=2), conv.weight, conv.bias)
         return self.compute.conv(conv, x, left)

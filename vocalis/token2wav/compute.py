@@ -12,7 +12,7 @@ from torch import nn
 
 from vocalis.kernels import bf16_attention, bf16_gemm
 from vocalis.models.flow.transformer import BasicTransformerBlock, SelfAttention
-from vocalis.precision.conv_gemm import columns, gemm_weight
+from vocalis.precision.conv_gemm import columns, columns_after, gemm_weight
 from vocalis.precision.layers import CastLinear
 
 # a layer's weights as its GEMM takes them: packed for the native bf16 GEMM, or (weight, bias) for torch's
@@ -134,7 +134,7 @@ class ComputeWeights:
         if isinstance(gemm, bf16_gemm.PackedWeight):
             left = x.new_empty(x.shape[0], c_in, 0) if left is None else left
             return bf16_gemm.conv(x.float(), left.float(), gemm, k)
-        cols = columns(x if left is None else torch.cat([left, x], dim=2), k)  # (B, n, k * C_in)
+        cols = columns(x, k) if left is None else columns_after(left, x, k)  # (B, n, k * C_in)
         y = self._run(gemm, cols.reshape(-1, k * c_in))  # (B * n, C_out)
         return y.view(cols.shape[0], cols.shape[1], c_out).transpose(1, 2).float()
 

@@ -28,6 +28,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   bf16block::bind(m);  // and a whole transformer block of it (bf16_block.cpp)
 #endif
   fp32attn::bind(m);  // the estimator's fp32 attention (fp32_attention_avx2.cpp, AVX2 code in both sets)
+  convcols::bind(m);  // a causal conv's GEMM input from its cached context (conv_columns.cpp, ISA-free)
   fp32pw::bind(m);  // and its conv blocks' LayerNorm + Mish (fp32_pointwise_avx2.cpp, likewise)
   // ATen's parallel_for sets a thread's intra-op thread count from the process default on its first call in that
   // thread, and the once-per-thread flag is an inline function's thread_local: this module holds its own copy. A
