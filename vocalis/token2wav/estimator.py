@@ -81,7 +81,9 @@ def _transformers(run: ChunkRun, blocks: nn.ModuleList, h: torch.Tensor) -> torc
     for block in blocks:
         x = run.attention(block.attn1, block.norm1(x), x)
         if run.compute is None:  # ff.net = [GELU projection, dropout (identity in eval), Linear]
-            x = x + block.ff.net[2](block.ff.net[0](block.norm3(x)))
+            # GELU in place on the projection's fresh output: the same values, no second 4D-wide buffer to write
+            hidden = torch.ops.aten.gelu_(block.ff.net[0].proj(block.norm3(x)))
+            x = x + block.ff.net[2](hidden)
         else:  # the 4D-wide hidden stays in the compute dtype
             hidden = run.compute.linear(block.ff.net[0].proj, block.norm3(x), gelu=True)
             x = run.compute.linear_add_(x, block.ff.net[2], hidden)
