@@ -1,6 +1,8 @@
-"""The token2wav estimator's conv-block LayerNorm + Mish and its resnets' 1x1 residual convs alone, at the 0.5B
-estimator's shapes: our one-pass kernel (`vocalis.kernels.fp32_pointwise`) against torch's four passes, and the
-residual conv as a GEMM over time-major frames against oneDNN's conv, on both layouts the estimator hands them.
+"""The token2wav estimator's passes around its GEMMs alone, at the 0.5B estimator's shapes: a conv block's LayerNorm
++ Mish on our one-pass kernel (`vocalis.kernels.fp32_pointwise`) against torch's four passes, on both layouts the
+estimator hands it; a resnet's 1x1 residual conv as a GEMM over time-major frames against oneDNN's conv; and a causal
+conv's GEMM input (k = 3) built natively from its cached context (`conv_gemm.columns_after`) against torch's
+concatenation and shifted copies.
 
 Shapes (batch rows = 2 guidance rows per request, 256 channels): a first chunk (100 frames), a later chunk (50),
 and a step of 8 requests' chunks.
@@ -21,6 +23,7 @@ from bench_attention import per_call_ms
 from torch import nn
 
 from vocalis.kernels import fp32_pointwise
+from vocalis.precision.conv_gemm import columns, columns_after
 from vocalis.runtime.heap import cap_mmap_threshold
 
 SHAPES = ((2, 100), (2, 50), (16, 50))  # (rows, frames)
@@ -45,7 +48,8 @@ def main() -> None:
     norm = nn.LayerNorm(CHANNELS)
     conv = nn.Conv1d(CHANNELS, CHANNELS, 1)
     w = conv.weight[:, :, 0]
-    print("rows x frames | layout | LayerNorm + Mish: torch / ours us (x) | 1x1 conv: oneDNN / GEMM us (x)")
+    print("rows x frames | layout | LayerNorm + Mish: torch / ours us (x) | 1x1 conv: oneDNN / GEMM us (x) | "
+          "conv columns: torch / ours us (x)")
     with torch.no_grad():
         for rows, frames in SHAPES:
             for layout in ("channel-major", "time-major"):
@@ -58,6 +62,10 @@ def main() -> None:
                     c = per_call_ms(lambda x=x: conv(x), args.seconds) * 1e3
                     m = per_call_ms(lambda x=x: F.linear(x.transpose(1, 2), w, conv.bias), args.seconds) * 1e3
                     line += f" | {c:.1f} / {m:.1f} ({c / m:.2f}x)"
+                    left = torch.randn(rows, CHANNELS, 2, generator=g)
+                    a = per_call_ms(lambda x=x, left=left: columns(torch.cat([left, x], dim=2), 3), args.seconds) * 1e3
+                    b = per_call_ms(lambda x=x, left=left: columns_after(left, x, 3), args.seconds) * 1e3
+                    line += f" | {a:.1f} / {b:.1f} ({a / b:.2f}x)"
                 print(line)
 
 

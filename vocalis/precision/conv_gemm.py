@@ -30,6 +30,7 @@ def columns_after(left: torch.Tensor, x: torch.Tensor, k: int) -> torch.Tensor:
     k + 1, k * C_in). On the CPU one native copy from where each frame lies (conv_columns.cpp), not a
     concatenation and then the shifted copies."""
     ext = build.extension() if x.device.type == "cpu" else None
-    if ext is None or not hasattr(ext, "conv_columns") or (torch.is_grad_enabled() and x.requires_grad):
+    if (ext is None or not hasattr(ext, "conv_columns") or left.dtype != x.dtype or left.device != x.device
+            or (torch.is_grad_enabled() and x.requires_grad)):
         return columns(torch.cat([left, x], dim=2), k)
     return ext.conv_columns(left, x, k)
