@@ -74,3 +74,17 @@ def force_cpu_level(monkeypatch: pytest.MonkeyPatch):
     yield force
     monkeypatch.delenv("VOCALIS_CPU_ISA", raising=False)
     int8_linear.reset()
+
+
+@pytest.fixture(params=["own level", "avx2"])
+def native_level(request, force_cpu_level) -> None:
+    """Run the test twice: at this CPU's own level and at the AVX2 level (the other source set of the native
+    extension where the CPU has more); skipped where the extension does not build (below AVX2, no compiler)."""
+    from vocalis.kernels import build, cpu
+
+    if not cpu.features().at_least("avx2"):
+        pytest.skip("the native extension needs AVX2")
+    if request.param == "avx2":
+        force_cpu_level("avx2")
+    if build.extension() is None:
+        pytest.skip("the native extension is not built here (no compiler?)")

@@ -8,20 +8,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vocalis.kernels import build, cpu
 from vocalis.precision.conv_gemm import columns, columns_after
 from vocalis.precision.dynamic_int8 import Int8Conv1d
 
-
-@pytest.fixture(autouse=True, params=["own level", "avx2"])
-def _level(request, force_cpu_level) -> None:
-    if not cpu.features().at_least("avx2"):
-        pytest.skip("the native extension needs AVX2")
-    if request.param == "avx2":
-        force_cpu_level("avx2")
-    ext = build.extension()
-    if ext is None or not hasattr(ext, "conv_columns"):
-        pytest.skip("the native extension is not built here (no compiler?)")
+pytestmark = pytest.mark.usefixtures("native_level")
 
 
 def _frames(layout: str, B: int, C: int, n: int, dtype: torch.dtype, g: torch.Generator) -> torch.Tensor:

@@ -12,17 +12,9 @@ import pytest
 import torch
 from attention_support import exact_attention
 
-from vocalis.kernels import cpu, fp32_attention
+from vocalis.kernels import fp32_attention
 
-
-@pytest.fixture(autouse=True, params=["own level", "avx2"])
-def _level(request, force_cpu_level) -> None:
-    if not cpu.features().at_least("avx2"):
-        pytest.skip("the fp32 attention kernel is AVX2 code")
-    if request.param == "avx2":
-        force_cpu_level("avx2")
-    if not fp32_attention.available():
-        pytest.skip("the native extension is not built here (no compiler?)")
+pytestmark = pytest.mark.usefixtures("native_level")
 
 
 @pytest.mark.parametrize("heads_first", [True, False])

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vocalis.config import PRESETS
-from vocalis.kernels import cpu, fp32_pointwise
+from vocalis.kernels import fp32_pointwise
 from vocalis.models.flow.flow import CausalMaskedDiffWithXvec
 from vocalis.models.hift.generator import HiFTGenerator
 from vocalis.precision.dynamic_int8 import quantize_estimator_int8
@@ -23,15 +23,7 @@ from vocalis.reference.token2wav import FlowPrompt
 from vocalis.token2wav.config import Token2WavConfig
 from vocalis.token2wav.engine import Token2WavEngine
 
-
-@pytest.fixture(autouse=True, params=["own level", "avx2"])
-def _level(request, force_cpu_level) -> None:
-    if not cpu.features().at_least("avx2"):
-        pytest.skip("the LayerNorm + Mish kernel is AVX2 code")
-    if request.param == "avx2":
-        force_cpu_level("avx2")
-    if not fp32_pointwise.available():
-        pytest.skip("the native extension is not built here (no compiler?)")
+pytestmark = pytest.mark.usefixtures("native_level")
 
 
 def _exact(x: torch.Tensor, norm: nn.LayerNorm) -> torch.Tensor:
