@@ -4,14 +4,14 @@ Two source sets, one per instruction-set level, each compiled into one translati
 `torch.utils.cpp_extension.load_inline` (gcc + ninja) into torch's extension cache dir:
 - avx512 (where the CPU probe, `kernels.cpu`, reports AVX-512 F/BW/VL/DQ): the shared vector math, the int8 VNNI
   GEMV (its int8 path also needs VNNI), the decode step's vector pieces, the estimator's bf16 GEMM, attention
-  and transformer block (AMX), its fp32 attention and LayerNorm + Mish (the avx2 set's), and the fused decoder-stack steps
-  (int8 / fp32 / bf16) with the Python module;
+  and transformer block (AMX), its fp32 attention and LayerNorm + Mish (the avx2 set's), and the fused
+  decoder-stack steps (int8 / fp32 / bf16) with the Python module;
 - avx2 (AVX2 + FMA + F16C): the same decode steps and int8 GEMV with 8-wide vectors (`*_avx2.cpp`), and the
   estimator's attention and LayerNorm + Mish in fp32 (no bf16 arithmetic there).
 The decode steps' ISA-free part (decode_weights.cpp, decode_operands.cpp, int8_decode.cpp), a conv's GEMM input
-(conv_columns.cpp) and the Python module (module.cpp) are in both. A CPU forced to a lower level (`VOCALIS_CPU_ISA=avx2`) builds and loads the avx2 set, so an
-AVX-512 machine tests it too. When the set cannot be built or loaded, `extension()` is None, one log line says why,
-and every caller keeps its torch path.
+(conv_columns.cpp) and the Python module (module.cpp) are in both. A CPU forced to a lower level
+(`VOCALIS_CPU_ISA=avx2`) builds and loads the avx2 set, so an AVX-512 machine tests it too. When the set cannot be
+built or loaded, `extension()` is None, one log line says why, and every caller keeps its torch path.
 """
 
 from __future__ import annotations

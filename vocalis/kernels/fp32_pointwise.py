@@ -25,7 +25,7 @@ def available() -> bool:
 
 
 def supports(x: torch.Tensor) -> bool:
-    """Whether x can go through the kernel here: fp32 on a CPU with them, outside autograd."""
+    """Whether x can go through the kernel here: fp32 on a CPU with it, outside autograd."""
     return (x.dtype == torch.float32 and x.device.type == "cpu" and not (torch.is_grad_enabled() and x.requires_grad)
             and available())
 

@@ -62,7 +62,7 @@ def _resnet(run: ChunkRun, resnet: CausalResnetBlock1D, x: torch.Tensor, mask: t
 
 def _res_conv(conv: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """A resnet's 1x1 residual conv on x (2R, C, n). Stored time-major (a transformer stack's output), as a GEMM
-    over its frames: oneDNN's conv takes ~1.7x as long on that layout (256 -> 256 channels, 2 x 100 frames)."""
+    over its frames, which that layout already is: oneDNN's conv reorders it first (`scripts/bench_pointwise.py`)."""
     if (type(conv) is nn.Conv1d and conv.kernel_size == (1,) and not x.is_contiguous()
             and x.transpose(1, 2).is_contiguous()):
         return F.linear(x.transpose(1, 2), conv.weight[:, :, 0], conv.bias).transpose(1, 2)
