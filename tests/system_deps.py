@@ -48,8 +48,13 @@ def need_festival(*voices: str) -> None:
         require((FESTIVAL_VOICES / folder).is_dir(), f"festival's {voice} voice (apt-get install {package})")
 
 
+def need_wordnet() -> None:
+    """WordNet's glosses (the held-out sentences come from their examples)."""
+    require((WORDNET_DIR / "data.noun").is_file(), f"WordNet in {WORDNET_DIR} (apt-get install wordnet-base)")
+
+
 def need_text_sources() -> None:
     """WordNet's example sentences and the fortunes one-liners, which the built-in corpus's text recipe reads."""
-    require((WORDNET_DIR / "data.noun").is_file(), f"WordNet in {WORDNET_DIR} (apt-get install wordnet-base)")
+    need_wordnet()
     require(all((FORTUNE_DIR / name).is_file() for name in ("fortunes", "literature")),
             f"fortunes in {FORTUNE_DIR} (apt-get install fortunes fortunes-min)")

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from system_deps import FESTIVAL_CMU, need_text_sources, require
+from system_deps import FESTIVAL_CMU, need_wordnet, require
 
 from vocalis.frontend import phones
 from vocalis.frontend.phones import (
@@ -71,7 +71,7 @@ def test_every_symbol_is_in_the_vocabulary_over_many_words() -> None:
 
 
 def test_coverage_of_the_heldout_sentences() -> None:
-    need_text_sources()
+    need_wordnet()
     from vocalis.corpus.sentences import heldout_wordnet
 
     sentences = heldout_wordnet()
