@@ -1,5 +1,5 @@
 """Ladder gates of the built-in model: a rung's newest checkpoint -> fp16 weights without optimizer state, which
-load back into the built-in HiFT (scripts/train_builtin.py --gate, scripts/measure_builtin.py --hift)."""
+load back into the built-in HiFT (recipes/builtin/train_builtin.py --gate, measure_builtin.py --hift)."""
 
 from __future__ import annotations
 
@@ -15,11 +15,11 @@ from vocalis.config import PRESETS
 from vocalis.models.hift.generator import HiFTGenerator
 from vocalis.train.checkpointing import checkpoint_path, save_atomic
 
-SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "builtin"
 
 
 def _script(name: str):
-    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(name, RECIPE / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
