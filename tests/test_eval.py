@@ -172,7 +172,7 @@ def test_same_speaker_is_more_similar_than_another(speech: dict[str, Path], teac
 
 
 def test_pocketsphinx_transcript_does_not_depend_on_what_came_before(speech: dict[str, Path]) -> None:
-    """One transcriber over many files (as `vocalis eval` and scripts/measure_builtin.py use it): a clip's transcript
+    """One transcriber over many files (as `vocalis eval` and recipes/builtin/measure_builtin.py use it): a clip's transcript
     is the same after loud noise and another speaker as when heard first."""
     from vocalis.eval.asr import PocketsphinxTranscriber
 
