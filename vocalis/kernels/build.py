@@ -144,7 +144,7 @@ def _decide() -> None:
         lib = library(name)
         if _compiled(lib):
             _ext = _import(lib)
-            log.debug("native %s kernels loaded from %s", name, lib)
+            log.info("native %s kernels loaded from the cache (%s)", name, lib.parent)
         elif os.environ.get(BUILD_ENV, "background") == "wait":
             _ext = _build(name)
         elif compiler() is None:
