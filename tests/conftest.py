@@ -8,6 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
+# kernels compile in the calling thread here (the default compiles them in the background while torch's ops run):
+# a test of a native kernel must get it; the tests' subprocesses inherit this
+os.environ.setdefault("VOCALIS_KERNEL_BUILD", "wait")
+
 COMPAT_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "reference" / "compat"
 COMPAT_CV3_DIR = COMPAT_DIR.with_name("compat_cv3")  # the CosyVoice 3 fixture
 

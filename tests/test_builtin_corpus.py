@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import soundfile as sf
+from system_deps import need_festival, need_text_sources
 
 from vocalis.corpus.alignment import (
     Segment,
@@ -20,18 +21,6 @@ from vocalis.corpus.alignment import (
 )
 from vocalis.errors import InputError
 from vocalis.frontend.phones import NUM_LABELS, label_id
-
-SLT = Path("/usr/share/festival/voices/us/cmu_us_slt_arctic_hts")
-DIPHONES = {"kal": Path("/usr/share/festival/voices/english/kal_diphone"),
-            "ked": Path("/usr/share/festival/voices/english/ked_diphone")}
-
-
-def _require(ok: bool, what: str) -> None:
-    if ok:
-        return
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"{what} is missing: broken CI set-up (.ci/run installs it)")
-    pytest.skip(f"{what} is not installed (.ci/run installs it)")
 
 
 def test_every_segment_keeps_a_frame_and_the_last_ends_the_utterance() -> None:
@@ -59,8 +48,7 @@ def test_segment_files_round_to_the_5ms_grid_and_stress_vowels(tmp_path: Path) -
 
 
 def test_the_recipe_is_deterministic_grows_by_prefix_and_never_holds_out_text() -> None:
-    _require(Path("/usr/share/wordnet/data.noun").is_file(), "wordnet-base")
-    _require(Path("/usr/share/games/fortunes/fortunes").is_file(), "fortunes")
+    need_text_sources()
     from vocalis.corpus.sentences import heldout_wordnet, recipe, wordnet_examples
 
     small, big = recipe(300), recipe(1500)
@@ -74,7 +62,7 @@ def test_the_recipe_is_deterministic_grows_by_prefix_and_never_holds_out_text() 
 
 @pytest.fixture(scope="module")
 def spoken(tmp_path_factory: pytest.TempPathFactory) -> list[tuple[str, Path]]:
-    _require(shutil.which("festival") is not None and SLT.is_dir(), "festival with festvox-us-slt-hts")
+    need_festival("slt")
     from vocalis.corpus.phone_corpus import speak_batch
 
     out = tmp_path_factory.mktemp("slt")
@@ -129,9 +117,9 @@ def test_a_voices_reductions_are_spelled_in_the_texts_phones() -> None:
     assert reconcile(["dh", "ah1", "p", "er1", "s"], segs) is None
 
 
-@pytest.mark.parametrize("voice", sorted(DIPHONES))
+@pytest.mark.parametrize("voice", ["kal", "ked"])
 def test_diphone_voices_label_the_texts_phones(voice: str, tmp_path: Path) -> None:
-    _require(shutil.which("festival") is not None and DIPHONES[voice].is_dir(), f"festival's {voice}_diphone")
+    need_festival(voice)
     from vocalis.corpus.phone_corpus import speak_batch, utterance_record
     from vocalis.frontend.phones import PUNCTUATION, WORD_BOUNDARY, g2p
 
@@ -151,8 +139,8 @@ def test_diphone_voices_label_the_texts_phones(voice: str, tmp_path: Path) -> No
 
 
 def test_a_corpus_of_several_voices_speaks_every_sentence_in_each(tmp_path: Path) -> None:
-    _require(shutil.which("festival") is not None and SLT.is_dir() and DIPHONES["kal"].is_dir(),
-             "festival with festvox-us-slt-hts and festvox-kallpc16k")
+    need_festival("slt", "kal")
+    need_text_sources()
     import json
 
     from vocalis.corpus.phone_corpus import PhoneCorpusConfig, build
@@ -178,7 +166,8 @@ def test_a_festival_that_cannot_speak_fails_the_corpus_with_its_complaint(
     # the real festival pointed at a data folder without its init file and voices (what an unpacked install with
     # the wrong paths does): every batch fails, and the corpus says why instead of writing an empty manifest
     festival = shutil.which("festival")
-    _require(festival is not None and SLT.is_dir(), "festival with festvox-us-slt-hts")
+    need_festival("slt")
+    need_text_sources()
     from vocalis.corpus.phone_corpus import PhoneCorpusConfig, build
 
     bin_dir = tmp_path / "bin"

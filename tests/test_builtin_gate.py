@@ -1,5 +1,5 @@
 """Ladder gates of the built-in model: a rung's newest checkpoint -> fp16 weights without optimizer state, which
-load back into the built-in HiFT (scripts/train_builtin.py --gate, scripts/measure_builtin.py --hift)."""
+load back into the built-in HiFT (recipes/builtin/train_builtin.py --gate, measure_builtin.py --hift)."""
 
 from __future__ import annotations
 
@@ -9,16 +9,17 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from system_deps import need_festival
 
 from vocalis.config import PRESETS
 from vocalis.models.hift.generator import HiFTGenerator
 from vocalis.train.checkpointing import checkpoint_path, save_atomic
 
-SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "builtin"
 
 
 def _script(name: str):
-    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(name, RECIPE / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -143,22 +144,6 @@ def test_l3_gate_labeller_weights_label_a_clip(tmp_path: Path) -> None:
     assert abs(len(labels) - 50) <= 1 and all(0 <= t < PHONE_LABELS for t in labels)  # 2 s at 25 Hz
 
 
-FESTIVAL_VOICES = {"slt": "us/cmu_us_slt_arctic_hts", "kal": "english/kal_diphone", "ked": "english/ked_diphone"}
-
-
-def _need_festival(*voices: str) -> None:
-    import os
-    import shutil
-
-    import pytest
-
-    missing = [v for v in voices if not (Path("/usr/share/festival/voices") / FESTIVAL_VOICES[v]).is_dir()]
-    if shutil.which("festival") is None or missing:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"festival or its voices {missing} are missing: broken CI set-up (.ci/run installs them)")
-        pytest.skip(f"festival or its voices {missing} are not installed (.ci/run installs them)")
-
-
 def _gated_parts(recipe, run: Path, rungs: dict[str, str], shift: float = 0.0) -> tuple[dict[str, Path], dict]:
     """Random builtin-phones parts (every weight + `shift`, to tell two sets apart), each checkpointed in
     RUN/<part> and gated to RUN/gates/<its rung>."""
@@ -184,7 +169,7 @@ def _gated_parts(recipe, run: Path, rungs: dict[str, str], shift: float = 0.0) -
 def test_assemble_builds_a_phone_model_that_speaks_with_its_default_voice(tmp_path: Path, monkeypatch) -> None:
     """--assemble: gate weights of every part + festival SLT's prompt with its true labels -> a model directory that
     `TTS` loads (its weights, its labeller as the speech tokenizer) and speaks with on the engine."""
-    _need_festival("slt")
+    need_festival("slt")
     from vocalis.config import PHONE_LABELS
     from vocalis.frontend.speech_tokenizer import LabellerSpeechTokenizer
     from vocalis.tts import TTS
@@ -216,7 +201,7 @@ def test_assemble_takes_the_three_voice_parts_and_names_every_voice(tmp_path: Pa
 
     import pytest
 
-    _need_festival("slt", "kal", "ked")
+    need_festival("slt", "kal", "ked")
     from vocalis.model_dir import load_model
 
     recipe = _script("train_builtin")

@@ -3,13 +3,13 @@ directory (and in `vocalis prepare`'s featurizer), and the shipped model when it
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
 import soundfile as sf
+from system_deps import need_program
 
 from vocalis.config import PRESETS
 from vocalis.model_dir import BUILTIN_MODEL, load_model, random_model, save_vocalis
@@ -30,9 +30,8 @@ def test_builtin_preset_fits_the_size_budget():
 
 
 def _speech_wav(path: Path) -> Path:
-    if shutil.which("espeak-ng") is None:
-        pytest.skip("espeak-ng not installed")
-    subprocess.run(["espeak-ng", "-w", str(path), "This is a short test of the speaker encoder."], check=True)
+    espeak = need_program("espeak-ng", "espeak-ng")
+    subprocess.run([espeak, "-w", str(path), "This is a short test of the speaker encoder."], check=True)
     return path
 
 

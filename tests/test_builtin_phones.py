@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import lzma
-import os
 import subprocess
 import sys
 from pathlib import Path
 
-import pytest
+from system_deps import FESTIVAL_CMU, need_wordnet, require
 
 from vocalis.frontend import phones
 from vocalis.frontend.phones import (
@@ -24,16 +23,6 @@ from vocalis.frontend.phones import (
     letter_to_sound,
     text_ids,
 )
-
-FESTIVAL_CMU = Path("/usr/share/festival/dicts/cmu")
-
-
-def _require(ok: bool, what: str) -> None:
-    if ok:
-        return
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"{what} is missing: broken CI set-up (.ci/run installs it)")
-    pytest.skip(f"{what} is not installed (.ci/run installs it)")
 
 
 def test_vocabulary_is_the_phone_set() -> None:
@@ -82,7 +71,7 @@ def test_every_symbol_is_in_the_vocabulary_over_many_words() -> None:
 
 
 def test_coverage_of_the_heldout_sentences() -> None:
-    _require(Path("/usr/share/wordnet/data.noun").is_file(), "wordnet-base")
+    need_wordnet()
     from vocalis.corpus.sentences import heldout_wordnet
 
     sentences = heldout_wordnet()
@@ -95,7 +84,7 @@ def test_coverage_of_the_heldout_sentences() -> None:
 
 
 def test_the_shipped_asset_is_what_the_builder_makes(tmp_path: Path) -> None:
-    _require((FESTIVAL_CMU / "cmudict-0.4.out").is_file(), "festival's CMU lexicon (festlex-cmu)")
+    require((FESTIVAL_CMU / "cmudict-0.4.out").is_file(), "festival's CMU lexicon (apt-get install festlex-cmu)")
     from vocalis.corpus.festival_lexicon import build
 
     lex, lts = build(FESTIVAL_CMU, tmp_path)

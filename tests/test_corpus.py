@@ -3,20 +3,16 @@
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 from pathlib import Path
 
 import pytest
 import soundfile as sf
+from system_deps import need_program, require
 
 from vocalis.corpus.build import HELDOUT, MANIFEST, CorpusConfig, build, heldout_sentences, plan
 from vocalis.corpus.text import LANGUAGES, sentences, zh_number
-
-HAVE_ENGINES = shutil.which("espeak-ng") is not None and shutil.which("text2wave") is not None
-needs_engines = pytest.mark.skipif(not HAVE_ENGINES and os.environ.get("CI") != "true",
-                                   reason="espeak-ng/festival not installed (CI installs them)")
+from vocalis.corpus.voices import festival_voices
 
 
 def test_sentences_are_deterministic_varied_and_spoken_form():
@@ -54,8 +50,10 @@ def test_plan_mixes_languages_and_speakers():
     assert len({p.utt for p in planned}) == len(planned)
 
 
-@needs_engines
 def test_build_tiny_corpus_and_resume(tmp_path: Path):
+    need_program("espeak-ng", "espeak-ng")
+    need_program("text2wave", "festival")
+    require(bool(festival_voices()), "a festival voice (apt-get install festvox-kallpc16k)")
     pytest.importorskip("pypinyin")
     from vocalis.train.manifest import read_manifest
 

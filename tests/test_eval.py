@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -17,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import soundfile as sf
+from system_deps import need_program, require
 from tiny_assets import write_frontend_onnx, write_voice_like_wav
 
 from vocalis.cli import main
@@ -103,14 +103,6 @@ def test_plugged_in_transcriber_scores_a_folder(tmp_path: Path, monkeypatch: pyt
 # ---- real speech ----------------------------------------------------------------------------------------
 
 
-def _require(ok: bool, what: str) -> None:
-    if ok:
-        return
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"{what} is missing: broken CI set-up (.ci/run installs it)")
-    pytest.skip(f"{what} is not installed (.ci/run installs it)")
-
-
 def _resemblyzer_usable() -> bool:
     try:
         import resemblyzer  # noqa: F401
@@ -122,10 +114,10 @@ def _resemblyzer_usable() -> bool:
 @pytest.fixture(scope="module")
 def speech(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Prompt + two sentences by festival (the teacher), the same two by espeak-ng (another speaker)."""
-    _require(shutil.which("text2wave") is not None, "festival (text2wave)")
-    _require(shutil.which("espeak-ng") is not None, "espeak-ng")
-    _require(importlib.util.find_spec("pocketsphinx") is not None, "pocketsphinx")
-    _require(_resemblyzer_usable(), "resemblyzer (pip install --no-deps resemblyzer webrtcvad-wheels)")
+    need_program("text2wave", "festival")
+    need_program("espeak-ng", "espeak-ng")
+    require(importlib.util.find_spec("pocketsphinx") is not None, "pocketsphinx")
+    require(_resemblyzer_usable(), "resemblyzer (pip install --no-deps resemblyzer webrtcvad-wheels)")
     root = tmp_path_factory.mktemp("speech")
     voices = root / "voices"
     voices.mkdir()
@@ -180,7 +172,7 @@ def test_same_speaker_is_more_similar_than_another(speech: dict[str, Path], teac
 
 
 def test_pocketsphinx_transcript_does_not_depend_on_what_came_before(speech: dict[str, Path]) -> None:
-    """One transcriber over many files (as `vocalis eval` and scripts/measure_builtin.py use it): a clip's transcript
+    """One transcriber over many files (as `vocalis eval` and recipes/builtin/measure_builtin.py use it): a clip's transcript
     is the same after loud noise and another speaker as when heard first."""
     from vocalis.eval.asr import PocketsphinxTranscriber
 

@@ -40,7 +40,7 @@ def test_serve_bad_argument_exits_2() -> None:
 
 
 def test_load_script_is_loopback_only() -> None:
-    script = Path(__file__).resolve().parents[1] / "scripts" / "load_test.py"
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "load_test.py"
     r = subprocess.run([sys.executable, str(script), "--url", "http://10.1.2.3:8000"], capture_output=True, text=True,
                        timeout=60, check=False)
     assert r.returncode != 0 and "only loopback" in r.stderr

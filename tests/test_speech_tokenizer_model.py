@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from system_deps import need_program
 
 from vocalis.errors import AudioError, ModelLoadError
 from vocalis.frontend.audio import whisper_log_mel
@@ -218,8 +218,8 @@ def test_latin_units_romanise_hanzi() -> None:
     assert table.unit == "latin" and table.encode_text("好") == table.encode_text("hao3")
 
 
-@pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="espeak-ng not installed (.ci/run installs it)")
 def test_espeak_phoneme_units() -> None:
+    need_program("espeak-ng", "espeak-ng")
     table = SymbolTable.from_texts(["Hello world.", "How are you?"], unit="phoneme")
     units = table.text_units("Hello world.")
     assert units[-1] == "d" and "|" in units and "h" in units

@@ -12,6 +12,7 @@ import numpy as np
 
 from vocalis.errors import VocalisError
 from vocalis.model_options import add_model_arguments, at_least, model_options
+from vocalis.playback import PlaybackUnavailable, Player
 
 log = logging.getLogger("vocalis")
 
@@ -19,7 +20,10 @@ log = logging.getLogger("vocalis")
 def _speak(args: argparse.Namespace) -> int:
     from vocalis.audio_file import check_output_path, write_audio
 
-    check_output_path(args.output)
+    if args.output is None and not args.play:
+        raise VocalisError("say where the speech goes: -o FILE, --play, or both")
+    if args.output is not None:
+        check_output_path(args.output)
     text = sys.stdin.read() if args.text == "-" else args.text
     if args.source_wav is None and text is None:
         raise VocalisError("nothing to say: give TEXT (or '-' to read stdin), or --source-wav for voice conversion")
@@ -38,10 +42,11 @@ def _speak(args: argparse.Namespace) -> int:
         chunks = tts.convert_voice(args.source_wav, voice=args.voice, prompt_wav=args.prompt_wav, speed=args.speed,
                                    seed=args.seed, stream=args.stream)
     else:
-        kwargs = dict(voice=args.voice, prompt_wav=args.prompt_wav, prompt_text=args.prompt_text,
-                      instruct=args.instruct, speed=args.speed, seed=args.seed, language=args.language,
-                      text_frontend=not args.no_text_frontend)
+        kwargs = {"voice": args.voice, "prompt_wav": args.prompt_wav, "prompt_text": args.prompt_text,
+                  "instruct": args.instruct, "speed": args.speed, "seed": args.seed, "language": args.language,
+                  "text_frontend": not args.no_text_frontend}
         chunks = tts.stream(text, **kwargs) if args.stream else iter([_whole(tts, text, kwargs)])
+    player = _player(tts.sample_rate) if args.play else None
     parts: list[np.ndarray] = []
     first = None
     for chunk in chunks:
@@ -50,12 +55,29 @@ def _speak(args: argparse.Namespace) -> int:
             if args.stream:
                 log.info("first chunk after %.2f s", first)
         parts.append(chunk.samples)
+        if player is not None:
+            player.play(chunk.samples)  # a stream sounds from its first chunk
     audio = np.concatenate(parts)
     elapsed = time.perf_counter() - start
-    out = write_audio(args.output, audio, tts.sample_rate)
     seconds = len(audio) / tts.sample_rate
-    log.info("wrote %s: %.2f s of audio in %.2f s (RTF %.2f)", out, seconds, elapsed, elapsed / max(seconds, 1e-9))
+    made = f"{seconds:.2f} s of audio in {elapsed:.2f} s (RTF {elapsed / max(seconds, 1e-9):.2f})"
+    if args.output is not None:
+        log.info("wrote %s: %s", write_audio(args.output, audio, tts.sample_rate), made)
+    else:
+        log.info("made %s", made)
+    if player is not None:
+        player.finish(timeout=seconds + 5.0)
+        log.info("played on %s", player.device_name or "the default output device")
     return 0
+
+
+def _player(sample_rate: int) -> Player | None:
+    """A `Player`, or None with one warning line saying why nothing will play (no library, no device)."""
+    try:
+        return Player(sample_rate)
+    except PlaybackUnavailable as e:
+        log.warning("not played: %s", e)
+        return None
 
 
 def _whole(tts: object, text: str, kwargs: dict) -> object:
@@ -120,7 +142,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("speak", help="text -> speech file")
     sp.add_argument("text", nargs="?", help="text to say ('-' reads standard input)")
-    sp.add_argument("-o", "--output", required=True, help="output file (.wav, .flac, .ogg)")
+    sp.add_argument("-o", "--output", help="output file (.wav, .flac, .ogg)")
+    sp.add_argument("--play", action="store_true",
+                    help="play it on the default sound output as it is made (pip install 'vocalis[play]')")
     sp.add_argument("--model", help="model directory (default: the built-in model)")
     sp.add_argument("--voice", help="a named voice of the model")
     sp.add_argument("--prompt-wav", help="recording of the voice to clone")

@@ -85,15 +85,18 @@ class ModelOptions:
         return None if device.startswith("cuda") else CPU_STREAMS
 
     def load(self, model: str | None, local_rank: int = 0) -> TTS:
+        from vocalis.engine.config import EngineConfig
         from vocalis.tts import TTS
 
         device = self.resolved_device(local_rank)
         tts = TTS.load(model, device=device, backend=self.backend, precision=self.precision,
                        flow_steps=self.flow_steps)
-        tts.token2wav_config = replace(tts.token2wav_config, final_attention=self.final_chunk,
-                                       max_streams=self.streams_cap(device),
+        cap = self.streams_cap(device)
+        tts.token2wav_config = replace(tts.token2wav_config, final_attention=self.final_chunk, max_streams=cap,
                                        **({} if self.token2wav_cache_mib is None
                                           else {"max_cache_mib": self.token2wav_cache_mib}))
+        if cap is not None:  # the LLM never holds more requests than are admitted: its KV pool is sized for those
+            tts.engine_config = replace(tts.engine_config or EngineConfig(), max_num_seqs=cap)
         return tts
 
     def as_params(self) -> dict[str, str]:

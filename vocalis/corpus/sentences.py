@@ -24,7 +24,7 @@ from vocalis.corpus.text import sentences as template_sentences
 from vocalis.errors import InputError
 
 # Debian's data packages; VOCALIS_SHARE_DIR stands for /usr/share where they were unpacked elsewhere (a machine that
-# cannot install them: scripts/device_recipe.py)
+# cannot install them)
 SHARE_DIR = Path(os.environ.get("VOCALIS_SHARE_DIR", "/usr/share"))
 WORDNET_DIR = SHARE_DIR / "wordnet"
 FORTUNE_DIR = SHARE_DIR / "games" / "fortunes"

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Greedy-CTC character error rate of a trained speech tokenizer on random clips of a corpus manifest.
 
-    python scripts/check_tokenizer.py RUN/base/speech_tokenizer.safetensors RUN/corpus5/manifest.jsonl -n 12
+    python recipes/builtin/check_tokenizer.py RUN/base/speech_tokenizer.safetensors RUN/corpus5/manifest.jsonl -n 12
 
 A quick health check between the tokenizer and `prepare` stages of the built-in recipe: ids that carry the
 words transcribe back to them through the tokenizer's own CTC decoder.

@@ -5,7 +5,7 @@ Finished stages leave `RUN/.done-<stage>`; trainers resume from their newest che
 checkpoint every 100 steps) and stop at their step budget, so the same command continues where it stopped.
 Run it niced, one thread, in the background, with the trainer's pid in a file (to pause it: kill -STOP / -CONT):
 
-    OMP_NUM_THREADS=1 nohup nice -n 19 python scripts/train_builtin.py RUN --pid-file RUN/../train.pid \\
+    OMP_NUM_THREADS=1 nohup nice -n 19 python recipes/builtin/train_builtin.py RUN --pid-file RUN/../train.pid \\
         > RUN/recipe.log 2>&1 &
 
 Stages (each a `vocalis` command, printed before it runs):
@@ -40,11 +40,11 @@ Stages (each a `vocalis` command, printed before it runs):
           speaking a fixed prompt, its true labels), with L6's flow also one voice per --voices name: what the L5,
           L6 and L7 rows measure
   gate    (--gate L1 | L2 | L3 | L4) the newest HiFT | flow | labeller | LLM checkpoint -> fp16 weights in RUN/gates/<rung>;
-          measure them with scripts/measure_builtin.py --voices slt --rows L1 --hift RUN/gates/L1/hift.safetensors
+          measure them with recipes/builtin/measure_builtin.py --voices slt --rows L1 --hift RUN/gates/L1/hift.safetensors
           --json RUN/gates/L1/figures.json (L2: --rows L2 --hift <the L1 weights> --flow
           RUN/gates/L2/flow.safetensors; L3: --rows L3 --labeller RUN/gates/L3/labeller.safetensors and the L1/L2
           weights; L4: --rows L4 --llm RUN/gates/L4/llm.safetensors and the L1/L2 weights);
-          when the figure improves, --gate <rung> --install copies the folder to vocalis/assets/builtin/ladder/<rung>
+          when the figure improves, --gate <rung> --install copies the folder to recipes/builtin/ladder/<rung>
           (commit it). On a new machine the hift, flow, labeller and llm stages start from those weights.
 """
 
@@ -61,8 +61,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # torch loads lazily: --help and the stages that only run commands need none of it
     import torch
 
-REPO = Path(__file__).resolve().parents[1]
-LADDER = REPO / "vocalis" / "assets" / "builtin" / "ladder"  # committed fp16 weights + figures of each rung
+REPO = Path(__file__).resolve().parents[2]
+LADDER = REPO / "recipes" / "builtin" / "ladder"  # committed fp16 weights + figures of each rung
 
 
 def log(msg: str) -> None:
@@ -349,7 +349,7 @@ def install_gate(run: Path, rung: str) -> None:
 
     src, dest = run / "gates" / rung, LADDER / rung
     if not (src / "figures.json").is_file():
-        raise SystemExit(f"{src / 'figures.json'} is missing: measure the gate first (scripts/measure_builtin.py)")
+        raise SystemExit(f"{src / 'figures.json'} is missing: measure the gate first (recipes/builtin/measure_builtin.py)")
     dest.mkdir(parents=True, exist_ok=True)
     for f in src.iterdir():
         shutil.copy2(f, dest / f.name)
@@ -383,7 +383,7 @@ def main() -> int:
     ap.add_argument("--only", nargs="*", help="run only these stages")
     ap.add_argument("--gate", choices=(*PARTS, "L6"), help="write the rung's fp16 weights to RUN/gates/<rung> and stop")
     ap.add_argument("--install", action="store_true",
-                    help="with --gate: copy RUN/gates/<rung> (weights + figures.json) into vocalis/assets/builtin/ladder")
+                    help="with --gate: copy RUN/gates/<rung> (weights + figures.json) into recipes/builtin/ladder")
     ap.add_argument("--pid-file", type=Path, help="the running trainer's pid is written here (for SIGSTOP/SIGCONT)")
     ap.add_argument("--assemble", type=Path, metavar="OUT",
                     help="write a phone-model directory to OUT from each part's committed ladder weights (else its "

@@ -6,10 +6,10 @@ Shapes (batch rows = 2 guidance rows per request, 8 heads of 64): a full-attenti
 prompt and a 2 s utterance), a first chunk (100 new frames over 200 keys) and a later one (50 over 300), and a
 step of 8 requests' full passes. q is a strided view of a fused q/k/v projection, as the estimator passes it.
 
-    python scripts/bench_attention.py --threads 2
+    python benchmarks/bench_attention.py --threads 2
     # as on an AVX2 CPU (our avx2 set, torch's, oneDNN's and fbgemm's AVX2 code):
     VOCALIS_CPU_ISA=avx2 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 FBGEMM_ENABLE_INSTRUCTIONS=AVX2 \
-        python scripts/bench_attention.py --threads 2
+        python benchmarks/bench_attention.py --threads 2
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ server's RSS from /proc; `--url` targets a running server instead (loopback only
 Prints errors by kind, p50/p95/max first-chunk latency, request latency, throughput, and the server's RSS
 after warm-up, after each round and at the end (flat memory = no per-request leak).
 
-    python scripts/load_test.py --model DIR --clients 32 --requests 8 [--abort-fraction 0.1]
+    python benchmarks/load_test.py --model DIR --clients 32 --requests 8 [--abort-fraction 0.1]
 """
 
 from __future__ import annotations

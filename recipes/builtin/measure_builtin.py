@@ -13,13 +13,13 @@ voice (a fixed prompt sentence synthesised here). Printed table:
 - a token check: WER of the teachers' audio through the model's speech tokenizer, flow and HiFT (voice conversion
   to the same teacher's prompt: everything but the LLM).
 
-    python scripts/measure_builtin.py [--model DIR] [-n 50] [--out RUN/measure] [--json out.json]
+    python recipes/builtin/measure_builtin.py [--model DIR] [-n 50] [--out RUN/measure] [--json out.json]
 
 The ladder of the phone-based built-in model (docs/builtin-model.md) is measured on one voice, festival's
 cmu_us_slt_arctic_hts, speaking the 50 held-out WordNet sentences (`vocalis.corpus.sentences.heldout_wordnet`):
 
-    python scripts/measure_builtin.py --voices slt --rows L1 --hift vocalis/assets/builtin/ladder/L1/hift.safetensors
-    python scripts/measure_builtin.py --voices slt --rows L2 --hift ... --flow RUN/gates/L2/flow.safetensors
+    python recipes/builtin/measure_builtin.py --voices slt --rows L1 --hift recipes/builtin/ladder/L1/hift.safetensors
+    python recipes/builtin/measure_builtin.py --voices slt --rows L2 --hift ... --flow RUN/gates/L2/flow.safetensors
 
   L1  teacher mel -> our HiFT (vocoder alone): WER <= 1.15x the teacher's
   L2  the teacher's true 25 Hz labels (its own alignment) -> our flow -> our HiFT: WER <= 1.3x the teacher's
@@ -28,23 +28,23 @@ cmu_us_slt_arctic_hts, speaking the 50 held-out WordNet sentences (`vocalis.corp
   L4  our LLM's labels for the sentence's phones (no prompt, the phone model's seeded sampling): >= 90 % of the
       sentences within 0.8-1.25x the teacher's length; its WER through our flow and HiFT is printed beside it
 
-    python scripts/measure_builtin.py --voices slt --rows L4 --llm RUN/gates/L4/llm.safetensors --flow ... --hift ...
+    python recipes/builtin/measure_builtin.py --voices slt --rows L4 --llm RUN/gates/L4/llm.safetensors --flow ... --hift ...
 
-  L5  the whole phone model (`scripts/train_builtin.py RUN --assemble DIR`) through `TTS` (the engine) with its
+  L5  the whole phone model (`recipes/builtin/train_builtin.py RUN --assemble DIR`) through `TTS` (the engine) with its
       `default` voice, seeded: WER <= 1.5x the teacher's
 
-    python scripts/measure_builtin.py --voices slt --rows L5 --model DIR
+    python recipes/builtin/measure_builtin.py --voices slt --rows L5 --model DIR
 
   L7  the whole model in every teacher's voice (its saved slt/kal/ked voices, else zero-shot from each teacher's
       prompt clip) on the same sentences, each teacher speaking them too: pooled WER <= 1.5x the teachers', with
       resemblyzer similarity to each voice's prompt beside the cross-speaker baseline
 
-    python scripts/measure_builtin.py --rows L7 --model DIR [--seeds K]
+    python recipes/builtin/measure_builtin.py --rows L7 --model DIR [--seeds K]
 
 A recording no teacher made, cloned (WER of the held-out sentences spoken in its voice, and resemblyzer cosine
 against it beside festival SLT's):
 
-    python scripts/measure_builtin.py --model DIR --clone /usr/share/pocketsphinx/test/data/librivox/CLIP.wav \
+    python recipes/builtin/measure_builtin.py --model DIR --clone /usr/share/pocketsphinx/test/data/librivox/CLIP.wav \
         --clone-text "its transcript"
 
 Needs festival with the three voices, pocketsphinx and resemblyzer (`pip install -e '.[eval]'` and

@@ -7,10 +7,10 @@ streams' later chunks; 400: two streams' first chunks). Widths (K -> N): the fus
 feed-forward's two (256 -> 1024, 1024 -> 256), the attention output (512 -> 256) and a conv block's k=3 conv as
 one GEMM (768 -> 256).
 
-    python scripts/bench_estimator_gemms.py --threads 2
+    python benchmarks/bench_estimator_gemms.py --threads 2
     # as on an AVX2 CPU:
     VOCALIS_CPU_ISA=avx2 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 FBGEMM_ENABLE_INSTRUCTIONS=AVX2 \
-        python scripts/bench_estimator_gemms.py --threads 2
+        python benchmarks/bench_estimator_gemms.py --threads 2
 """
 
 from __future__ import annotations

@@ -7,10 +7,10 @@ concatenation and shifted copies.
 Shapes (batch rows = 2 guidance rows per request, 256 channels): a first chunk (100 frames), a later chunk (50),
 and a step of 8 requests' chunks.
 
-    python scripts/bench_pointwise.py --threads 2
+    python benchmarks/bench_pointwise.py --threads 2
     # as on an AVX2 CPU (our avx2 set, torch's, oneDNN's and fbgemm's AVX2 code):
     VOCALIS_CPU_ISA=avx2 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 FBGEMM_ENABLE_INSTRUCTIONS=AVX2 \
-        python scripts/bench_pointwise.py --threads 2
+        python benchmarks/bench_pointwise.py --threads 2
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ Random weights at the released HiFT shapes (or `--base-channels`), a mel of `--s
 forms run in one process, alternating rounds; printed: the median seconds of a whole utterance's vocoder calls,
 the frames decoded, and the largest sample difference between the forms.
 
-    python scripts/bench_cv3_vocoder.py --seconds 10 30 --rounds 3 --threads 2
+    python benchmarks/bench_cv3_vocoder.py --seconds 10 30 --rounds 3 --threads 2
 """
 
 from __future__ import annotations

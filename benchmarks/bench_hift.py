@@ -3,10 +3,10 @@ convs against the same convs time-major (`CastConv(time_major=True)`, what bf16 
 and their largest difference. Rows x mel frames per call: one stream's chunk, two streams' first chunks (50 frames
 plus the 8-frame seam), four streams' chunks.
 
-    python scripts/bench_hift.py --threads 2
+    python benchmarks/bench_hift.py --threads 2
     # as on an AVX2 CPU:
     VOCALIS_CPU_ISA=avx2 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 FBGEMM_ENABLE_INSTRUCTIONS=AVX2 \
-        python scripts/bench_hift.py --threads 2
+        python benchmarks/bench_hift.py --threads 2
 """
 
 from __future__ import annotations

@@ -7,8 +7,8 @@ log window (start-up, allocator warm-up) is dropped; the cell reports the median
 Sizes: `tiny` and the `builtin` preset (medium: the built-in model's shapes, ~12x tiny's LLM). Each rank uses
 --threads-per-rank intra-op threads (default 1, as torchrun sets), so "2 ranks" means twice the cores.
 
-    python scripts/bench_train.py --out /tmp/bench_train            # all 32 cells
-    python scripts/bench_train.py --tasks llm flow --sizes tiny --steps 8
+    python benchmarks/bench_train.py --out /tmp/bench_train            # all 32 cells
+    python benchmarks/bench_train.py --tasks llm flow --sizes tiny --steps 8
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The server on the engine against the reference's one-at-a-time threaded server: many streaming clients.
 
-    python scripts/serve_bench.py [--preset cosyvoice2-0.5b|tiny] [--tokens 50] [--clients 32] [--requests 4]
+    python benchmarks/serve_bench.py [--preset cosyvoice2-0.5b|tiny] [--tokens 50] [--clients 32] [--requests 4]
                                   [--rounds 4] [--drop 0.25] [--backends threaded,engine] [--precision auto]
 
 For each backend a real `vocalis serve` app (uvicorn on 127.0.0.1) runs in its own process with random weights at

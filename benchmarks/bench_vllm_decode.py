@@ -1,6 +1,6 @@
 """Decode speed of the LLM: our `LLMEngine` against `VLLMEngine` (vLLM in its worker), random weights.
 
-    python scripts/bench_vllm_decode.py --engine ours|vllm [--preset cosyvoice2-0.5b] [--batches 1,16]
+    python benchmarks/bench_vllm_decode.py --engine ours|vllm [--preset cosyvoice2-0.5b] [--batches 1,16]
         [--precision fp32|bf16] [--steps 32] [--prompt 80] [--compile]
 
 For each batch size: B greedy requests (prompt positions each, every stop id masked so none ends early) are
@@ -17,12 +17,12 @@ import time
 import torch
 
 from vocalis.config import PRESETS
-from vocalis.precision.layers import cast_linears
 from vocalis.engine.config import EngineConfig
 from vocalis.engine.llm_engine import LLMEngine
 from vocalis.engine.request import SamplingParams
 from vocalis.engine.vllm.engine import VLLMEngine
 from vocalis.models.speech_lm import Qwen2LM
+from vocalis.precision.layers import cast_linears
 
 
 def main() -> None:

@@ -7,7 +7,7 @@ directory holds `vocab.json`, `merges.txt` and `tokenizer_config.json` exactly a
 CosyVoice specials after them. Total vocabulary, specials included, is at most 4096.
 
 Usage (from the repo root, with the package importable):
-    PYTHONPATH=. python scripts/build_tiny_tokenizer.py [--out vocalis/assets/tokenizer] [--vocab-size 4096]
+    PYTHONPATH=. python recipes/tiny_tokenizer.py [--out vocalis/assets/tokenizer] [--vocab-size 4096]
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ sides run with the serving engine's allocator settings (`runtime.heap.cap_mmap_t
   engine:    `vocalis.token2wav.engine.Token2WavEngine` at each precision: one stream, then S streams stepped
              together; plus the mel/waveform error against an fp32 model on the same inputs.
 
-    python scripts/bench_token2wav.py --seconds 10 --streams 8 --precisions fp32,bf16,int8 --json t2w.json
+    python benchmarks/bench_token2wav.py --seconds 10 --streams 8 --precisions fp32,bf16,int8 --json t2w.json
 
 `--alternate R` runs the engine precisions in one process instead, R rounds in turn over models built once, each
 round one stream per precision after a warm-up stream (the voice's prefix cached, as for a saved voice): on a
