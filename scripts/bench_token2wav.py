@@ -44,12 +44,12 @@ from typing import Any
 import torch
 from torch import nn
 
+from vocalis.backends.choice import apply_backend
 from vocalis.bench.accuracy import errors, outputs
 from vocalis.config import PRESETS, SAMPLE_RATE, TOKEN_RATE
 from vocalis.models.flow.flow import CausalMaskedDiffWithXvec
 from vocalis.models.hift.generator import HiFTGenerator
 from vocalis.reference.token2wav import FlowPrompt, Token2Wav
-from vocalis.runtime.backends import apply_backend
 from vocalis.runtime.heap import cap_mmap_threshold
 from vocalis.token2wav.config import Token2WavConfig
 from vocalis.token2wav.engine import Token2WavEngine

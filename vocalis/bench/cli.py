@@ -265,7 +265,7 @@ def plot(report: dict[str, Any], path: Path) -> None:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", default="cosyvoice2-0.5b", help="model shapes (random weights): cosyvoice2-0.5b, tiny, cosyvoice3-0.5b")
     p.add_argument("--precision", default="fp32", help="engine precisions, comma separated: fp32,bf16,int8")
-    p.add_argument("--backend", default="torch", help="engine backend (see vocalis.runtime.backends)")
+    p.add_argument("--backend", default="torch", help="engine backend (see vocalis.backends.choice)")
     p.add_argument("--device", default="cpu", help="cpu or cuda (both sides run there)")
     p.add_argument("--threads", type=int, default=min(os.cpu_count() or 1, 2), help="torch threads per side")
     p.add_argument("--tokens", type=int, help="speech tokens per utterance (25 per second)")
@@ -340,7 +340,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
     if args.device != "cpu" and args.device != "cuda" and not args.device.startswith("cuda:"):
         raise InputError(f"--device takes cpu, cuda or cuda:N, got {args.device!r}")
     if kw["precisions"] != ("fp32",) or args.backend != "torch" or args.device != "cpu":
-        from vocalis.runtime.backends import resolve
+        from vocalis.backends.choice import resolve
 
         # resolve "auto" and fail with a clear message now rather than from a side process
         kw["precisions"] = tuple(dict.fromkeys(resolve(args.backend, p, args.device)[1] for p in kw["precisions"]))

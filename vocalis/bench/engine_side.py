@@ -36,7 +36,7 @@ from vocalis.frontend.voice import Voice
 from vocalis.model_dir import LoadedModel
 
 if TYPE_CHECKING:
-    from vocalis.runtime.backends import Runtime
+    from vocalis.backends.choice import Runtime
 
 log = logging.getLogger(__name__)
 
@@ -57,10 +57,10 @@ def run_engine(cfg: BenchConfig, precision: str) -> dict[str, Any]:
 
 def _engine_llm(cfg: BenchConfig, model: LoadedModel, runtime: Runtime | None, voice: Voice, precision: str,
                 bytes_per_token: int) -> dict[str, Any]:
+    from vocalis.backends.choice import make_llm_engine
     from vocalis.bench.bandwidth import probe_for, spread
     from vocalis.engine.config import EngineConfig
     from vocalis.engine.request import SamplingParams
-    from vocalis.runtime.backends import make_llm_engine
 
     tok = model.tokenizer
     assert tok is not None
@@ -180,8 +180,8 @@ def _t2w_run(cfg: BenchConfig, t2w: Any, prompt: Any, tokens: list[int], streami
 
 
 async def _engine_e2e(cfg: BenchConfig, model: LoadedModel, runtime: Runtime | None, voice: Voice) -> dict[str, Any]:
+    from vocalis.backends.choice import make_llm_engine
     from vocalis.engine.config import EngineConfig
-    from vocalis.runtime.backends import make_llm_engine
     from vocalis.token2wav.config import Token2WavConfig
     from vocalis.token2wav.engine import Token2WavEngine
 

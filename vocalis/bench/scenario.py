@@ -24,7 +24,7 @@ from vocalis.reference.decode import generate
 from vocalis.reference.sampling import make_sampler
 
 if TYPE_CHECKING:
-    from vocalis.runtime.backends import Runtime
+    from vocalis.backends.choice import Runtime
 
 WORDS = ("the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "seven", "bright", "birds",
          "sing", "near", "old", "river", "banks")
@@ -117,7 +117,7 @@ def build(cfg: BenchConfig, precision: str | None) -> tuple[LoadedModel, Runtime
         return model, None, f"reference path, fp32 torch, {cfg.device}"
     if precision == "fp32" and cfg.backend == "torch":
         return model, None, f"backend torch, precision fp32, {cfg.device}"
-    from vocalis.runtime.backends import apply_backend
+    from vocalis.backends.choice import apply_backend
 
     runtime = apply_backend(model, cfg.backend, precision, cfg.device)
     return model, runtime, runtime.describe()

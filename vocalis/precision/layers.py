@@ -1,5 +1,5 @@
 """Reduced-precision layers swapped in for `nn.Linear` / convs: bf16/fp16 weights (`CastLinear`, `CastConv`) and
-torch's dynamic int8 quantization. Which model parts get them is the runtime's choice (`runtime.backends`)."""
+torch's dynamic int8 quantization. Which model parts get them is the runtime's choice (`backends.choice`)."""
 
 from __future__ import annotations
 

