@@ -38,13 +38,13 @@ from vocalis.errors import InputError
 from vocalis.kernels import cpu
 from vocalis.kernels.bf16_gemm import PackedWeight
 from vocalis.kernels.bf16_gemm import available as bf16_gemm_available
+from vocalis.kernels.heap import MMAP_THRESHOLD_BYTES
 from vocalis.model_dir import random_model
 from vocalis.models.flow.estimator import CausalBlock1D, CausalConv1d
 from vocalis.precision.dynamic_int8 import FusedQKV, Int8Conv1d, Int8Linear, weight_bits, weight_count
 from vocalis.precision.int8_linear import available as int8_available
 from vocalis.precision.layers import CastConv, CastLinear, cast_hift_convs
 from vocalis.reference.token2wav import FlowPrompt
-from vocalis.runtime.heap import MMAP_THRESHOLD_BYTES
 from vocalis.token2wav.config import Token2WavConfig
 from vocalis.token2wav.engine import Token2WavEngine
 from vocalis.token2wav.hift import hift_body

@@ -13,9 +13,9 @@ from vocalis.engine.config import FUSED_DECODE_KINDS, EngineConfig
 from vocalis.engine.llm_engine import LLMEngine
 from vocalis.engine.model_runner import StepInputs
 from vocalis.engine.request import SamplingParams
+from vocalis.kernels.config import INT8_GRAIN_BYTES, KernelConfig
 from vocalis.model_dir import random_model
 from vocalis.precision import int8_linear as int8_gemv
-from vocalis.precision.config import INT8_GRAIN_BYTES, KernelConfig
 from vocalis.precision.int8_linear import Int8Linear, Int8Weight, int8_linears
 
 

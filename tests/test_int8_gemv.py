@@ -26,10 +26,10 @@ from vocalis.engine.config import EngineConfig
 from vocalis.engine.llm_engine import LLMEngine
 from vocalis.engine.request import SamplingParams
 from vocalis.kernels import cpu
+from vocalis.kernels.config import INT8_GRAIN_BYTES
 from vocalis.kernels.cpu import has_amx
 from vocalis.models.speech_lm import Qwen2LM
 from vocalis.precision import int8_linear as int8_gemv
-from vocalis.precision.config import INT8_GRAIN_BYTES
 from vocalis.precision.int8_linear import (
     Int8Linear,
     fuse,

@@ -25,8 +25,8 @@ from vocalis.frontend.prompt import AudioSource
 from vocalis.frontend.prompt_cv3 import frontend_for
 from vocalis.frontend.request import AudioChunk, Mode, SynthesisRequest
 from vocalis.frontend.voice import Voice, check_voice_name
+from vocalis.kernels.config import KernelConfig
 from vocalis.model_dir import LoadedModel, load_model
-from vocalis.precision.config import KernelConfig
 from vocalis.runtime.async_engine import AsyncEngine
 from vocalis.runtime.sync import BlockingEngine
 from vocalis.token2wav.config import Token2WavConfig

@@ -13,7 +13,7 @@ GELU is the exact erf form with erf to ~2e-7.
 
 The kernel lives in the native extension (`build.extension()`, compiled once per machine); `available()`
 says whether it runs here (the extension builds and the CPU has AMX tiles, where the tile kernel is the fast one).
-Whether to use it where it runs is the caller's choice (`precision.config.KernelConfig.bf16_gemm`,
+Whether to use it where it runs is the caller's choice (`kernels.config.KernelConfig.bf16_gemm`,
 VOCALIS_BF16_GEMM=0: torch's oneDNN GEMM instead).
 Legend: M rows, K in features, N out features.
 """

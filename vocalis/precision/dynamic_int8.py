@@ -28,10 +28,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from vocalis.kernels import cpu
+from vocalis.kernels.heap import MMAP_THRESHOLD_BYTES
 from vocalis.models.flow.estimator import CausalBlock1D, CausalConv1d
 from vocalis.precision.conv_gemm import columns, columns_after, gemm_weight
 from vocalis.precision.module_swap import swap_modules
-from vocalis.runtime.heap import MMAP_THRESHOLD_BYTES
 
 
 def weight_bits() -> int:
@@ -105,7 +105,7 @@ class FusedQKV:
     three layers' bit for bit. At the estimator's shapes (256 -> 3 x 512, 200 rows, 2 threads) 1.2x faster on AVX2
     and ~2x with VNNI. Rows whose fused output would reach `heap.MMAP_THRESHOLD_BYTES` run the three layers
     instead (the same values): a block that large is mapped fresh and faulted in on every call where the engine
-    caps glibc's threshold (`runtime.heap`), which made the fused GEMM 2x slower at 1600 rows."""
+    caps glibc's threshold (`kernels.heap`), which made the fused GEMM 2x slower at 1600 rows."""
 
     def __init__(self) -> None:
         self._cache: dict[int, tuple[nn.Module, Int8Linear | None]] = {}

@@ -37,7 +37,7 @@ import torch
 from torch import nn
 
 from vocalis.kernels import bf16_attention, bf16_gemm, build, cpu
-from vocalis.precision.config import INT8_GRAIN_BYTES
+from vocalis.kernels.config import INT8_GRAIN_BYTES
 from vocalis.precision.module_swap import swap_modules
 
 log = logging.getLogger(__name__)

@@ -17,7 +17,7 @@ Text given in pieces (bi-streaming) is read on the caller's event loop (`runtime
 loop piece by piece.
 Abort (explicit, or the consumer cancelled) frees the job's KV blocks and token2wav caches on the loop's next
 iteration boundary: at once when idle, after the step in flight otherwise. Once the loop has been out of work for
-`heap_release_delay_s` it gives the heap's free memory back to the system (`runtime.heap`; `release_heap_when_idle`),
+`heap_release_delay_s` it gives the heap's free memory back to the system (`kernels.heap`; `release_heap_when_idle`),
 so a server's RSS does not creep up from burst to burst, while back-to-back requests keep the pages their
 predecessors touched; under sustained load it does so after a step once RSS has grown past a slack (`HeapWatch`),
 so the holes that large batched steps free never add up to more than the machine has; and it fixes glibc's mmap
@@ -44,11 +44,11 @@ from vocalis.engine.request import RequestStatus, SamplingParams
 from vocalis.errors import InputError
 from vocalis.frontend.prompt_cv3 import frontend_for
 from vocalis.frontend.request import AudioChunk, Mode, SynthesisRequest
+from vocalis.kernels.heap import HeapWatch, cap_mmap_threshold
 from vocalis.kernels.threads import release_openmp_pool
 from vocalis.model_dir import LoadedModel
 from vocalis.runtime.admission import AdmissionQueue
 from vocalis.runtime.handle import END, EngineClosed, Job, StreamHandle, new_job_id
-from vocalis.runtime.heap import HeapWatch, cap_mmap_threshold
 from vocalis.runtime.rate import RateMeter
 from vocalis.runtime.step_grouping import StepGrouping, StreamReadiness, plan_token2wav_step
 from vocalis.runtime.text_pump import TextPump
@@ -123,7 +123,7 @@ class AsyncEngine:
             # the loop thread should be the one with an OpenMP pool: the caller's (it loaded the model) would
             # make every op of the loop wait for sleeping workers (threads.release_openmp_pool)
             release_openmp_pool()
-            cap_mmap_threshold()  # [memory] large tensors mapped whole, not left as arena holes (runtime.heap)
+            cap_mmap_threshold()  # [memory] large tensors mapped whole, not left as arena holes (kernels.heap)
             self._thread = threading.Thread(target=self._run, name="vocalis-engine", daemon=True)
             self._thread.start()
         return self
