@@ -51,7 +51,7 @@ class EngineFront:
         params = params or self.sampling_params(len(text_ids))
         path = None
         if params.follow_phones:
-            from vocalis.frontend.label_path import LabelPath
+            from vocalis.engine.label_path import LabelPath
 
             path = LabelPath(text_ids, self.llm.config.eos_token, self.ids.num_speech)
         return Request(prompt, params, request_id, sink, generator, label_path=path)
