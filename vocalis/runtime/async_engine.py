@@ -40,17 +40,19 @@ from vocalis.backends.choice import Runtime, make_llm_engine
 from vocalis.config import StreamConfig
 from vocalis.engine.config import EngineConfig
 from vocalis.engine.llm_engine import LLMEngine
-from vocalis.engine.request import RequestStatus, SamplingParams
+from vocalis.engine.request import SamplingParams
 from vocalis.errors import InputError
 from vocalis.frontend.prompt_cv3 import frontend_for
-from vocalis.frontend.request import AudioChunk, Mode, SynthesisRequest
+from vocalis.frontend.request import AudioChunk, SynthesisRequest
 from vocalis.kernels.heap import HeapWatch, cap_mmap_threshold
 from vocalis.kernels.threads import release_openmp_pool
 from vocalis.model_dir import LoadedModel
 from vocalis.runtime.admission import AdmissionQueue
 from vocalis.runtime.handle import END, EngineClosed, Job, StreamHandle, new_job_id
+from vocalis.runtime.job_prep import prepare_job
 from vocalis.runtime.rate import RateMeter
-from vocalis.runtime.step_grouping import StepGrouping, StreamReadiness, plan_token2wav_step
+from vocalis.runtime.readiness import readiness, vocodable
+from vocalis.runtime.step_grouping import StepGrouping, plan_token2wav_step
 from vocalis.runtime.text_pump import TextPump
 from vocalis.token2wav.config import Token2WavConfig
 from vocalis.token2wav.cv3 import CV3Token2WavEngine, token2wav_for
@@ -212,35 +214,13 @@ class AsyncEngine:
     # ---- preparing a job (executor thread; touches no engine state) ------------------------------------
     def _prepare(self, request: SynthesisRequest, stream: bool, handle: StreamHandle) -> Job:
         try:
-            return self._make_job(request, stream, handle)
+            return prepare_job(self.frontend, self.token2wav, request, stream, handle)
         finally:
             release_openmp_pool()  # an executor thread: keep no pool that slows the loop's (see start)
 
-    def _make_job(self, request: SynthesisRequest, stream: bool, handle: StreamHandle) -> Job:
-        fe = self.frontend
-        llm_gen, voc_gen = fe.generators(request.seed)
-        prompt = fe.flow_prompt(request)
-        if request.bistream:
-            segments, llm_prompt = [], fe.llm_prompt(request)
-            _ = fe.tokenizer  # a model without a text tokenizer fails here, with its message
-        elif request.mode is Mode.VC:
-            segments: list[list[int]] = []
-            llm_prompt: tuple[list[int], list[int]] = ([], [])
-        else:
-            segments = fe.segments(request)
-            llm_prompt = fe.llm_prompt(request)
-        count = max(1, len(segments))  # VC and bi-streams: one
-        states = [self.token2wav.new_stream(f"{handle.request_id}/{i}", prompt, streaming=stream,
-                                            speed=request.speed, generator=voc_gen) for i in range(count)]
-        if request.mode is Mode.VC:
-            states[0].add_source_tokens(request.source_speech_ids)
-            states[0].end_input()
-        return Job(handle.request_id, handle, segments, llm_prompt, states, llm_gen,
-                    text=request.text if request.bistream else None)
-
     def _text_pump(self) -> TextPump:
         with self._cond:
-            if self._text is None:  # a model without a text tokenizer never gets here (_make_job checks)
+            if self._text is None:  # a model without a text tokenizer never gets here (prepare_job checks)
                 self._text = TextPump(self.frontend.tokenizer.encode, self._post)
             return self._text
 
@@ -308,7 +288,7 @@ class AsyncEngine:
         return not (self._inbox or self._closing or self._has_work())
 
     def _has_work(self) -> bool:
-        return self.llm.has_work() or any(self._vocodable(j) is not None for j in self._jobs.values())
+        return self.llm.has_work() or any(vocodable(self.token2wav, j) is not None for j in self._jobs.values())
 
     def _iteration(self) -> None:
         if self.llm.has_work():
@@ -341,44 +321,12 @@ class AsyncEngine:
     def _grouped_ready(self) -> list[tuple[Job, StreamState]]:
         """The jobs (with their emitting stream) to vocode now: [] while none is ready, or while the grouping
         policy holds the ready ones for a job a few LLM steps from its own chunk."""
-        now = time.monotonic()
-        views: list[StreamReadiness] = []
-        vocodable: dict[str, tuple[Job, StreamState]] = {}
-        for job in self._jobs.values():
-            s = self._vocodable(job)
-            if s is not None:
-                if job.ready_since is None:
-                    job.ready_since = (self.num_llm_steps, now)
-                steps, at = job.ready_since
-                vocodable[job.job_id] = (job, s)
-                views.append(StreamReadiness(job.job_id, True, waited_steps=self.num_llm_steps - steps,
-                                             waited_s=now - at))
-            else:
-                views.append(StreamReadiness(job.job_id, False, steps_to_ready=self._steps_to_ready(job)))
-        if not vocodable:
+        views, ready = readiness(list(self._jobs.values()), self.llm, self.token2wav, self.num_llm_steps,
+                                 time.monotonic())
+        if not ready:
             return []
         keys = plan_token2wav_step(self.grouping, views, self.llm.has_work(), self._llm_step_s)
-        return [vocodable[k] for k in keys]
-
-    def _steps_to_ready(self, job: Job) -> int | None:
-        """About how many LLM steps until the job's emitting stream has a chunk ready (None: unknown)."""
-        s = job.states[job.emitting]
-        req = job.llm_request
-        if s.input_done or s.finished or req is None or job.next_segment - 1 != job.emitting:
-            return None  # its tokens do not come from the running LLM request
-        if req.bistream is not None or req.status is not RequestStatus.RUNNING:
-            return None  # a bi-stream's speech ids depend on its text arriving; a queued request has no step yet
-        # positions to compute before its next id: 1 when decoding; a prefill yields its first id on its last chunk
-        to_compute = max(req.num_tokens - req.num_computed_tokens, 1)
-        prefill_steps = -(-to_compute // self.llm.config.max_num_batched_tokens) - 1
-        to_end = max(req.params.max_len - req.num_output_tokens, 1)  # the request ends by then: its final chunk
-        if not s.streaming:
-            return prefill_steps + to_end
-        return prefill_steps + max(1, min(self.token2wav.tokens_short(s), to_end))
-
-    def _vocodable(self, job: Job) -> StreamState | None:
-        s = job.states[job.emitting]
-        return s if self.token2wav.next_work(s) is not None else None
+        return [ready[k] for k in keys]
 
     def _add(self, job: Job) -> None:
         if job.handle._aborted:

@@ -14,7 +14,7 @@ get closer; a bi-stream waiting for its text, for instance) or when no other str
 chunks are never delayed.
 
 The decision (`plan_token2wav_step`) is pure Python over `StreamReadiness` records, so it is tested without models;
-the engine loop (`async_engine`) builds the records from its jobs' stream states and LLM requests.
+`readiness` builds the records from the engine loop's jobs (their stream states and LLM requests).
 """
 
 from __future__ import annotations
