@@ -19,7 +19,6 @@ import logging
 import random
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
-from pathlib import Path
 from typing import Any, Protocol
 
 import torch
@@ -155,25 +154,3 @@ def _random_part(config: ModelConfig, part: str) -> nn.Module:
     from vocalis.models.hift.generator import HiFTGenerator
 
     return HiFTGenerator(config.hift)
-
-
-def build_task(config: TrainConfig, shards: list[Path]) -> Task:
-    if config.task == "llm":
-        from vocalis.train.task_llm import LLMTask
-
-        return LLMTask(config)
-    if config.task == "flow":
-        from vocalis.train.task_flow import FlowTask
-
-        return FlowTask(config)
-    if config.task == "hift":
-        from vocalis.train.task_hift import HiFTTask
-
-        return HiFTTask(config)
-    if config.task == "labeller":
-        from vocalis.train.task_labeller import LabellerTask
-
-        return LabellerTask(config)
-    from vocalis.train.task_tokenizer import TokenizerTask
-
-    return TokenizerTask(config, shards)
