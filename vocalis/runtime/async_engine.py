@@ -231,7 +231,7 @@ class AsyncEngine:
                 idle = self._idle()
                 if idle and self._heap_used and self.release_heap_when_idle:
                     # [memory] give the heap back only after a quiet spell: the next request's first token2wav
-                    # step would fault it all in again (~100 k pages at the 0.5B shapes)
+                    # step would fault it all in again
                     deadline = time.monotonic() + self.heap_release_delay_s
                     while idle and (left := deadline - time.monotonic()) > 0:
                         self._cond.wait(left)
