@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING
 
+from vocalis.backends import BACKENDS, PRECISIONS
 from vocalis.errors import InputError
 
 if TYPE_CHECKING:
@@ -43,8 +44,6 @@ class ModelOptions:
     max_streams: int | None = None
 
     def __post_init__(self) -> None:
-        from vocalis.backends.choice import BACKENDS, PRECISIONS
-
         if self.precision not in PRECISIONS:
             raise ValueError(f"--precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
         if self.backend not in BACKENDS:

@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from vocalis.backends import BACKENDS, PRECISIONS
 from vocalis.backends.onnx import use_onnx
 from vocalis.backends.tensorrt import use_tensorrt
 from vocalis.backends.vllm.engine import VLLMEngine, check_model, vllm_version
@@ -64,8 +65,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-PRECISIONS = ("auto", "fp32", "bf16", "fp16", "int8")
-BACKENDS = ("auto", "torch", "onnx", "tensorrt", "compile", "vllm")
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
