@@ -18,8 +18,8 @@ OVERSIZED_FOR_NOW = {"token2wav/engine.py"}  # the CosyVoice 2 token2wav engine,
 # and the server's app and WebSocket route (which share `error_status`).
 CYCLES_FOR_NOW = ({"vocalis.model_dir", "vocalis.model_dir_cv3"}, {"vocalis.serve.app", "vocalis.serve.websocket"})
 
-# The layers, lowest first: each imports only from the layers below it (and `errors`, `config*`, `checkpoint`,
-# `model_dir*`, which every layer may read).
+# The layers, lowest first: each imports nothing from the layers above it. (The shared leaves, `errors`, `config*`,
+# `checkpoint` and `model_dir*`, stand outside the order.)
 LAYERS = (("kernels",), ("models",), ("precision",), ("engine", "token2wav", "frontend"), ("backends",),
           ("runtime",), ("tts", "serve", "batch", "bench", "cli", "eval"))
 # What `vocalis speak` and every other synthesis path loads.
@@ -157,11 +157,14 @@ def _speak_path() -> set[str]:
     count only with their module-level imports."""
     full, at_import = _graph(), _graph(deferred=False)
     tree = ast.parse((PKG / "cli.py").read_text())
-    speak = {n for f in tree.body if isinstance(f, ast.FunctionDef) and f.name in SPEAK_PATH for n in ast.walk(f)}
-    start = at_import["vocalis.cli"] | {
-        m for n in speak if isinstance(n, ast.ImportFrom) and n.module for m in (n.module,
-                                                                              *(f"{n.module}.{a.name}" for a in n.names))
-        if m in full} | {a.name for n in speak if isinstance(n, ast.Import) for a in n.names if a.name in full}
+    start = set(at_import["vocalis.cli"])
+    for f in tree.body:
+        if isinstance(f, ast.FunctionDef) and f.name in SPEAK_PATH:
+            for n in ast.walk(f):
+                if isinstance(n, ast.ImportFrom) and n.module:
+                    start.update(m for m in (n.module, *(f"{n.module}.{a.name}" for a in n.names)) if m in full)
+                elif isinstance(n, ast.Import):
+                    start.update(a.name for a in n.names if a.name in full)
     reached: set[str] = set()
     todo = list(start)
     while todo:
