@@ -21,9 +21,9 @@ import torch
 import torch.nn.functional as F
 from bench_attention import per_call_ms
 
+from vocalis.kernels.heap import cap_mmap_threshold
 from vocalis.precision import int8_linear
 from vocalis.precision.dynamic_int8 import Int8Linear
-from vocalis.runtime.heap import cap_mmap_threshold
 
 ROWS = (100, 200, 400)
 WIDTHS = ((256, 1536), (256, 1024), (1024, 256), (512, 256), (768, 256))  # (K, N)

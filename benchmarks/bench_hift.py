@@ -18,9 +18,9 @@ import torch
 from bench_attention import per_call_ms
 
 from vocalis.config import PRESETS
+from vocalis.kernels.heap import cap_mmap_threshold
 from vocalis.models.hift.generator import HiFTGenerator
 from vocalis.precision.layers import cast_hift_convs
-from vocalis.runtime.heap import cap_mmap_threshold
 from vocalis.token2wav.hift import hift_body
 
 SHAPES = ((1, 50), (2, 58), (4, 50))  # (rows, mel frames)

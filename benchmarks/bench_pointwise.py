@@ -23,8 +23,8 @@ from bench_attention import per_call_ms
 from torch import nn
 
 from vocalis.kernels import fp32_pointwise
+from vocalis.kernels.heap import cap_mmap_threshold
 from vocalis.precision.conv_gemm import columns, columns_after
-from vocalis.runtime.heap import cap_mmap_threshold
 
 SHAPES = ((2, 100), (2, 50), (16, 50))  # (rows, frames)
 CHANNELS = 256

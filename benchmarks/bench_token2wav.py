@@ -5,7 +5,7 @@ random speech tokens per utterance (25 per second of audio), optionally a prompt
 process (fresh model, own peak RSS). All tokens are available from the start (as in voice conversion), so the
 figures are token2wav alone. Times are wall and process CPU seconds; on a shared machine compare CPU seconds
 (with --threads 1 they are pure work, no spin-waiting), since wall time depends on the other load. The engine
-sides run with the serving engine's allocator settings (`runtime.heap.cap_mmap_threshold`, as `AsyncEngine`).
+sides run with the serving engine's allocator settings (`kernels.heap.cap_mmap_threshold`, as `AsyncEngine`).
 
   reference: `vocalis.reference.token2wav.Token2Wav`, one stream (its streaming loop re-runs the flow over the
              whole prefix at every chunk); S streams are served one after another, so S x that time.
@@ -44,13 +44,13 @@ from typing import Any
 import torch
 from torch import nn
 
+from vocalis.backends.choice import apply_backend
 from vocalis.bench.accuracy import errors, outputs
 from vocalis.config import PRESETS, SAMPLE_RATE, TOKEN_RATE
+from vocalis.kernels.heap import cap_mmap_threshold
 from vocalis.models.flow.flow import CausalMaskedDiffWithXvec
 from vocalis.models.hift.generator import HiFTGenerator
 from vocalis.reference.token2wav import FlowPrompt, Token2Wav
-from vocalis.runtime.backends import apply_backend
-from vocalis.runtime.heap import cap_mmap_threshold
 from vocalis.token2wav.config import Token2WavConfig
 from vocalis.token2wav.engine import Token2WavEngine
 

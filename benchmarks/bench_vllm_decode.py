@@ -5,7 +5,7 @@
 
 For each batch size: B greedy requests (prompt positions each, every stop id masked so none ends early) are
 prefilled, then `steps` decode steps are timed; prints decode tokens/s (B x steps / seconds) as JSON lines.
-The vllm engine needs VOCALIS_VLLM_PYTHON (see vocalis/engine/vllm/engine.py).
+The vllm engine needs VOCALIS_VLLM_PYTHON (see vocalis/backends/vllm/engine.py).
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ import time
 
 import torch
 
+from vocalis.backends.vllm.engine import VLLMEngine
 from vocalis.config import PRESETS
 from vocalis.engine.config import EngineConfig
 from vocalis.engine.llm_engine import LLMEngine
 from vocalis.engine.request import SamplingParams
-from vocalis.engine.vllm.engine import VLLMEngine
 from vocalis.models.speech_lm import Qwen2LM
 from vocalis.precision.layers import cast_linears
 

@@ -15,11 +15,11 @@ import pytest
 from vocalis.engine.config import EngineConfig
 from vocalis.errors import InputError
 from vocalis.frontend.request import AudioChunk, Mode, SynthesisRequest
+from vocalis.kernels.heap import release_free_heap
 from vocalis.model_dir import LoadedModel, random_model
 from vocalis.reference.synthesizer import Synthesizer
 from vocalis.runtime.async_engine import AsyncEngine
 from vocalis.runtime.handle import StreamHandle
-from vocalis.runtime.heap import release_free_heap
 from vocalis.token2wav.config import Token2WavConfig
 
 TEXTS = ["Hello there, how are you today?", "Short one.", "The quick brown fox jumps over the lazy dog again."]
@@ -322,7 +322,7 @@ def test_release_free_heap_gives_freed_holes_back() -> None:
 _BURST = """
 import sys
 import numpy as np
-from vocalis.runtime.heap import cap_mmap_threshold, rss_bytes
+from vocalis.kernels.heap import cap_mmap_threshold, rss_bytes
 if sys.argv[1] == "cap":
     assert cap_mmap_threshold()
 np.ones((24 << 20) // 8).sum()  # a mapped block, freed: glibc would raise its threshold past 24 MiB from here on

@@ -31,20 +31,20 @@ import soundfile as sf
 import torch
 import torch.nn.functional as F
 
+from vocalis.backends.choice import apply_backend, has_amx, native_bf16_cpu, resolve
 from vocalis.bench.accuracy import errors, outputs
 from vocalis.cli import main
 from vocalis.errors import InputError
 from vocalis.kernels import cpu
 from vocalis.kernels.bf16_gemm import PackedWeight
 from vocalis.kernels.bf16_gemm import available as bf16_gemm_available
+from vocalis.kernels.heap import MMAP_THRESHOLD_BYTES
 from vocalis.model_dir import random_model
 from vocalis.models.flow.estimator import CausalBlock1D, CausalConv1d
 from vocalis.precision.dynamic_int8 import FusedQKV, Int8Conv1d, Int8Linear, weight_bits, weight_count
 from vocalis.precision.int8_linear import available as int8_available
 from vocalis.precision.layers import CastConv, CastLinear, cast_hift_convs
 from vocalis.reference.token2wav import FlowPrompt
-from vocalis.runtime.backends import apply_backend, has_amx, native_bf16_cpu, resolve
-from vocalis.runtime.heap import MMAP_THRESHOLD_BYTES
 from vocalis.token2wav.config import Token2WavConfig
 from vocalis.token2wav.engine import Token2WavEngine
 from vocalis.token2wav.hift import hift_body
@@ -341,7 +341,7 @@ def test_choices_and_messages(caplog: pytest.LogCaptureFixture, monkeypatch: pyt
 
     expected = "int8" if int8_available() else ("bf16" if native_bf16_cpu() else "fp32")
     assert resolve("auto", "auto", "cpu") == ("torch", expected)
-    with caplog.at_level(logging.INFO, logger="vocalis.runtime.backends"):
+    with caplog.at_level(logging.INFO, logger="vocalis.backends.choice"):
         runtime = apply_backend(random_model(), "auto", "auto", "cpu")
     assert "auto picked" in caplog.text and runtime.precision == expected
 

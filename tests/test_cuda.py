@@ -16,16 +16,16 @@ import numpy as np
 import pytest
 import torch
 
+from vocalis.backends.choice import apply_backend
 from vocalis.bench.accuracy import errors, outputs
-from vocalis.runtime.async_engine import AsyncEngine
-from vocalis.runtime.backends import apply_backend
 from vocalis.engine.config import EngineConfig
 from vocalis.engine.llm_engine import LLMEngine
 from vocalis.engine.request import SamplingParams
-from vocalis.token2wav.config import Token2WavConfig
 from vocalis.frontend.request import Mode, SynthesisRequest
-from vocalis.reference.synthesizer import Synthesizer
 from vocalis.model_dir import random_model
+from vocalis.reference.synthesizer import Synthesizer
+from vocalis.runtime.async_engine import AsyncEngine
+from vocalis.token2wav.config import Token2WavConfig
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

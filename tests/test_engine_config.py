@@ -8,15 +8,15 @@ import pytest
 import torch
 
 from tests.fused_decode_support import TEXTS, dense_kernel, tiny_lm
+from vocalis.backends.choice import apply_backend
 from vocalis.engine.config import FUSED_DECODE_KINDS, EngineConfig
 from vocalis.engine.llm_engine import LLMEngine
 from vocalis.engine.model_runner import StepInputs
 from vocalis.engine.request import SamplingParams
+from vocalis.kernels.config import INT8_GRAIN_BYTES, KernelConfig
 from vocalis.model_dir import random_model
 from vocalis.precision import int8_linear as int8_gemv
-from vocalis.precision.config import INT8_GRAIN_BYTES, KernelConfig
 from vocalis.precision.int8_linear import Int8Linear, Int8Weight, int8_linears
-from vocalis.runtime.backends import apply_backend
 
 
 def test_env_overrides_map_onto_the_fields() -> None:

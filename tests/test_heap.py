@@ -10,13 +10,13 @@ import sys
 
 import pytest
 
-from vocalis.runtime.heap import _malloc_trim, rss_bytes
+from vocalis.kernels.heap import _malloc_trim, rss_bytes
 
 pytestmark = pytest.mark.skipif(_malloc_trim() is None or rss_bytes() is None,
                                 reason="needs glibc's malloc_trim and /proc (Linux)")
 
 SCRIPT = r'''
-from vocalis.runtime.heap import HeapWatch, rss_bytes
+from vocalis.kernels.heap import HeapWatch, rss_bytes
 
 MIB = 1 << 20
 

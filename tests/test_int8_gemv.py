@@ -26,10 +26,10 @@ from vocalis.engine.config import EngineConfig
 from vocalis.engine.llm_engine import LLMEngine
 from vocalis.engine.request import SamplingParams
 from vocalis.kernels import cpu
+from vocalis.kernels.config import INT8_GRAIN_BYTES
 from vocalis.kernels.cpu import has_amx
 from vocalis.models.speech_lm import Qwen2LM
 from vocalis.precision import int8_linear as int8_gemv
-from vocalis.precision.config import INT8_GRAIN_BYTES
 from vocalis.precision.int8_linear import (
     Int8Linear,
     fuse,
@@ -126,9 +126,9 @@ def test_int8_engine_equals_reference_path() -> None:
 
 def test_fallback_when_the_kernel_is_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
     """No kernel: the int8 backend quantizes the LLM with torch's dynamic quantization and says so."""
+    from vocalis.backends.choice import apply_backend
     from vocalis.kernels import build
     from vocalis.model_dir import random_model
-    from vocalis.runtime.backends import apply_backend
 
     monkeypatch.setattr(build, "_ext", None)
     monkeypatch.setattr(build, "_reason", "test: pretend the kernels cannot be built")

@@ -1,4 +1,4 @@
-"""A phone model's labels follow its text (`SamplingConfig.follow_phones`, `vocalis.frontend.label_path`): every
+"""A phone model's labels follow its text (`SamplingConfig.follow_phones`, `vocalis.engine.label_path`): every
 path the mask lets through spells the text's phones in order with pauses only where words end, the teacher's own
 alignments all stay on it, and the engine draws the reference decoder's ids under it."""
 
@@ -11,8 +11,8 @@ import torch
 from vocalis.config import PRESETS
 from vocalis.corpus.alignment import Segment, frame_labels, label_units
 from vocalis.engine.config import EngineConfig
+from vocalis.engine.label_path import LabelPath
 from vocalis.engine.llm_engine import LLMEngine
-from vocalis.frontend.label_path import LabelPath
 from vocalis.frontend.phones import NUM_LABELS, PAUSE, PUNCTUATION, WORD_BOUNDARY, g2p, text_ids
 from vocalis.models.speech_lm import Qwen2LM
 from vocalis.reference.decode import generate

@@ -208,7 +208,7 @@ from vocalis.config import PRESETS
 from vocalis.engine.config import EngineConfig
 from vocalis.engine.llm_engine import LLMEngine
 from vocalis.models.speech_lm import Qwen2LM
-from vocalis.runtime.heap import rss_bytes
+from vocalis.kernels.heap import rss_bytes
 lm = Qwen2LM(PRESETS["tiny"].llm).eval().requires_grad_(False)
 out = {}
 for reserve in (False, True):

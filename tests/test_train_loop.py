@@ -264,7 +264,8 @@ def test_precisions_and_gradient_checkpointing(corpus: Path, tmp_path: Path) -> 
     assert all(torch.equal(weights["true"][k], weights["false"][k]) for k in weights["true"])
 
     from vocalis.train.data import ShardDataset, resolve_shards
-    from vocalis.train.task import build_task, enable_gradient_checkpointing
+    from vocalis.train.task import enable_gradient_checkpointing
+    from vocalis.train.tasks import build_task
 
     config = _config("llm", corpus, tmp_path / "count")
     shards = resolve_shards(config.data.train)

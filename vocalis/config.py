@@ -100,7 +100,7 @@ class SamplingConfig:
     tau_r: float = 0.1
     temperature: float = 1.0
     # A phone model's labels spell its text's phones in order: draw only labels that continue the spelling
-    # (`vocalis.frontend.label_path`), so that the model chooses durations and pauses, never skips or repeats words
+    # (`vocalis.engine.label_path`), so that the model chooses durations and pauses, never skips or repeats words
     follow_phones: bool = False
 
 

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING
 
+from vocalis.backends import BACKENDS, PRECISIONS
 from vocalis.errors import InputError
 
 if TYPE_CHECKING:
@@ -23,7 +24,7 @@ class ModelOptions:
     """What `TTS.load` and the token2wav config take.
 
     device: cpu, cuda, cuda:N, or "auto" (cuda when one is visible, else cpu).
-    precision / backend: `vocalis.runtime.backends` ("auto" picks by the CPU or GPU).
+    precision / backend: `vocalis.backends.choice` ("auto" picks by the CPU or GPU).
     flow_steps: Euler steps of the flow (None: the model's).
     token2wav_cache_mib: the streams' token2wav cache budget (None: a quarter of the device's memory).
     final_chunk: "full" (the reference's last call exactly: one more full-attention flow pass per streamed
@@ -43,8 +44,6 @@ class ModelOptions:
     max_streams: int | None = None
 
     def __post_init__(self) -> None:
-        from vocalis.runtime.backends import BACKENDS, PRECISIONS
-
         if self.precision not in PRECISIONS:
             raise ValueError(f"--precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
         if self.backend not in BACKENDS:
@@ -70,7 +69,7 @@ class ModelOptions:
         """Raise InputError now when this machine cannot run the precision/backend on the device (what to install)."""
         import torch
 
-        from vocalis.runtime.backends import resolve
+        from vocalis.backends.choice import resolve
 
         try:
             device = torch.device(self.resolved_device())

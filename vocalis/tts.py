@@ -16,6 +16,7 @@ from typing import Self, TypedDict, Unpack
 import numpy as np
 import torch
 
+from vocalis.backends.choice import Runtime, apply_backend, resolve
 from vocalis.config import MAX_PROMPT_SECONDS, PROMPT_SAMPLE_RATE_16K
 from vocalis.engine.config import EngineConfig
 from vocalis.errors import InputError
@@ -24,10 +25,9 @@ from vocalis.frontend.prompt import AudioSource
 from vocalis.frontend.prompt_cv3 import frontend_for
 from vocalis.frontend.request import AudioChunk, Mode, SynthesisRequest
 from vocalis.frontend.voice import Voice, check_voice_name
+from vocalis.kernels.config import KernelConfig
 from vocalis.model_dir import LoadedModel, load_model
-from vocalis.precision.config import KernelConfig
 from vocalis.runtime.async_engine import AsyncEngine
-from vocalis.runtime.backends import Runtime, apply_backend, resolve
 from vocalis.runtime.sync import BlockingEngine
 from vocalis.token2wav.config import Token2WavConfig
 
@@ -83,7 +83,7 @@ class TTS:
         """A model directory (official CosyVoice2 or Vocalis layout), or None for the built-in model.
 
         backend: torch | onnx | tensorrt | compile | vllm | auto; precision: fp32 | bf16 | fp16 | int8 | auto
-        (see `vocalis.runtime.backends`; an unavailable choice raises InputError saying what to install).
+        (see `vocalis.backends.choice`; an unavailable choice raises InputError saying what to install).
         kernels: which native CPU kernels the backend may use (default: all that run here).
         flow_steps: Euler steps of the flow, a speed/quality setting (default: the model's, 10 for CosyVoice 2; the
         mel error of fewer is in docs/benchmarks.md); it sets `flow_steps` of the token2wav config in use.

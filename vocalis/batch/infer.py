@@ -34,10 +34,12 @@ from typing import Any
 import numpy as np
 import soundfile as sf
 import torch
+import torch.distributed as dist
 
+from vocalis.audio_file import write_audio
+from vocalis.batch.manifest import ManifestItem, read_manifest
 from vocalis.errors import InputError, VocalisError
 from vocalis.model_options import ModelOptions
-from vocalis.batch.manifest import ManifestItem, read_manifest
 
 log = logging.getLogger(__name__)
 
@@ -208,8 +210,6 @@ class _Worker:
 
 
 def _run_shard(options: InferOptions, info: RankInfo, items: list[ManifestItem]) -> RankReport:
-    from vocalis.audio_file import write_audio
-
     report = RankReport(info.rank)
     start = time.perf_counter()
     todo: list[ManifestItem] = []
@@ -314,8 +314,6 @@ def merge_reports(reports: list[dict[str, Any]], previous: dict[str, Any] | None
 
 
 def _barrier(info: RankInfo) -> None:
-    import torch.distributed as dist
-
     if dist.get_backend() == "nccl":
         dist.barrier(device_ids=[info.local_rank])
     else:
@@ -323,8 +321,6 @@ def _barrier(info: RankInfo) -> None:
 
 
 def _init_process_group(options: InferOptions, info: RankInfo) -> None:
-    import torch.distributed as dist
-
     use_cuda = options.load.resolved_device(info.local_rank).startswith("cuda")
     if use_cuda:
         torch.cuda.set_device(info.local_rank)
@@ -354,8 +350,6 @@ def run_batch(options: InferOptions, info: RankInfo | None = None) -> dict[str, 
         return _merge_on_rank0(options, info, len(items))
     finally:
         if distributed:
-            import torch.distributed as dist
-
             dist.destroy_process_group()
 
 

@@ -27,6 +27,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from vocalis.config import PRESETS
+from vocalis.config_cv3 import CV3_PRESETS
 from vocalis.errors import InputError
 
 log = logging.getLogger(__name__)
@@ -265,7 +267,7 @@ def plot(report: dict[str, Any], path: Path) -> None:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", default="cosyvoice2-0.5b", help="model shapes (random weights): cosyvoice2-0.5b, tiny, cosyvoice3-0.5b")
     p.add_argument("--precision", default="fp32", help="engine precisions, comma separated: fp32,bf16,int8")
-    p.add_argument("--backend", default="torch", help="engine backend (see vocalis.runtime.backends)")
+    p.add_argument("--backend", default="torch", help="engine backend (see vocalis.backends.choice)")
     p.add_argument("--device", default="cpu", help="cpu or cuda (both sides run there)")
     p.add_argument("--threads", type=int, default=min(os.cpu_count() or 1, 2), help="torch threads per side")
     p.add_argument("--tokens", type=int, help="speech tokens per utterance (25 per second)")
@@ -332,15 +334,12 @@ def config_from_args(args: argparse.Namespace) -> Any:
         value = getattr(args, name)
         if value:
             kw[name] = tuple(int(v) for v in value.split(","))
-    from vocalis.config import PRESETS
-    from vocalis.config_cv3 import CV3_PRESETS
-
     if args.preset not in PRESETS and args.preset not in CV3_PRESETS:
         raise InputError(f"unknown preset {args.preset!r}; choose one of {', '.join([*PRESETS, *CV3_PRESETS])}")
     if args.device != "cpu" and args.device != "cuda" and not args.device.startswith("cuda:"):
         raise InputError(f"--device takes cpu, cuda or cuda:N, got {args.device!r}")
     if kw["precisions"] != ("fp32",) or args.backend != "torch" or args.device != "cpu":
-        from vocalis.runtime.backends import resolve
+        from vocalis.backends.choice import resolve
 
         # resolve "auto" and fail with a clear message now rather than from a side process
         kw["precisions"] = tuple(dict.fromkeys(resolve(args.backend, p, args.device)[1] for p in kw["precisions"]))
@@ -360,8 +359,6 @@ def add_bench_command(sub: Any) -> None:
 
 def main(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
-    from vocalis.config_cv3 import CV3_PRESETS
-
     if cfg.preset in CV3_PRESETS:  # CosyVoice 3: one in-process run of its engine (bench/cv3.py)
         from vocalis.bench.cv3 import cv3_summary, run_cv3
 

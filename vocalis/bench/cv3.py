@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from vocalis.backends.choice import apply_backend
 from vocalis.bench.scenario import BenchConfig, peak_rss_mib
 from vocalis.config import TOKEN_RATE, StreamConfig
 from vocalis.config_cv3 import CV3_PRESETS, CosyVoice3Config
@@ -32,7 +33,6 @@ from vocalis.model_dir import BUNDLED_TOKENIZER, LoadedModel
 from vocalis.model_dir_cv3 import CV3_KIND, build_cv3_modules
 from vocalis.reference.cv3 import generate, stream_token2wav
 from vocalis.runtime.async_engine import AsyncEngine
-from vocalis.runtime.backends import apply_backend
 from vocalis.token2wav.cv3 import CV3Token2WavEngine
 
 log = logging.getLogger(__name__)

@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from vocalis.backends.choice import make_llm_engine
+from vocalis.bench.bandwidth import decode_fraction, probe_for, spread
 from vocalis.bench.decode_bytes import kv_bytes_per_position, llm_bytes_per_token
 from vocalis.bench.scenario import (
     REPEAT_SALT,
@@ -31,12 +33,17 @@ from vocalis.bench.scenario import (
     sync_device,
 )
 from vocalis.config import TOKEN_RATE
+from vocalis.engine.config import EngineConfig
+from vocalis.engine.request import SamplingParams
 from vocalis.frontend.request import Mode, SynthesisRequest
 from vocalis.frontend.voice import Voice
 from vocalis.model_dir import LoadedModel
+from vocalis.reference.synthesizer import Synthesizer
+from vocalis.token2wav.config import Token2WavConfig
+from vocalis.token2wav.engine import Token2WavEngine
 
 if TYPE_CHECKING:
-    from vocalis.runtime.backends import Runtime
+    from vocalis.backends.choice import Runtime
 
 log = logging.getLogger(__name__)
 
@@ -57,11 +64,6 @@ def run_engine(cfg: BenchConfig, precision: str) -> dict[str, Any]:
 
 def _engine_llm(cfg: BenchConfig, model: LoadedModel, runtime: Runtime | None, voice: Voice, precision: str,
                 bytes_per_token: int) -> dict[str, Any]:
-    from vocalis.bench.bandwidth import probe_for, spread
-    from vocalis.engine.config import EngineConfig
-    from vocalis.engine.request import SamplingParams
-    from vocalis.runtime.backends import make_llm_engine
-
     tok = model.tokenizer
     assert tok is not None
     out: dict[str, Any] = {"llm": {}}
@@ -111,8 +113,6 @@ def _b1_against_bandwidth(cfg: BenchConfig, eng: Any, req: Any, weight_bytes: in
     before each and after the last (see bench_bandwidth), after `cfg.b1_warmup_tokens` untimed steps (steady
     state: in the first segment right after prefill both precisions ran ~10-20 % slower). A step's bytes: the
     weights plus the K/V of the row's context at that step (its mean over the segment)."""
-    from vocalis.bench.bandwidth import decode_fraction, probe_for, spread
-
     total = cfg.b1_decode_tokens
     sizes = [total // cfg.b1_segments + (i < total % cfg.b1_segments) for i in range(cfg.b1_segments)]
     sizes = [s for s in sizes if s > 0]
@@ -146,8 +146,6 @@ def _b1_against_bandwidth(cfg: BenchConfig, eng: Any, req: Any, weight_bytes: in
 
 
 def _engine_token2wav(cfg: BenchConfig, model: LoadedModel, voice: Voice, precision: str) -> dict[str, Any]:
-    from vocalis.token2wav.engine import Token2WavEngine
-
     t2w = Token2WavEngine(model.flow, model.hift)
     prompt = _flow_prompt(model, voice)
     tokens = torch.randint(0, model.config.llm.speech_token_size, (cfg.tokens,),
@@ -162,8 +160,6 @@ def _engine_token2wav(cfg: BenchConfig, model: LoadedModel, voice: Voice, precis
 
 
 def _flow_prompt(model: LoadedModel, voice: Voice):  # -> FlowPrompt
-    from vocalis.reference.synthesizer import Synthesizer
-
     return Synthesizer(model).flow_prompt(SynthesisRequest(voice, Mode.ZERO_SHOT, "x"))
 
 
@@ -180,11 +176,6 @@ def _t2w_run(cfg: BenchConfig, t2w: Any, prompt: Any, tokens: list[int], streami
 
 
 async def _engine_e2e(cfg: BenchConfig, model: LoadedModel, runtime: Runtime | None, voice: Voice) -> dict[str, Any]:
-    from vocalis.engine.config import EngineConfig
-    from vocalis.runtime.backends import make_llm_engine
-    from vocalis.token2wav.config import Token2WavConfig
-    from vocalis.token2wav.engine import Token2WavEngine
-
     FixedLengthEngine = fixed_length_engine(cfg.tokens)
 
     top = max(cfg.concurrency)

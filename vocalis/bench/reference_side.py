@@ -28,13 +28,13 @@ from vocalis.frontend.request import Mode, SynthesisRequest
 from vocalis.frontend.voice import Voice
 from vocalis.model_dir import LoadedModel
 from vocalis.reference.decode import generate
+from vocalis.reference.synthesizer import Synthesizer
+from vocalis.reference.token2wav import Token2Wav
 
 log = logging.getLogger(__name__)
 
 
 def run_reference(cfg: BenchConfig) -> dict[str, Any]:
-    from vocalis.reference.synthesizer import Synthesizer
-
     model, _, runtime = build(cfg, None)
     voice = bench_voice(model, cfg)
     synth = Synthesizer(model)
@@ -70,8 +70,6 @@ def _reference_llm(cfg: BenchConfig, model: LoadedModel, voice: Voice, text_ids:
 
 
 def _reference_token2wav(cfg: BenchConfig, model: LoadedModel, voice: Voice, synth: Any) -> dict[str, Any]:
-    from vocalis.reference.token2wav import Token2Wav
-
     t2w = Token2Wav(model.flow, model.hift)
     prompt = synth.flow_prompt(SynthesisRequest(voice, Mode.ZERO_SHOT, "x"))
     tokens = torch.randint(0, model.config.llm.speech_token_size, (1, cfg.tokens),

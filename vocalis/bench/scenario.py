@@ -17,14 +17,17 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from vocalis.backends.choice import apply_backend
 from vocalis.config import SamplingConfig
+from vocalis.engine.request import SamplingParams
 from vocalis.frontend.voice import Voice
 from vocalis.model_dir import LoadedModel, random_model
 from vocalis.reference.decode import generate
 from vocalis.reference.sampling import make_sampler
+from vocalis.runtime.async_engine import AsyncEngine
 
 if TYPE_CHECKING:
-    from vocalis.runtime.backends import Runtime
+    from vocalis.backends.choice import Runtime
 
 WORDS = ("the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "seven", "bright", "birds",
          "sing", "near", "old", "river", "banks")
@@ -117,8 +120,6 @@ def build(cfg: BenchConfig, precision: str | None) -> tuple[LoadedModel, Runtime
         return model, None, f"reference path, fp32 torch, {cfg.device}"
     if precision == "fp32" and cfg.backend == "torch":
         return model, None, f"backend torch, precision fp32, {cfg.device}"
-    from vocalis.runtime.backends import apply_backend
-
     runtime = apply_backend(model, cfg.backend, precision, cfg.device)
     return model, runtime, runtime.describe()
 
@@ -148,9 +149,6 @@ def fixed_length_generate(model: LoadedModel, tokens: int) -> Callable[..., Iter
 
 def fixed_length_engine(tokens: int) -> type[Any]:
     """An `AsyncEngine` whose requests decode exactly `tokens` ids per sentence (every stop id masked)."""
-    from vocalis.engine.request import SamplingParams
-    from vocalis.runtime.async_engine import AsyncEngine
-
     class FixedLengthEngine(AsyncEngine):
         def llm_params(self, text_ids: list[int]) -> SamplingParams:
             base = super().llm_params(text_ids)

@@ -11,6 +11,7 @@ import torch
 
 from vocalis.config import SamplingConfig
 from vocalis.engine.id_space import IdSpace
+from vocalis.engine.label_path import LabelPath
 from vocalis.engine.request import Request, SamplingParams, TokenSink
 from vocalis.models.cv3.speech_lm import CosyVoice3LM
 from vocalis.models.speech_lm import Qwen2LM
@@ -51,8 +52,6 @@ class EngineFront:
         params = params or self.sampling_params(len(text_ids))
         path = None
         if params.follow_phones:
-            from vocalis.frontend.label_path import LabelPath
-
             path = LabelPath(text_ids, self.llm.config.eos_token, self.ids.num_speech)
         return Request(prompt, params, request_id, sink, generator, label_path=path)
 

@@ -22,7 +22,7 @@ from vocalis.errors import InputError
 
 if TYPE_CHECKING:
     from vocalis.engine.bistream import BistreamInput
-    from vocalis.frontend.label_path import LabelPath
+    from vocalis.engine.label_path import LabelPath
 
 log = logging.getLogger(__name__)
 _ids = itertools.count()
@@ -48,7 +48,7 @@ class SamplingParams:
     min_len / max_len: speech ids to produce at least / at most; eos is masked while fewer than min_len were
         produced (stop_all_masked: every stop id is, which with min_len = max_len forces an exact count).
     seed: seeds this request's own torch.Generator (None: a random seed); the draws use nothing else.
-    follow_phones: a phone model's labels follow its text (`vocalis.frontend.label_path`; whole-text requests).
+    follow_phones: a phone model's labels follow its text (`vocalis.engine.label_path`; whole-text requests).
     """
 
     temperature: float = 1.0

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from vocalis.eval.runner import Scores, UtteranceResult
+from vocalis.eval.scores import Scores, UtteranceResult
 from vocalis.eval.wer import EditCounts
 
 log = logging.getLogger(__name__)

@@ -5,17 +5,20 @@ from __future__ import annotations
 import json
 import logging
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from vocalis.batch.manifest import ManifestItem, read_manifest
 from vocalis.errors import InputError, VocalisError
 from vocalis.eval.asr import Transcriber, load_transcriber
+from vocalis.eval.report import build_report, to_markdown, write_plots
+from vocalis.eval.scores import Scores, UtteranceResult
 from vocalis.eval.similarity import SAMPLE_RATE, SpeakerEmbedder, cosine, make_embedders
-from vocalis.eval.wer import EditCounts, char_counts, word_counts
-from vocalis.batch.manifest import ManifestItem, read_manifest
+from vocalis.eval.wer import char_counts, word_counts
+from vocalis.frontend.audio import load_wav
 
 log = logging.getLogger(__name__)
 
@@ -33,53 +36,8 @@ class EvalOptions:
     plots: bool = True
 
 
-@dataclass
-class Scores:
-    """What one recording scores. Rates are None when not measured."""
-
-    hypothesis: str | None = None
-    word_edits: EditCounts | None = None
-    char_edits: EditCounts | None = None
-    similarity: dict[str, float] = field(default_factory=dict)
-    errors: list[str] = field(default_factory=list)
-
-    @property
-    def wer(self) -> float | None:
-        return self.word_edits.rate if self.word_edits else None
-
-    @property
-    def cer(self) -> float | None:
-        return self.char_edits.rate if self.char_edits else None
-
-
-@dataclass
-class UtteranceResult:
-    id: str
-    text: str
-    status: str  # "scored" | "missing" | "unreadable"
-    duration: float | None = None
-    rtf: float | None = None
-    output: Scores = field(default_factory=Scores)
-    baseline: Scores | None = None
-    reason: str = ""
-
-    def to_json(self) -> dict[str, Any]:
-        def scores(s: Scores | None) -> dict[str, Any] | None:
-            if s is None:
-                return None
-            return {"hypothesis": s.hypothesis, "wer": s.wer, "cer": s.cer, "similarity": s.similarity,
-                    "word_edits": s.word_edits and s.word_edits.to_json(),
-                    "char_edits": s.char_edits and s.char_edits.to_json(), "errors": s.errors}
-
-        return {"id": self.id, "text": self.text, "status": self.status, "reason": self.reason,
-                "duration": self.duration, "rtf": self.rtf, **scores(self.output),  # type: ignore[dict-item]
-                "baseline": scores(self.baseline)}
-
-
 def load_16k(path: Path) -> np.ndarray:
     """Any audio file -> mono float32 (N,) at 16 kHz; AudioError when missing, unreadable or empty."""
-    from vocalis.frontend.audio import load_wav
-
     return load_wav(path, SAMPLE_RATE, min_seconds=0.0, max_seconds=None, silence_peak=0.0)
 
 
@@ -170,8 +128,6 @@ def score_items(items: list[ManifestItem], options: EvalOptions, scorer: Scorer,
 
 def evaluate(options: EvalOptions) -> dict[str, Any]:
     """Score every item, write report.md / report.json / plots into the report folder; return the report."""
-    from vocalis.eval.report import build_report, to_markdown, write_plots
-
     if not options.audio_dir.is_dir():
         raise InputError(f"audio folder not found: {options.audio_dir}")
     all_items = read_manifest(options.manifest)

@@ -15,6 +15,7 @@ from typing import Protocol
 import numpy as np
 
 from vocalis.errors import InputError
+from vocalis.frontend.speaker import CampplusSpeakerEncoder
 
 log = logging.getLogger(__name__)
 SAMPLE_RATE = 16000
@@ -55,8 +56,6 @@ class CampplusEmbedder:
     name = "campplus"
 
     def __init__(self, onnx_path: Path) -> None:
-        from vocalis.frontend.speaker import CampplusSpeakerEncoder
-
         self.encoder = CampplusSpeakerEncoder(onnx_path)
 
     def embed(self, wav16k: np.ndarray) -> np.ndarray:

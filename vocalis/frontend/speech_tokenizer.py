@@ -19,6 +19,8 @@ import torch
 from vocalis.config import MAX_PROMPT_SECONDS, PROMPT_SAMPLE_RATE_16K
 from vocalis.errors import AudioError, ModelLoadError
 from vocalis.frontend.audio import whisper_log_mel
+from vocalis.models.speech_tokenizer.labeller import load_labeller
+from vocalis.models.speech_tokenizer.runtime import load_speech_tokenizer
 
 if TYPE_CHECKING:
     from vocalis.models.speech_tokenizer.labeller import FrameLabeller
@@ -102,8 +104,6 @@ class TorchSpeechTokenizer(SpeechTokenizer):
     @classmethod
     def load(cls, path: str | Path, device: str | torch.device = "cpu") -> TorchSpeechTokenizer:
         """From a model directory holding `speech_tokenizer.safetensors` + `.json`, or the weights file."""
-        from vocalis.models.speech_tokenizer.runtime import load_speech_tokenizer
-
         model, symbols = load_speech_tokenizer(path, device)
         logger.info("speech tokenizer: %s (codebook %d)", path, model.codebook_size)
         return cls(model, symbols)
@@ -130,8 +130,6 @@ class LabellerSpeechTokenizer(SpeechTokenizer):
     @classmethod
     def load(cls, directory: str | Path, device: str | torch.device = "cpu") -> LabellerSpeechTokenizer:
         """From a model directory holding `labeller.safetensors` + `labeller.json`."""
-        from vocalis.models.speech_tokenizer.labeller import load_labeller
-
         return cls(load_labeller(directory, device))
 
     @property

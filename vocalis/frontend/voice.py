@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save
 
 from vocalis.errors import InputError, ModelLoadError
@@ -69,8 +70,6 @@ class Voice:
 
     @classmethod
     def load(cls, path: Path) -> Voice:
-        from safetensors import SafetensorError, safe_open
-
         try:
             with safe_open(str(path), framework="pt") as f:
                 meta = f.metadata() or {}

@@ -1,2 +1,3 @@
-"""Native kernels and what decides them: the CPU capability probe (`cpu`), the extension build (`build`), the
-C++ sources (`csrc/`), thread and huge-page helpers. Imports nothing else of Vocalis."""
+"""The CPU platform: what this CPU can run (`cpu`, the one capability probe), which of our native kernels may run
+(`config`), the kernels themselves (`build`, the C++ sources in `csrc/`, and their wrappers), and the process's
+threads and memory (`threads`, `huge_pages`, `heap`). Imports nothing else of Vocalis."""

@@ -2,8 +2,8 @@
 the two products on oneDNN's tile kernel on AMX CPUs ("tile"), or on our AVX512-BF16 dot-product loops on CPUs
 with that and no AMX ("dot"), softmax in between.
 
-Why: torch's fused CPU attention costs ~0.3 ms alone and ~0.47 ms inside a token2wav step for a first chunk's
-2 x 8 heads of 100 queries over 200 keys, several times its arithmetic, and under a mask it works on every key.
+Why: torch's fused CPU attention costs several times its arithmetic for a first chunk's 2 x 8 heads of 100 queries
+over 200 keys, and under a mask it works on every key.
 The estimator's masks are all "query i sees keys [0, limit_i)" (block-causal, padding at the end), so keys past
 a tile's limits are skipped and the rest weighted exactly 0.
 

@@ -3,9 +3,8 @@
 
 Why: the estimator's layers are small (a first chunk is 200 rows: two guidance rows x 100 frames; K and N
 256-1536) and each transformer block alternates four GEMM shapes. torch's prepacked oneDNN GEMM spends about
-as long per call outside its kernel as in it there. Measured on the 2-core AMX Xeon (2 threads, 14 weights per
-shape, the five shapes alternating, ad hoc): 127-135 us per GEMM against 145-150 us; one shape repeated, the
-N = 256 layers 35-63 us against 78-135 us. The fused epilogues save the separate GELU, cast and residual-add ops.
+as long per call outside its kernel as in it there; our loop calls the tile kernel directly. The fused epilogues
+save the separate GELU, cast and residual-add ops.
 
 Math: x bf16, W bf16, fp32 accumulation over the whole K, + bias in fp32 (torch's path adds a bf16 bias), then
 bf16 rounding (RNE) or an fp32 add into the residual stream (no bf16 rounding of the layer's output at all).
@@ -13,7 +12,7 @@ GELU is the exact erf form with erf to ~2e-7.
 
 The kernel lives in the native extension (`build.extension()`, compiled once per machine); `available()`
 says whether it runs here (the extension builds and the CPU has AMX tiles, where the tile kernel is the fast one).
-Whether to use it where it runs is the caller's choice (`precision.config.KernelConfig.bf16_gemm`,
+Whether to use it where it runs is the caller's choice (`kernels.config.KernelConfig.bf16_gemm`,
 VOCALIS_BF16_GEMM=0: torch's oneDNN GEMM instead).
 Legend: M rows, K in features, N out features.
 """

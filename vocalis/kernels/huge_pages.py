@@ -3,9 +3,8 @@
 Batch-1 decode streams every weight once per token; on 4 KiB pages it reads measurably slower than on huge pages
 (TLB misses; README, "bench"). Asking torch's allocator for huge pages everywhere (THP_MEM_ALLOC_ENABLE=1) does
 not pay: it puts every short-lived 2+ MiB temporary on huge pages too, and glibc unmaps such blocks on free, so each
-token2wav step faulted and zeroed them afresh (`x + 1` on a (16, 100, 1024) fp32 tensor: 1.3-1.5 ms against 0.08
-ms on glibc's defaults). So only the tensors that live as long as the engine are moved, once, after they are
-built: MADV_COLLAPSE (Linux 6.1+) copies the pages under a range into huge pages in place, at the same addresses,
+token2wav step faults and zeroes them afresh, many times slower than on glibc's defaults. So only the tensors
+that live as long as the engine are moved, once, after they are built: MADV_COLLAPSE (Linux 6.1+) copies the pages under a range into huge pages in place, at the same addresses,
 so views, packed layouts and pointers a native kernel already holds stay valid.
 
 Where the kernel cannot (THP mode `never`, an older kernel, not Linux) nothing changes. Whether to move them at

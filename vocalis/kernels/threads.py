@@ -2,13 +2,11 @@
 
 The sampler's work (a sort and a few softmaxes over 6564 ids per row) is tiny; forking it over torch's
 thread pool costs more than it does, and on a loaded machine a small parallel op waits milliseconds for a
-descheduled worker (measured: a 16x6564 sort took 8-13 ms with 2 threads under load). It runs once per step.
-(Switching per layer, around attention, measured slower: with passive OpenMP waiting every switch re-forms
-the thread team.)
+descheduled worker. It runs once per step. (Not per layer, around attention: with passive OpenMP waiting every
+switch re-forms the thread team.)
 
-The switch has its own price: right after a parallel region (a decode step) the two set_num_threads calls took
-~0.3 ms (measured: a batch-1 sampler call 0.6 ms with the switch, 0.3 ms without, after a 2-thread op), more
-than a single row's work, which never forks (every op of it is one row of < 32768 elements, torch's grain).
+The switch has its own price: right after a parallel region (a decode step) the two set_num_threads calls cost
+more than a single row's work, which never forks (every op of it is one row of < 32768 elements, torch's grain).
 Callers skip it there.
 
 `release_openmp_pool` is about the other side of the same pool: see its doc. `CoreWorkers` splits work the other
@@ -57,11 +55,10 @@ def release_openmp_pool() -> bool:
     but that.
 
     Why: each thread that runs parallel torch ops gets a pool of its own, and libgomp counts the threads of every
-    pool: while they outnumber the CPUs it cuts each worker's spin-wait between parallel regions from ~300k
-    spins to ~100, so every op of the engine's loop thread waited for a sleeping worker to wake. The thread that
-    loaded the model held such an idle pool. Measured (int8, 0.5B shapes, one stream's first token2wav step in
-    a non-main thread, 5 runs each): 2.7-3.3 s with the loader's pool alive, 2.0-2.2 s once it was released,
-    as fast as in the loading thread itself. (With OMP_WAIT_POLICY=PASSIVE nobody spins and both are slow.)
+    pool: while they outnumber the CPUs it cuts each worker's spin-wait between parallel regions to a few spins,
+    so every op of the engine's loop thread waits for a sleeping worker to wake. The thread that loaded the model
+    holds such an idle pool; once it is released the loop thread's steps run as fast as in the loading thread
+    itself. (With OMP_WAIT_POLICY=PASSIVE nobody spins and both are slow.)
     """
     pause = _omp_pause()
     if pause is None:

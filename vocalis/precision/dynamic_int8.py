@@ -9,12 +9,9 @@ Why not `torch.ao.quantization.quantize_dynamic`'s modules: they always ask fbge
 saturating int16 (255 x 127 x 2 > 32767); VPDPBUSD sums into int32 and needs neither. The other exact way keeps
 8-bit activations and quantizes the weights to 7 bits (|w| <= 63: 255 x 63 x 2 fits int16), which is what this
 module does there (`weight_bits`): the activations' one per-tensor scale is the coarser of the two, so their bit
-matters more than the per-channel weights'. Measured on the AVX2 EPYC (a 768 -> 256 layer, 200 rows with uneven
-channels, 4 seeds): max error 0.8-1.9e-2 of the output's range with 7-bit weights against 1.3-3.4e-2 with 7-bit
-activations (and 4-12e-2 with both at 8 bits: saturated). With VNNI, 8 bits for both: the error halves against
-`quantize_dynamic` at the same speed (1.3e-2 vs 2.8e-2, 139 vs 138 us); mel error of the int8 estimator against
-fp32 5.6e-3 of the mel's range on a trained built-in model (9.5e-3 with `quantize_dynamic`), 7.2e-3 at the 0.5B
-shapes with random weights (9.2e-3). tests/test_backends.py checks for saturation on the input that would cause it.
+matters more than the per-channel weights' (both at 8 bits would saturate). With VNNI, 8 bits for both, which
+roughly halves `quantize_dynamic`'s error at the same speed. tests/test_backends.py checks for saturation on the
+input that would cause it.
 
 Legend: K / N input / output width.
 """
@@ -28,10 +25,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from vocalis.kernels import cpu
+from vocalis.kernels.heap import MMAP_THRESHOLD_BYTES
 from vocalis.models.flow.estimator import CausalBlock1D, CausalConv1d
 from vocalis.precision.conv_gemm import columns, columns_after, gemm_weight
 from vocalis.precision.module_swap import swap_modules
-from vocalis.runtime.heap import MMAP_THRESHOLD_BYTES
 
 
 def weight_bits() -> int:
@@ -102,10 +99,9 @@ class Int8Linear(nn.Module):
 class FusedQKV:
     """Each attention's q/k/v `Int8Linear`s as one GEMM (`Int8Linear.concat`, made on first use and kept for the
     owner's life): the input is quantized once and one wider GEMM runs instead of three, with outputs equal to the
-    three layers' bit for bit. At the estimator's shapes (256 -> 3 x 512, 200 rows, 2 threads) 1.2x faster on AVX2
-    and ~2x with VNNI. Rows whose fused output would reach `heap.MMAP_THRESHOLD_BYTES` run the three layers
-    instead (the same values): a block that large is mapped fresh and faulted in on every call where the engine
-    caps glibc's threshold (`runtime.heap`), which made the fused GEMM 2x slower at 1600 rows."""
+    three layers' bit for bit, and faster. Rows whose fused output would reach `heap.MMAP_THRESHOLD_BYTES` run the
+    three layers instead (the same values): a block that large is mapped fresh and faulted in on every call where
+    the engine caps glibc's threshold (`kernels.heap`), which costs more than the fusion saves."""
 
     def __init__(self) -> None:
         self._cache: dict[int, tuple[nn.Module, Int8Linear | None]] = {}
@@ -168,8 +164,7 @@ def quantize_estimator_int8(estimator: nn.Module, convs: bool = False) -> int:
     """Replace (in place) every `nn.Linear` of the flow estimator by `Int8Linear`, and with `convs` the causal conv
     of every conv block (conv -> LayerNorm -> Mish) by `Int8Conv1d`; returns how many modules were replaced.
 
-    As int8 GEMMs over their shifted inputs the convs run ~2x faster than oneDNN's fp32 convs (a 256 -> 256 k=3
-    conv on 2 x 100 frames at the 0.5B shapes, 2 threads: 61 + 149 us vs 467 us). Only the blocks' convs: the
+    As int8 GEMMs over their shifted inputs the convs run faster than oneDNN's fp32 convs. Only the blocks' convs: the
     LayerNorm after each rescales every frame, so the error of one activation scale per call mostly stays small
     there, while the resnets' residual convs and the down/up-sampling convs add straight into the unnormalised
     residual stream, whose few large channels one scale serves badly (scripts/measure_int8_convs.py --each:

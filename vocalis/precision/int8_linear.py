@@ -1,13 +1,11 @@
 """Int8 linear layers for the LLM on CPU: our own int8 GEMV kernel (kernels/csrc/int8_gemv*.cpp), built on first use.
 
 Why: decoding reads every weight once per step for a few rows, so its speed is the rate weights stream from
-memory. Measured on the 2-core EPYC (AVX-512 VNNI): fbgemm's dynamic int8 linear (`quantize_dynamic`) read
-weights at ~8-14 GB/s at one row against ~28 GB/s copy bandwidth, and the other torch int8 paths were no better.
-The kernel streams each panel of 64 output channels as one contiguous run and does u8 x s8 -> s32 dot products
-(VPDPBUSD), 4 k-values x 16 channels per instruction. Measured at the 0.5B shapes (random weights, 2 threads,
-shared machine, one process alternating both engines, medians of 5): engine decode 1.52x / 1.32x / 1.07x
-fbgemm's tok/s at batch 1 / 4 / 16; the kernel alone read weights at ~21 GB/s while torch's copy moved
-~20-21 GB/s (read + write) in the same process, i.e. it streams at the memory bandwidth left to it.
+memory. fbgemm's dynamic int8 linear (`quantize_dynamic`) reads weights at one row well below the machine's copy
+bandwidth, and the other torch int8 paths are no better. The kernel streams each panel of 64 output channels as one
+contiguous run and does u8 x s8 -> s32 dot products (VPDPBUSD), 4 k-values x 16 channels per instruction, so it
+reads weights at the memory bandwidth left to it; the gain over fbgemm is largest at batch 1 and shrinks as the
+batch grows (docs/benchmarks.md).
 
 On AVX2 CPUs (no VNNI, no AVX-512) the kernel is int8_gemv_avx2.cpp: the same math, both operands widened to
 int16 and multiplied by VPMADDWD (exact int32 sums; VPMADDUBSW's int16 pair sums would saturate), the weights in
@@ -37,7 +35,7 @@ import torch
 from torch import nn
 
 from vocalis.kernels import bf16_attention, bf16_gemm, build, cpu
-from vocalis.precision.config import INT8_GRAIN_BYTES
+from vocalis.kernels.config import INT8_GRAIN_BYTES
 from vocalis.precision.module_swap import swap_modules
 
 log = logging.getLogger(__name__)
@@ -166,13 +164,13 @@ def _unpack(w: Int8Weight) -> torch.Tensor:
     return w.w.view(p, k4, 4, 16, 4).permute(0, 2, 3, 1, 4).reshape(p * PANEL, k4 * 4)[:w.n, :w.k]
 
 
-AMX_MIN_ROWS = 32  # rows from which the bf16 AMX GEMM beats the int8 kernel (0.26 vs 0.29 ms at 32 x 896 x 4864)
+AMX_MIN_ROWS = 32  # rows from which the bf16 AMX GEMM beats the int8 kernel at the 0.5B model's shapes
 
 
 def with_amx_copy(w: Int8Weight) -> Int8Weight:
-    """`w` plus its dequantized bf16 copy prepacked for oneDNN (`Int8Weight.amx`): prefill rows on AMX CPUs run
-    1.8x faster through it at 100 rows (0.46 vs 0.82 ms, 896 x 4864) with the same weight values up to bf16's
-    rounding of int8 x scale. Costs 2 bytes per weight."""
+    """`w` plus its dequantized bf16 copy prepacked for oneDNN (`Int8Weight.amx`): many-row (prefill) GEMMs on AMX
+    CPUs run faster through it than through the GEMV kernel, with the same weight values up to bf16's rounding of
+    int8 x scale. Costs 2 bytes per weight."""
     dense = (_unpack(w).float() * w.scale[:w.n, None]).to(torch.bfloat16)
     return replace(w, amx=torch.ops.mkldnn._reorder_linear_weight(dense, AMX_MIN_ROWS))
 

@@ -1,5 +1,5 @@
 """Reduced-precision layers swapped in for `nn.Linear` / convs: bf16/fp16 weights (`CastLinear`, `CastConv`) and
-torch's dynamic int8 quantization. Which model parts get them is the runtime's choice (`runtime.backends`)."""
+torch's dynamic int8 quantization. Which model parts get them is the runtime's choice (`backends.choice`)."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ class CastConv(nn.Module):
     time_major: the weights are stored channels-last (C_out, C_in, 1, k) and the conv runs as a 2-D conv over a
     height-1 image, so oneDNN takes its channels-last kernels and returns the output time-major ((B, C, T) with
     channel stride 1); elementwise ops keep that layout, so the next such conv reads it as it lies. At HiFT's
-    shapes (64-128 channels over thousands of samples) those kernels run up to ~2x faster on AVX2
+    shapes (64-128 channels over thousands of samples) those kernels are faster on AVX2
     (`python scripts/bench_hift.py`); values equal the NCL conv's up to summation order."""
 
     def __init__(self, conv: nn.Conv1d | nn.ConvTranspose1d, dtype: torch.dtype, time_major: bool = False) -> None:

@@ -37,7 +37,7 @@ def generate(
 
     Stops at any stop id or after `max_len` ids; eos alone is masked during the first `min_len` steps. With
     `sampling.follow_phones` (a phone model) only labels that continue the text's phones are drawn
-    (`vocalis.frontend.label_path`).
+    (`vocalis.engine.label_path`).
     The bounds default to `length_bounds(len(text_ids))`. `sample_fn` replaces RAS (then `sampling` and
     `generator` are unused), e.g. `make_greedy_sampler(stop ids)` with min_len = max_len = N decodes
     exactly N ids.
@@ -49,7 +49,7 @@ def generate(
     eos, stops = lm.config.eos_token, lm.config.stop_token_ids
     path = None
     if sampling is not None and sampling.follow_phones and sample_fn is None:
-        from vocalis.frontend.label_path import LabelPath
+        from vocalis.engine.label_path import LabelPath
 
         path = LabelPath(torch.as_tensor(text_ids).flatten().tolist(), eos, lm.config.num_speech_rows)
     lm_input = lm.prefill_embeddings(text_ids, prompt_text_ids, prompt_speech_ids)  # (1, L, D)

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from vocalis.backends.choice import Runtime, vllm_precision
 from vocalis.config import SamplingConfig, StreamConfig
 from vocalis.errors import InputError
 from vocalis.frontend.prompt import AudioSource, FlowPrompt, Frontend
@@ -21,10 +22,9 @@ from vocalis.frontend.request import AudioChunk, Mode, SynthesisRequest
 from vocalis.model_dir import LoadedModel
 from vocalis.reference.decode import generate, generate_bistream
 from vocalis.reference.token2wav import Token2Wav
-from vocalis.runtime.backends import Runtime, vllm_precision
 
 if TYPE_CHECKING:
-    from vocalis.engine.vllm.engine import VLLMEngine
+    from vocalis.backends.vllm.engine import VLLMEngine
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +78,7 @@ class Synthesizer(Frontend):
         if precision is None:
             return None
         if self._vllm is None:
-            from vocalis.engine.vllm.engine import VLLMEngine
+            from vocalis.backends.vllm.engine import VLLMEngine
 
             self._vllm = VLLMEngine(self.model.llm, precision=precision)
         return self._vllm

@@ -38,7 +38,7 @@ from vocalis.serve.backend import (
 from vocalis.tts import TTS
 
 if TYPE_CHECKING:
-    from vocalis.runtime.backends import Runtime
+    from vocalis.backends.choice import Runtime
 
 log = logging.getLogger(__name__)
 

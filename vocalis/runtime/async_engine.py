@@ -17,7 +17,7 @@ Text given in pieces (bi-streaming) is read on the caller's event loop (`runtime
 loop piece by piece.
 Abort (explicit, or the consumer cancelled) frees the job's KV blocks and token2wav caches on the loop's next
 iteration boundary: at once when idle, after the step in flight otherwise. Once the loop has been out of work for
-`heap_release_delay_s` it gives the heap's free memory back to the system (`runtime.heap`; `release_heap_when_idle`),
+`heap_release_delay_s` it gives the heap's free memory back to the system (`kernels.heap`; `release_heap_when_idle`),
 so a server's RSS does not creep up from burst to burst, while back-to-back requests keep the pages their
 predecessors touched; under sustained load it does so after a step once RSS has grown past a slack (`HeapWatch`),
 so the holes that large batched steps free never add up to more than the machine has; and it fixes glibc's mmap
@@ -36,21 +36,23 @@ from typing import TYPE_CHECKING, Any, Self
 
 import numpy as np
 
+from vocalis.backends.choice import Runtime, make_llm_engine
 from vocalis.config import StreamConfig
 from vocalis.engine.config import EngineConfig
 from vocalis.engine.llm_engine import LLMEngine
-from vocalis.engine.request import RequestStatus, SamplingParams
+from vocalis.engine.request import SamplingParams
 from vocalis.errors import InputError
 from vocalis.frontend.prompt_cv3 import frontend_for
-from vocalis.frontend.request import AudioChunk, Mode, SynthesisRequest
+from vocalis.frontend.request import AudioChunk, SynthesisRequest
+from vocalis.kernels.heap import HeapWatch, cap_mmap_threshold
 from vocalis.kernels.threads import release_openmp_pool
 from vocalis.model_dir import LoadedModel
 from vocalis.runtime.admission import AdmissionQueue
-from vocalis.runtime.backends import Runtime, make_llm_engine
 from vocalis.runtime.handle import END, EngineClosed, Job, StreamHandle, new_job_id
-from vocalis.runtime.heap import HeapWatch, cap_mmap_threshold
+from vocalis.runtime.job_prep import prepare_job
 from vocalis.runtime.rate import RateMeter
-from vocalis.runtime.step_grouping import StepGrouping, StreamReadiness, plan_token2wav_step
+from vocalis.runtime.readiness import readiness, vocodable
+from vocalis.runtime.step_grouping import StepGrouping, plan_token2wav_step
 from vocalis.runtime.text_pump import TextPump
 from vocalis.token2wav.config import Token2WavConfig
 from vocalis.token2wav.cv3 import CV3Token2WavEngine, token2wav_for
@@ -58,7 +60,7 @@ from vocalis.token2wav.engine import Token2WavEngine
 from vocalis.token2wav.state import StreamState, Token2WavChunk
 
 if TYPE_CHECKING:
-    from vocalis.engine.vllm.engine import VLLMEngine
+    from vocalis.backends.vllm.engine import VLLMEngine
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +125,7 @@ class AsyncEngine:
             # the loop thread should be the one with an OpenMP pool: the caller's (it loaded the model) would
             # make every op of the loop wait for sleeping workers (threads.release_openmp_pool)
             release_openmp_pool()
-            cap_mmap_threshold()  # [memory] large tensors mapped whole, not left as arena holes (runtime.heap)
+            cap_mmap_threshold()  # [memory] large tensors mapped whole, not left as arena holes (kernels.heap)
             self._thread = threading.Thread(target=self._run, name="vocalis-engine", daemon=True)
             self._thread.start()
         return self
@@ -212,35 +214,13 @@ class AsyncEngine:
     # ---- preparing a job (executor thread; touches no engine state) ------------------------------------
     def _prepare(self, request: SynthesisRequest, stream: bool, handle: StreamHandle) -> Job:
         try:
-            return self._make_job(request, stream, handle)
+            return prepare_job(self.frontend, self.token2wav, request, stream, handle)
         finally:
             release_openmp_pool()  # an executor thread: keep no pool that slows the loop's (see start)
 
-    def _make_job(self, request: SynthesisRequest, stream: bool, handle: StreamHandle) -> Job:
-        fe = self.frontend
-        llm_gen, voc_gen = fe.generators(request.seed)
-        prompt = fe.flow_prompt(request)
-        if request.bistream:
-            segments, llm_prompt = [], fe.llm_prompt(request)
-            _ = fe.tokenizer  # a model without a text tokenizer fails here, with its message
-        elif request.mode is Mode.VC:
-            segments: list[list[int]] = []
-            llm_prompt: tuple[list[int], list[int]] = ([], [])
-        else:
-            segments = fe.segments(request)
-            llm_prompt = fe.llm_prompt(request)
-        count = max(1, len(segments))  # VC and bi-streams: one
-        states = [self.token2wav.new_stream(f"{handle.request_id}/{i}", prompt, streaming=stream,
-                                            speed=request.speed, generator=voc_gen) for i in range(count)]
-        if request.mode is Mode.VC:
-            states[0].add_source_tokens(request.source_speech_ids)
-            states[0].end_input()
-        return Job(handle.request_id, handle, segments, llm_prompt, states, llm_gen,
-                    text=request.text if request.bistream else None)
-
     def _text_pump(self) -> TextPump:
         with self._cond:
-            if self._text is None:  # a model without a text tokenizer never gets here (_make_job checks)
+            if self._text is None:  # a model without a text tokenizer never gets here (prepare_job checks)
                 self._text = TextPump(self.frontend.tokenizer.encode, self._post)
             return self._text
 
@@ -251,7 +231,7 @@ class AsyncEngine:
                 idle = self._idle()
                 if idle and self._heap_used and self.release_heap_when_idle:
                     # [memory] give the heap back only after a quiet spell: the next request's first token2wav
-                    # step would fault it all in again (~100 k pages at the 0.5B shapes)
+                    # step would fault it all in again
                     deadline = time.monotonic() + self.heap_release_delay_s
                     while idle and (left := deadline - time.monotonic()) > 0:
                         self._cond.wait(left)
@@ -308,7 +288,7 @@ class AsyncEngine:
         return not (self._inbox or self._closing or self._has_work())
 
     def _has_work(self) -> bool:
-        return self.llm.has_work() or any(self._vocodable(j) is not None for j in self._jobs.values())
+        return self.llm.has_work() or any(vocodable(self.token2wav, j) is not None for j in self._jobs.values())
 
     def _iteration(self) -> None:
         if self.llm.has_work():
@@ -341,44 +321,12 @@ class AsyncEngine:
     def _grouped_ready(self) -> list[tuple[Job, StreamState]]:
         """The jobs (with their emitting stream) to vocode now: [] while none is ready, or while the grouping
         policy holds the ready ones for a job a few LLM steps from its own chunk."""
-        now = time.monotonic()
-        views: list[StreamReadiness] = []
-        vocodable: dict[str, tuple[Job, StreamState]] = {}
-        for job in self._jobs.values():
-            s = self._vocodable(job)
-            if s is not None:
-                if job.ready_since is None:
-                    job.ready_since = (self.num_llm_steps, now)
-                steps, at = job.ready_since
-                vocodable[job.job_id] = (job, s)
-                views.append(StreamReadiness(job.job_id, True, waited_steps=self.num_llm_steps - steps,
-                                             waited_s=now - at))
-            else:
-                views.append(StreamReadiness(job.job_id, False, steps_to_ready=self._steps_to_ready(job)))
-        if not vocodable:
+        views, ready = readiness(list(self._jobs.values()), self.llm, self.token2wav, self.num_llm_steps,
+                                 time.monotonic())
+        if not ready:
             return []
         keys = plan_token2wav_step(self.grouping, views, self.llm.has_work(), self._llm_step_s)
-        return [vocodable[k] for k in keys]
-
-    def _steps_to_ready(self, job: Job) -> int | None:
-        """About how many LLM steps until the job's emitting stream has a chunk ready (None: unknown)."""
-        s = job.states[job.emitting]
-        req = job.llm_request
-        if s.input_done or s.finished or req is None or job.next_segment - 1 != job.emitting:
-            return None  # its tokens do not come from the running LLM request
-        if req.bistream is not None or req.status is not RequestStatus.RUNNING:
-            return None  # a bi-stream's speech ids depend on its text arriving; a queued request has no step yet
-        # positions to compute before its next id: 1 when decoding; a prefill yields its first id on its last chunk
-        to_compute = max(req.num_tokens - req.num_computed_tokens, 1)
-        prefill_steps = -(-to_compute // self.llm.config.max_num_batched_tokens) - 1
-        to_end = max(req.params.max_len - req.num_output_tokens, 1)  # the request ends by then: its final chunk
-        if not s.streaming:
-            return prefill_steps + to_end
-        return prefill_steps + max(1, min(self.token2wav.tokens_short(s), to_end))
-
-    def _vocodable(self, job: Job) -> StreamState | None:
-        s = job.states[job.emitting]
-        return s if self.token2wav.next_work(s) is not None else None
+        return [ready[k] for k in keys]
 
     def _add(self, job: Job) -> None:
         if job.handle._aborted:

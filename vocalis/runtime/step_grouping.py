@@ -2,7 +2,7 @@
 
 A token2wav step has a large fixed cost (the flow estimator's and HiFT's weights are streamed once per step, per-step
 Python over every layer), so one step over 8 streams costs far less than two steps over 5 and 3. An LLM step is cheap
-next to it (tens of ms against seconds), and the LLM steps run anyway: moving some of them ahead of a token2wav step
+next to it, and the LLM steps run anyway: moving some of them ahead of a token2wav step
 wastes no work, it only delays the streams already ready by those LLM steps.
 
 The policy ("hold for stragglers"): when some streams have a chunk ready and other streams will be ready within a few
@@ -14,7 +14,7 @@ get closer; a bi-stream waiting for its text, for instance) or when no other str
 chunks are never delayed.
 
 The decision (`plan_token2wav_step`) is pure Python over `StreamReadiness` records, so it is tested without models;
-the engine loop (`async_engine`) builds the records from its jobs' stream states and LLM requests.
+`readiness` builds the records from the engine loop's jobs (their stream states and LLM requests).
 """
 
 from __future__ import annotations

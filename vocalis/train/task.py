@@ -19,15 +19,21 @@ import logging
 import random
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
-from pathlib import Path
+from dataclasses import replace
 from typing import Any, Protocol
 
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from vocalis.checkpoint import load_strict
 from vocalis.config import PRESETS, ModelConfig
 from vocalis.errors import InputError
+from vocalis.model_dir import load_model
+from vocalis.models.flow.flow import CausalMaskedDiffWithXvec
+from vocalis.models.hift.generator import HiFTGenerator
+from vocalis.models.speech_lm import Qwen2LM
+from vocalis.train.checkpointing import load_checkpoint
 from vocalis.train.config import TrainConfig
 from vocalis.train.data import Batch
 
@@ -109,8 +115,6 @@ def enable_gradient_checkpointing(layers: Iterable[nn.Module]) -> int:
 def build_part(config: TrainConfig, part: str) -> tuple[nn.Module, ModelConfig]:
     """The llm, flow or hift module to train: from `model.init_from` (an official CosyVoice2 or Vocalis
     directory: fine-tuning) or randomly initialised at `model.preset`; then `model.checkpoint` weights."""
-    from vocalis.model_dir import load_model
-
     m = config.model
     if m.init_from:
         loaded = load_model(m.init_from)
@@ -121,8 +125,6 @@ def build_part(config: TrainConfig, part: str) -> tuple[nn.Module, ModelConfig]:
             raise InputError(f"unknown preset {m.preset!r}; choose from {', '.join(PRESETS)}")
         model_config = PRESETS[m.preset]
         if m.hift_channels is not None:
-            from dataclasses import replace
-
             model_config = replace(model_config, hift=replace(model_config.hift, base_channels=m.hift_channels))
         module = _random_part(model_config, part)
     module.train().requires_grad_(True)
@@ -133,9 +135,6 @@ def build_part(config: TrainConfig, part: str) -> tuple[nn.Module, ModelConfig]:
 
 def load_checkpoint_part(module: nn.Module, checkpoint: str, part: str) -> None:
     """`model.checkpoint`: a training checkpoint's `part` weights into `module` (strictly), starting a new run."""
-    from vocalis.checkpoint import load_strict
-    from vocalis.train.checkpointing import load_checkpoint
-
     models = load_checkpoint(checkpoint).get("models", {})
     if part not in models:
         raise InputError(f"checkpoint {checkpoint} has no {part!r} weights (it has {sorted(models)})")
@@ -145,35 +144,7 @@ def load_checkpoint_part(module: nn.Module, checkpoint: str, part: str) -> None:
 def _random_part(config: ModelConfig, part: str) -> nn.Module:
     """Build only the part asked for (a random 0.5B LLM takes seconds; no need when training the flow)."""
     if part == "llm":
-        from vocalis.models.speech_lm import Qwen2LM
-
         return Qwen2LM(config.llm)
     if part == "flow":
-        from vocalis.models.flow.flow import CausalMaskedDiffWithXvec
-
         return CausalMaskedDiffWithXvec(config.flow)
-    from vocalis.models.hift.generator import HiFTGenerator
-
     return HiFTGenerator(config.hift)
-
-
-def build_task(config: TrainConfig, shards: list[Path]) -> Task:
-    if config.task == "llm":
-        from vocalis.train.task_llm import LLMTask
-
-        return LLMTask(config)
-    if config.task == "flow":
-        from vocalis.train.task_flow import FlowTask
-
-        return FlowTask(config)
-    if config.task == "hift":
-        from vocalis.train.task_hift import HiFTTask
-
-        return HiFTTask(config)
-    if config.task == "labeller":
-        from vocalis.train.task_labeller import LabellerTask
-
-        return LabellerTask(config)
-    from vocalis.train.task_tokenizer import TokenizerTask
-
-    return TokenizerTask(config, shards)

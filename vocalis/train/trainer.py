@@ -38,7 +38,8 @@ from vocalis.train.distributed import (
 )
 from vocalis.train.logger import MetricsLogger
 from vocalis.train.schedulers import Scheduler
-from vocalis.train.task import Task, build_task, enable_gradient_checkpointing
+from vocalis.train.task import Task, enable_gradient_checkpointing
+from vocalis.train.tasks import build_task
 
 log = logging.getLogger(__name__)
 

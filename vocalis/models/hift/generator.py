@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Mapping
+from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
@@ -224,8 +225,6 @@ class HiFTGenerator(nn.Module):
 
 def hift_config_for(state: Mapping[str, torch.Tensor], base: HiFTConfig) -> HiFTConfig:
     """`base` at the width that HiFT weights `state` were trained at (a vocoder widened from a preset's)."""
-    from dataclasses import replace
-
     key = "conv_pre.parametrizations.weight.original1"
     if key not in state:
         raise ModelLoadError(f"HiFT weights have no {key}")

