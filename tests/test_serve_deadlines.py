@@ -31,8 +31,8 @@ from serve_support import (
 websockets = pytest.importorskip("websockets", reason="websockets is part of the dev extra")
 import websockets.sync.client as websockets_sync
 
-from vocalis.serve.backend import JobTimeout
 from vocalis.serve.deadlines import JobWatch
+from vocalis.serve.errors import JobTimeout
 
 LONG_TEXT = " ".join(["This is a fairly long sentence that keeps the synthesis busy for a while."] * 36)
 # ~10 s of synthesis on the tiny model, its first chunk in well under a second on an idle machine

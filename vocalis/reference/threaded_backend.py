@@ -25,16 +25,8 @@ from vocalis.frontend.request import AudioChunk, SynthesisRequest
 from vocalis.frontend.voice import Voice
 from vocalis.model_dir import LoadedModel
 from vocalis.reference.synthesizer import Synthesizer
-from vocalis.serve.backend import (
-    _END,
-    Aborted,
-    JobTimeout,
-    ModelFacts,
-    Overloaded,
-    SpeechJob,
-    TextFeed,
-    job_request,
-)
+from vocalis.serve.backend import _END, ModelFacts, SpeechJob, TextFeed, job_request
+from vocalis.serve.errors import Aborted, JobTimeout, Overloaded
 from vocalis.tts import TTS
 
 if TYPE_CHECKING:

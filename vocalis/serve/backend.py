@@ -15,24 +15,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from vocalis.config import CAMPPLUS_ONNX
-from vocalis.errors import InputError, VocalisError
+from vocalis.errors import InputError
 from vocalis.frontend.voice import Voice
+from vocalis.serve.errors import Aborted, JobTimeout
 
 if TYPE_CHECKING:
     from vocalis.frontend.request import SynthesisRequest
     from vocalis.tts import TTS
-
-
-class Overloaded(VocalisError):
-    """The queue is full or a job waited too long to start: retry later (HTTP 503 + Retry-After)."""
-
-
-class JobTimeout(VocalisError):
-    """A job ran past its time limit (HTTP 504)."""
-
-
-class Aborted(VocalisError):
-    """The job was aborted (client gone, or `abort`)."""
 
 
 _END = object()  # marks the end of a job's output

@@ -22,7 +22,7 @@ import time
 from typing import Any
 
 from vocalis.errors import VocalisError
-from vocalis.serve.backend import JobTimeout, Overloaded
+from vocalis.serve.errors import JobTimeout, Overloaded
 
 log = logging.getLogger(__name__)
 POLL_S = 0.1  # how often a queued job is looked at: whether it started (the run timer then takes over)

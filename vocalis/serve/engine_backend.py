@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING
 from vocalis.frontend.request import AudioChunk
 from vocalis.frontend.voice import Voice
 from vocalis.runtime.handle import EngineClosed, StreamHandle
-from vocalis.serve.backend import Aborted, ModelFacts, Overloaded, SpeechJob, TextFeed, job_request
+from vocalis.serve.backend import ModelFacts, SpeechJob, TextFeed, job_request
+from vocalis.serve.errors import Aborted, Overloaded
 
 if TYPE_CHECKING:
     from vocalis.tts import TTS

@@ -27,8 +27,9 @@ from starlette.types import Send
 from vocalis.errors import VocalisError
 from vocalis.frontend.request import AudioChunk
 from vocalis.serve.audio_encoding import MEDIA_TYPES, AudioEncoder, encode_whole
-from vocalis.serve.backend import Aborted, SpeechJob
+from vocalis.serve.backend import SpeechJob
 from vocalis.serve.deadlines import JobWatch, retrieve
+from vocalis.serve.errors import Aborted
 from vocalis.serve.metrics import ServeMetrics
 
 if TYPE_CHECKING:

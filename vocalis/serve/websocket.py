@@ -33,9 +33,10 @@ from pydantic import ValidationError
 from vocalis.errors import InputError, VocalisError
 from vocalis.frontend.voice import Voice
 from vocalis.serve.audio_encoding import AudioEncoder, check_format
-from vocalis.serve.backend import Aborted, SpeechJob, TextFeed
+from vocalis.serve.backend import SpeechJob, TextFeed
 from vocalis.serve.context import ServerContext, ctx_of
 from vocalis.serve.deadlines import JobWatch, retrieve
+from vocalis.serve.errors import Aborted, close_reason, error_status
 from vocalis.serve.limits import check_text_fields
 from vocalis.serve.schemas import PayloadTooLarge, WsCancel, WsEnd, WsStart, WsText, validation_message
 
@@ -60,7 +61,7 @@ async def _fail(ws: WebSocket, ctx: ServerContext, status: int, message: str, ki
     message = ctx.public(message)
     with contextlib.suppress(Exception):
         await ws.send_json({"type": "error", "status": status, "message": message})
-        await ws.close(code=4000 + status, reason=message[:120])
+        await ws.close(code=4000 + status, reason=close_reason(message))
 
 
 async def _receive_json(ws: WebSocket, idle_s: float) -> dict[str, object]:
@@ -89,8 +90,6 @@ def websocket_router() -> APIRouter:
 
     @router.websocket(ROUTE)
     async def speech_ws(ws: WebSocket) -> None:
-        from vocalis.serve.app import error_status
-
         ctx = ctx_of(ws)
         cfg = ctx.config
         await ws.accept()
@@ -129,7 +128,7 @@ def websocket_router() -> APIRouter:
             await _fail(ws, ctx, 504, f"the session lasted longer than its {cfg.ws_max_duration_s:g} s limit",
                         "SessionTimeout")
         except VocalisError as exc:
-            status, _ = error_status(exc)
+            status = error_status(exc)
             await _fail(ws, ctx, status, str(exc), type(exc).__name__)
         except Exception as exc:  # a bug: log it, tell the client, close
             log.exception("websocket session failed")
