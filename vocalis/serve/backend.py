@@ -120,15 +120,23 @@ class ModelFacts:
     def builtin_voices(self) -> dict[str, Voice]:
         return dict(self.tts.model.voices)
 
+    def _clone_parts(self) -> list[tuple[str, object]]:
+        """What making a voice from audio reads: the speech tokenizer, and the speaker encoder unless the flow was
+        trained without speaker embeddings (the built-in model's: its voices need no encoder, as in `Frontend`)."""
+        model = self.tts.model
+        parts: list[tuple[str, object]] = [("speech tokenizer", model.speech_tokenizer)]
+        if model.config.speaker_embedding != "zeros":
+            parts.append(("speaker encoder", model.speaker_encoder))
+        return parts
+
     @property
     def can_clone(self) -> bool:
-        return self.tts.model.speech_tokenizer is not None and self.tts.model.speaker_encoder is not None
+        return all(part is not None for _, part in self._clone_parts())
 
     @property
     def clone_blocker(self) -> str:
         """Why voices cannot be made from audio (when `can_clone` is false), for the 400 answer."""
-        missing = [what for what, part in (("speech tokenizer", self.tts.model.speech_tokenizer),
-                                           ("speaker encoder", self.tts.model.speaker_encoder)) if part is None]
+        missing = [what for what, part in self._clone_parts() if part is None]
         return f"no {' or '.join(missing)} in the model directory ({self.tts.frontend.speech_tokenizer_file}, " \
                f"{CAMPPLUS_ONNX})"
 
