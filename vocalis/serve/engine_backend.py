@@ -46,13 +46,13 @@ class EngineBackend(ModelFacts):
     # ---- what the app reads ----------------------------------------------------------------------
     @property
     def queue_depth(self) -> int:
-        """Jobs admitted that have not started (no LLM step yet)."""
-        return sum(1 for h in self._live.values() if h.started is None and not h.aborted)
+        """Jobs admitted that have not started (no LLM step yet) nor ended."""
+        return sum(1 for h in self._live.values() if h.started is None)
 
     @property
     def active(self) -> int:
-        """Jobs running now (started, not finished)."""
-        return sum(1 for h in self._live.values() if h.started is not None and not h.aborted)
+        """Jobs running now (started, not ended: an aborted one until the engine has freed what it held)."""
+        return sum(1 for h in self._live.values() if h.started is not None)
 
     def kv_usage(self) -> float:
         """Fraction of the LLM's KV-cache blocks in use."""
@@ -79,7 +79,7 @@ class EngineBackend(ModelFacts):
         """Admit a synthesis; raises `Overloaded` at once when `max_jobs` are in flight."""
         if not self._started:
             raise Overloaded("the synthesis engine is not running")
-        if sum(1 for h in self._live.values() if not h.aborted) >= self.max_jobs:
+        if sum(1 for h in self._live.values() if not h.aborted) >= self.max_jobs:  # an aborted job's place is free
             raise Overloaded(f"the server is busy ({self.max_jobs} requests in flight); retry shortly")
         stream = job.stream or isinstance(job.text, TextFeed)
         handle = self.tts.engine.submit(partial(job.request, self.tts), stream=stream)
