@@ -95,8 +95,11 @@ def test_websocket_error_on_unreadable_text_closes_with_its_code(server) -> None
                 msg = ws.recv(timeout=300)
                 if isinstance(msg, str):
                     last = json.loads(msg)
-    # spoken (with the word skipped or spelled) or refused, but the client always hears how it ended
+    # spoken (with the word skipped or spelled, and a warning saying so) or refused, but the client always hears
+    # how it ended
     assert (ws.close_code, (last or {}).get("type")) in ((1000, "done"), (4400, "error")), (ws.close_code, last)
+    if ws.close_code == 1000:
+        assert last is not None and last["warnings"], last
 
 
 def test_an_unreadable_word_comes_back_as_a_warning(server) -> None:

@@ -26,9 +26,10 @@ def notice(message: str) -> None:
 
 
 @contextmanager
-def collect_notices() -> Iterator[list[str]]:
-    """The notices given inside the block, in order."""
-    notices: list[str] = []
+def collect_notices(into: list[str] | None = None) -> Iterator[list[str]]:
+    """The notices given inside the block, in order, appended to `into` (default: a new list). Tasks created
+    inside the block keep collecting after it, as they keep its context."""
+    notices: list[str] = [] if into is None else into
     token = _collected.set(notices)
     try:
         yield notices

@@ -177,7 +177,8 @@ class AsyncEngine:
                 job = f.result()
                 self._post(("add", job))
                 if job.text is not None:
-                    handle._pump = loop.create_task(self._text_pump().pump(job.job_id, job.text, loop))
+                    with collect_notices(into=handle.warnings):  # what reading the pieces notes reaches the caller
+                        handle._pump = loop.create_task(self._text_pump().pump(job.job_id, job.text, loop))
 
         future.add_done_callback(posted)
         return handle
