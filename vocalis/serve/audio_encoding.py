@@ -50,31 +50,30 @@ def supported_formats() -> tuple[str, ...]:
     for fmt, (major, subtype, _) in _LIBSNDFILE.items():
         if major in sf.available_formats() and subtype in sf.available_subtypes(major):
             found.append(fmt)
-    if _aac_encoder():
+    if _pyav() is not None:
         found.append("aac")
     return tuple(found)
 
 
-def _aac_encoder() -> bool:
-    """Whether PyAV is installed with FFmpeg's AAC encoder."""
+@functools.cache
+def _pyav() -> Any:
+    """PyAV, when installed with FFmpeg's AAC encoder (the optional `aac` extra), else None."""
     try:
         import av
     except ImportError:
-        return False
+        return None
     try:
         av.codec.Codec("aac", "w")
     except Exception:  # noqa: BLE001  an FFmpeg build without it (PyAV raises its own error types)
-        return False
-    return True
+        return None
+    return av
 
 
 class _AacEncoder:
     """Float chunks -> ADTS AAC bytes through PyAV (FFmpeg's native AAC encoder)."""
 
     def __init__(self, sample_rate: int) -> None:
-        import av
-
-        self._av = av
+        self._av = av = _pyav()
         self._out = io.BytesIO()
         self._container: Any = av.open(self._out, "w", format="adts")
         self._stream: Any = self._container.add_stream("aac", rate=sample_rate, layout="mono")
