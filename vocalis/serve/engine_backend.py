@@ -37,22 +37,27 @@ class EngineBackend(ModelFacts):
         self.tts = tts
         self.sample_rate: int = tts.sample_rate
         self.max_jobs = max_queue
-        self._live: dict[str, StreamHandle] = {}  # submitted, not ended
+        self._live: dict[str, StreamHandle] = {}  # submitted, not ended (an aborted one until the engine freed it)
         self._started = False
         self.completed = 0
-        self.aborted = 0
         self.failed = 0
+        self._aborted_ended = 0
 
     # ---- what the app reads ----------------------------------------------------------------------
     @property
     def queue_depth(self) -> int:
-        """Jobs admitted that have not started (no LLM step yet) nor ended."""
-        return sum(1 for h in self._live.values() if h.started is None)
+        """Jobs admitted that have not started (no LLM step yet); an aborted job is over at once."""
+        return sum(1 for h in self._live.values() if h.started is None and not h.aborted)
 
     @property
     def active(self) -> int:
-        """Jobs running now (started, not ended: an aborted one until the engine has freed what it held)."""
-        return sum(1 for h in self._live.values() if h.started is not None)
+        """Jobs running now (started, not finished, not aborted)."""
+        return sum(1 for h in self._live.values() if h.started is not None and not h.aborted)
+
+    @property
+    def aborted(self) -> int:
+        """Jobs aborted (counted from the abort, not from when the engine has freed them)."""
+        return self._aborted_ended + sum(1 for h in self._live.values() if h.aborted)
 
     def kv_usage(self) -> float:
         """Fraction of the LLM's KV-cache blocks in use."""
@@ -79,7 +84,7 @@ class EngineBackend(ModelFacts):
         """Admit a synthesis; raises `Overloaded` at once when `max_jobs` are in flight."""
         if not self._started:
             raise Overloaded("the synthesis engine is not running")
-        if sum(1 for h in self._live.values() if not h.aborted) >= self.max_jobs:  # an aborted job's place is free
+        if self.queue_depth + self.active >= self.max_jobs:  # an aborted job's place is free at once
             raise Overloaded(f"the server is busy ({self.max_jobs} requests in flight); retry shortly")
         stream = job.stream or isinstance(job.text, TextFeed)
         handle = self.tts.engine.submit(partial(job.request, self.tts), stream=stream)
@@ -92,7 +97,7 @@ class EngineBackend(ModelFacts):
         if self._live.pop(handle.id, None) is None:
             return
         if handle.aborted:
-            self.aborted += 1
+            self._aborted_ended += 1
         elif handle.error is None:
             self.completed += 1
         else:
