@@ -5,8 +5,9 @@ Starts its own server (`python -m vocalis serve` on 127.0.0.1, a free port, an A
 the probe is quick) and runs:
 
 1. a table of bad inputs -> statuses (text caps, the LLM prompt bound, speakable-but-awkward text, Host/Origin,
-   API key before the body and out of the log, voice names, deep JSON, a client leaving mid-body, WebSocket
-   binary frames, idle and session caps, slow heads and bodies, deadlines, what /health says);
+   CORS for an allowed origin, API key before the body and out of the log whatever its spelling, voice names,
+   deep JSON, a client leaving mid-body, WebSocket binary frames, a multi-byte error reason, idle and session
+   caps, slow heads and bodies, deadlines, cloning on every route, aac, what /health says);
 2. a short load run with aborts (C clients x R requests; errors, first-chunk p50/p95, the server's RSS);
 3. kill -9 during voice creation (K times) and during streams, then a restart that must load every saved voice;
 4. SIGTERM during streams: how long until the process is gone, and what the clients got.
@@ -33,6 +34,7 @@ from pathlib import Path
 import httpx
 
 KEY = "probe-key-7f3a"
+APP_ORIGIN = "https://app.example"  # started with --allowed-origins: a web app that may call the API
 AUTH = {"Authorization": f"Bearer {KEY}"}
 LIMITS = ["--queue-timeout", "2", "--request-timeout", "5", "--ws-idle-timeout", "3", "--ws-max-duration", "8",
           "--header-timeout", "3", "--body-timeout", "3", "--shutdown-grace", "2"]
@@ -53,7 +55,8 @@ class Server:
             self.port = s.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [sys.executable, "-m", "vocalis", "serve", "--host", "127.0.0.1", "--port", str(self.port),
-               "--voices-dir", str(voices_dir), "--api-key", KEY, *LIMITS, *(extra or [])]
+               "--voices-dir", str(voices_dir), "--api-key", KEY, "--allowed-origins", APP_ORIGIN, *LIMITS,
+               *(extra or [])]
         if args.model:
             cmd += ["--model", args.model]
         if args.threads:
@@ -189,6 +192,18 @@ def probe_table(srv: Server, clip: bytes) -> list[tuple[str, str, str, float]]:
                   b"boundary=b\r\nContent-Length: 15728640\r\n\r\n" + b"x" * 4096, 10))
     http("GET ?api_key= (then: is the key in the log?)", "200", lambda: httpx.get(
         url + f"/v1/audio/voices?api_key={KEY}", headers=AUTH, timeout=30))
+    for spelling in ("API_KEY", "api%5Fkey", "Api_Key"):
+        http(f"GET ?{spelling}= (then: is the key in the log?)", "200", lambda q=spelling: httpx.get(
+            url + f"/v1/audio/voices?{q}={KEY}", headers=AUTH, timeout=30))
+    preflight = {"Origin": APP_ORIGIN, "Access-Control-Request-Method": "POST",
+                 "Access-Control-Request-Headers": "authorization,content-type"}
+    other("CORS preflight, allowed origin, no key", "200 + allow-origin", lambda: cors(url, "OPTIONS", preflight))
+    other("CORS POST, allowed origin", "200 + allow-origin", lambda: cors(url, "POST", {
+        "Origin": APP_ORIGIN, **AUTH}, {"input": "Hi.", "response_format": "pcm"}))
+    other("CORS preflight, loopback page", "200 + allow-origin", lambda: cors(url, "OPTIONS", {
+        **preflight, "Origin": "http://localhost:5173"}))
+    other("CORS preflight, evil origin", "403", lambda: cors(url, "OPTIONS", {
+        **preflight, "Origin": "https://evil.example"}))
     for name in ("nl\n", "con", "NUL.x", "trailing."):
         http(f"voice name {name!r}", "400", lambda n=name: c.post("/v1/audio/voices", data={"name": n},
                                                                    files={"audio": ("v.wav", clip)}))
@@ -207,6 +222,24 @@ def probe_table(srv: Server, clip: bytes) -> list[tuple[str, str, str, float]]:
 
     other("200 clients leave mid-body", "0 tracebacks", leave_mid_body)
     other("WebSocket binary frame", "close 4400", lambda: ws_probe(url, [b"\x00\x01"]))
+    other("WebSocket error with a 300-char Cyrillic reason", "close 4400", lambda: ws_probe(
+        url, [{"type": "start", "voice": "голос" * 60}]))
+    other("WebSocket text with 改善 and привет", "close 1000", lambda: ws_probe(url, [
+        {"type": "start"}, {"type": "text", "text": "We saw a real 改善 in the results, привет to all."},
+        {"type": "end"}]))
+    cloned = {"tts_text": "Hi there.", "prompt_text": "hello"}
+    for route, data in (("/inference_zero_shot", cloned), ("/inference_cross_lingual", {"tts_text": "Hi there."}),
+                        ("/inference_vc", {})):
+        files = {**wav, "source_wav": ("s.wav", clip, "audio/wav")} if route == "/inference_vc" else wav
+        http(f"clone: {route}", "200", lambda r=route, d=data, f=files: c.post(r, data=d, files=f))
+    http("clone: POST /v1/audio/voices", "201", lambda: c.post("/v1/audio/voices", data={"name": "probe-clone",
+                                                                                        "text": "hello"},
+                                                                files={"audio": ("v.wav", clip)}))
+    http("clone: ref_audio on /v1/audio/speech", "200", lambda: c.post("/v1/audio/speech", data={
+        "input": "Hi there.", "response_format": "pcm"}, files={"ref_audio": ("r.wav", clip)}))
+    aac_expected = "200" if "aac" in httpx.get(url + "/health", timeout=30).json()["formats"] else "400"
+    http(f"response_format aac ({'encoder installed' if aac_expected == '200' else 'no encoder'})", aac_expected,
+         lambda: c.post("/v1/audio/speech", json={"input": "Hi.", "response_format": "aac"}))
     other("WebSocket start, then nothing (--ws-idle-timeout 3)", "close 4408", lambda: ws_probe(
         url, [{"type": "start"}]))
     other("WebSocket a space every 1 s (--ws-max-duration 8)", "close 4504", lambda: ws_probe(
@@ -225,6 +258,15 @@ def probe_table(srv: Server, clip: bytes) -> list[tuple[str, str, str, float]]:
     rows.append(("API key in the server's log", "no", "yes" if any(KEY in line for line in srv.log) else "no", 0.0))
     c.close()
     return rows
+
+
+def cors(url: str, method: str, headers: dict[str, str], body: dict[str, object] | None = None
+         ) -> tuple[str, float]:
+    """A browser's CORS request: its status, and whether the answer lets the page read it."""
+    t0 = time.monotonic()
+    r = httpx.request(method, url + "/v1/audio/speech", headers=headers, json=body, timeout=120)
+    allowed = r.headers.get("access-control-allow-origin") in (headers["Origin"], "*")
+    return f"{r.status_code}{' + allow-origin' if allowed else ''}", time.monotonic() - t0
 
 
 # ---- 2. load with aborts -----------------------------------------------------------------------------------

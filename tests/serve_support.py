@@ -37,6 +37,22 @@ def make_quick_tiny_model_dir(directory: Path, eos_boost: float = 30.0) -> Path:
 _QUICK: dict[str, object] = {}
 
 
+def aac_supported() -> bool:
+    """Whether this environment writes aac (PyAV installed: the aac extra); else aac is a 400."""
+    from vocalis.serve.audio_encoding import supported_formats
+
+    return "aac" in supported_formats()
+
+
+def check_aac(r: httpx.Response) -> None:
+    """An aac answer: audio where the encoder is installed, else the 400 naming the format."""
+    if aac_supported():
+        assert r.status_code == 200 and r.headers["content-type"] == "audio/aac", r.text
+        assert len(decode_audio("aac", r.content)) > 0
+    else:
+        assert r.status_code == 400 and "aac" in r.json()["error"]["message"], r.text
+
+
 def free_port() -> int:
     """A port free on 127.0.0.1 right now (for servers started as separate processes)."""
     with socket.socket() as s:
@@ -71,8 +87,8 @@ def quick_tts(tmp_path_factory: pytest.TempPathFactory):
 def serve(tts: object, backend_opts: dict | None = None, **config: object) -> ServerThread:
     """A `ServerThread` around a fresh app and backend over `tts` (use it as a context manager)."""
     from vocalis.serve.app import create_app
-    from vocalis.serve.engine_backend import EngineBackend
     from vocalis.serve.config import ServeConfig
+    from vocalis.serve.engine_backend import EngineBackend
 
     backend = EngineBackend(tts, **(backend_opts or {}))
     app = create_app(backend, ServeConfig(**config))  # type: ignore[arg-type]
@@ -139,6 +155,12 @@ def decode_audio(fmt: str, data: bytes, sample_rate: int = 24000, frames: int | 
     """
     if fmt == "pcm":
         return np.frombuffer(data, dtype="<i2").astype(np.float32) / 32767.0
+    if fmt == "aac":  # libsndfile reads no AAC: PyAV (FFmpeg) decodes it
+        import av
+
+        with av.open(io.BytesIO(data)) as container:
+            assert container.streams.audio[0].rate == sample_rate
+            return np.concatenate([f.to_ndarray().reshape(-1) for f in container.decode(audio=0)])
     if fmt == "flac" and int.from_bytes(data[21:26], "big") & 0xFFFFFFFFF == 0:
         assert frames is not None, "a streamed FLAC needs its sample count"
         b = bytearray(data)

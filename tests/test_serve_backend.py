@@ -9,7 +9,8 @@ import pytest
 from serve_support import quick_tts
 
 from vocalis.reference.threaded_backend import ReferenceTTS, ThreadedBackend
-from vocalis.serve.backend import Aborted, JobTimeout, Overloaded, SpeechJob, TextFeed
+from vocalis.serve.backend import SpeechJob, TextFeed
+from vocalis.serve.errors import Aborted, JobTimeout, Overloaded
 
 
 @pytest.fixture(scope="module")

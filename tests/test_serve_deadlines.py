@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 from serve_support import (
     free_port,
@@ -31,8 +32,9 @@ from serve_support import (
 websockets = pytest.importorskip("websockets", reason="websockets is part of the dev extra")
 import websockets.sync.client as websockets_sync
 
-from vocalis.serve.backend import JobTimeout
+from vocalis.frontend.request import AudioChunk
 from vocalis.serve.deadlines import JobWatch
+from vocalis.serve.errors import JobTimeout
 
 LONG_TEXT = " ".join(["This is a fairly long sentence that keeps the synthesis busy for a while."] * 36)
 # ~10 s of synthesis on the tiny model, its first chunk in well under a second on an idle machine
@@ -139,11 +141,19 @@ def test_request_timeout_fires_when_it_expires(tts, which: str, asyncio_errors: 
     assert not asyncio_errors, asyncio_errors
 
 
+CHUNK = AudioChunk(np.zeros(480, dtype=np.float32), 24000, 0, False)
+
+
 class _OneChunkHandle:
-    """A job handle as `JobWatch` reads it (`started`, `abort()`, async iteration) whose chunk is ready at once."""
+    """A job handle as `JobWatch` reads it (a `serve.backend.JobHandle`) whose chunk is ready at once."""
 
     def __init__(self) -> None:
+        self.id = "job-1"
+        self.submitted = time.monotonic()
         self.started: float | None = None
+        self.finished: float | None = None
+        self.done = False
+        self.warnings: list[str] = []
         self.aborted = False
 
     def abort(self) -> None:
@@ -152,8 +162,8 @@ class _OneChunkHandle:
     def __aiter__(self) -> _OneChunkHandle:
         return self
 
-    async def __anext__(self) -> str:
-        return "chunk"
+    async def __anext__(self) -> AudioChunk:
+        return CHUNK
 
 
 @pytest.mark.parametrize("running_s", [0.0, 2.0])
@@ -161,7 +171,7 @@ def test_a_chunk_after_the_run_deadline_is_not_handed_over(running_s: float) -> 
     """The deadline holds by the clock, not by when its timer gets to run: a chunk that comes once the job has run
     past its limit ends the job with JobTimeout even before the watch's timer fired (a busy event loop runs timers
     late), and one that comes in time is handed over."""
-    async def read() -> str:
+    async def read() -> AudioChunk:
         handle = _OneChunkHandle()
         watch = JobWatch(handle, queue_timeout_s=30.0, run_timeout_s=1.0)
         handle.started = time.monotonic() - running_s  # the watch's timer has not looked since it was made
@@ -175,7 +185,7 @@ def test_a_chunk_after_the_run_deadline_is_not_handed_over(running_s: float) -> 
         with pytest.raises(JobTimeout, match="longer than 1 s"):
             asyncio.run(read())
     else:
-        assert asyncio.run(read()) == "chunk"
+        assert asyncio.run(read()) is CHUNK
 
 
 def test_idle_websocket_is_closed_and_frees_the_worker(tts) -> None:

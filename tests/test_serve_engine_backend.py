@@ -13,8 +13,9 @@ from serve_support import quick_tts
 
 from vocalis.frontend.request import Mode, SynthesisRequest
 from vocalis.reference.synthesizer import Synthesizer
-from vocalis.serve.backend import Aborted, Overloaded, SpeechJob, TextFeed
+from vocalis.serve.backend import SpeechJob, TextFeed
 from vocalis.serve.engine_backend import EngineBackend
+from vocalis.serve.errors import Aborted, Overloaded
 from vocalis.tts import TTS
 
 

@@ -33,6 +33,25 @@ def test_serve_command(tmp_path: Path) -> None:
     assert "Traceback" not in out, out
 
 
+def test_aac_without_its_encoder_is_a_400(tmp_path: Path) -> None:
+    """aac needs PyAV (the aac extra): a server without it answers aac with a 400 and the formats it has."""
+    model = make_quick_tiny_model_dir(tmp_path / "model")
+    port = free_port()
+    without_av = "import sys; sys.modules['av'] = None; from vocalis.cli import main; sys.exit(main())"
+    cmd = [sys.executable, "-c", without_av, "serve", "--model", str(model), "--port", str(port), "--threads", "1",
+           "--voices-dir", str(tmp_path / "voices")]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(proc, url, 60, "the server")
+        assert "aac" not in httpx.get(url + "/health", timeout=10).json()["formats"]
+        r = httpx.post(url + "/v1/audio/speech", json={"input": "Hi.", "response_format": "aac"}, timeout=60)
+        assert r.status_code == 400 and "'aac' is not supported" in r.json()["error"]["message"], r.text
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
+
+
 def test_serve_bad_argument_exits_2() -> None:
     r = subprocess.run([sys.executable, "-m", "vocalis", "serve", "--port", str(free_port()), "--voice-alias", "alloy"],
                        capture_output=True, text=True, timeout=60, check=False)

@@ -25,16 +25,8 @@ from vocalis.frontend.request import AudioChunk, SynthesisRequest
 from vocalis.frontend.voice import Voice
 from vocalis.model_dir import LoadedModel
 from vocalis.reference.synthesizer import Synthesizer
-from vocalis.serve.backend import (
-    _END,
-    Aborted,
-    JobTimeout,
-    ModelFacts,
-    Overloaded,
-    SpeechJob,
-    TextFeed,
-    job_request,
-)
+from vocalis.serve.backend import _END, ModelFacts, SpeechJob, TextFeed
+from vocalis.serve.errors import Aborted, JobTimeout, Overloaded
 from vocalis.tts import TTS
 
 if TYPE_CHECKING:
@@ -55,13 +47,14 @@ class ReferenceTTS(TTS):
 
 
 class JobHandle:
-    """The caller's side of one submitted job: `async for item in handle`, `abort()`.
+    """The caller's side of one submitted job (a `serve.backend.JobHandle`): `async for item in handle`, `abort()`.
 
     Timing (monotonic seconds): `submitted`, `started` (worker picked it up), `finished`.
     """
 
-    def __init__(self, job_id: int, loop: asyncio.AbstractEventLoop, feed: TextFeed | None = None) -> None:
+    def __init__(self, job_id: str, loop: asyncio.AbstractEventLoop, feed: TextFeed | None = None) -> None:
         self.id = job_id
+        self.warnings: list[str] = []  # the reference path notes nothing for the client
         self._loop = loop
         self._out: asyncio.Queue[object] = asyncio.Queue()
         self._cancel = threading.Event()
@@ -113,9 +106,9 @@ class _Work:
 
 
 class ThreadedBackend(ModelFacts):
-    """Runs `TTS` jobs one at a time in a worker thread (the reference path)."""
+    """Runs `TTS` jobs one at a time in a worker thread (the reference path); a `serve.backend.Backend`."""
 
-    def __init__(self, tts: Any, *, max_queue: int = 64, queue_timeout_s: float = 120.0,
+    def __init__(self, tts: TTS, *, max_queue: int = 64, queue_timeout_s: float = 120.0,
                  job_timeout_s: float = 300.0) -> None:
         self.tts = tts
         self.sample_rate: int = tts.sample_rate
@@ -140,6 +133,12 @@ class ThreadedBackend(ModelFacts):
     def active(self) -> int:
         """Jobs running now (0 or 1 here)."""
         return 0 if self._running is None else 1
+
+    def kv_usage(self) -> float:
+        return 0.0  # the reference path has no KV-cache pool
+
+    def stats(self) -> dict[str, float]:
+        return {"completed": self.completed, "aborted": self.aborted, "failed": self.failed}
 
     # ---- lifecycle -------------------------------------------------------------------------------
     def start(self) -> None:
@@ -183,7 +182,7 @@ class ThreadedBackend(ModelFacts):
     def _enqueue(self, run: Callable[[], Iterable[object]], feed: TextFeed | None) -> JobHandle:
         if self._thread is None:
             raise Overloaded("the synthesis worker is not running")
-        handle = JobHandle(next(self._ids), asyncio.get_running_loop(), feed)
+        handle = JobHandle(f"job-{next(self._ids)}", asyncio.get_running_loop(), feed)
         try:
             self._queue.put_nowait(_Work(handle, run, self.job_timeout_s))
         except queue.Full:
@@ -192,7 +191,7 @@ class ThreadedBackend(ModelFacts):
 
     def _synthesize(self, job: SpeechJob) -> Iterator[AudioChunk]:
         # the worker thread reads a text feed by blocking iteration
-        return self.tts.run(job_request(self.tts, job, async_text=False),
+        return self.tts.run(job.request(self.tts, async_text=False),
                             stream=job.stream or isinstance(job.text, TextFeed))
 
     # ---- the worker ------------------------------------------------------------------------------
@@ -235,14 +234,14 @@ class ThreadedBackend(ModelFacts):
             handle._put(_END)
         except Aborted as exc:
             self.aborted += 1
-            log.info("job %d aborted after %.2f s", handle.id, time.monotonic() - handle.started)
+            log.info("job %s aborted after %.2f s", handle.id, time.monotonic() - handle.started)
             handle._put(exc)
         except VocalisError as exc:
             self.failed += 1
             handle._put(exc)
         except Exception as exc:  # a bug, not bad input: log it with its traceback, answer 500
             self.failed += 1
-            log.exception("job %d failed", handle.id)
+            log.exception("job %s failed", handle.id)
             handle._put(exc)
         finally:
             close = getattr(items, "close", None)

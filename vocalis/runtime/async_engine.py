@@ -31,6 +31,7 @@ import itertools
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Self
 
@@ -42,6 +43,7 @@ from vocalis.engine.config import EngineConfig
 from vocalis.engine.llm_engine import LLMEngine
 from vocalis.engine.request import SamplingParams
 from vocalis.errors import InputError
+from vocalis.frontend.notices import collect_notices
 from vocalis.frontend.prompt_cv3 import frontend_for
 from vocalis.frontend.request import AudioChunk, SynthesisRequest
 from vocalis.kernels.heap import HeapWatch, cap_mmap_threshold
@@ -148,11 +150,13 @@ class AsyncEngine:
         self.close()
 
     # ---- submitting (event-loop side) ---------------------------------------------------------------
-    def submit(self, request: SynthesisRequest, *, stream: bool = True, request_id: str | None = None
-               ) -> StreamHandle:
+    def submit(self, request: SynthesisRequest | Callable[[], SynthesisRequest], *, stream: bool = True,
+               request_id: str | None = None) -> StreamHandle:
         """Queue a synthesis; iterate the returned handle for its `AudioChunk`s (the last has final=True).
 
-        Must be called from a running event loop. Input errors surface from the iteration.
+        Must be called from a running event loop. Input errors surface from the iteration. `request` may be a
+        function that builds it (decoding uploaded audio, making a voice): it runs in the same worker thread as
+        the rest of the preparation, off the caller's loop.
         """
         if self._thread is None:
             raise EngineClosed("the engine is not running (call start())")
@@ -175,7 +179,8 @@ class AsyncEngine:
                 job = f.result()
                 self._post(("add", job))
                 if job.text is not None:
-                    handle._pump = loop.create_task(self._text_pump().pump(job.job_id, job.text, loop))
+                    with collect_notices(into=handle.warnings):  # what reading the pieces notes reaches the caller
+                        handle._pump = loop.create_task(self._text_pump().pump(job.job_id, job.text, loop))
 
         future.add_done_callback(posted)
         return handle
@@ -212,9 +217,14 @@ class AsyncEngine:
                 "generated_tokens": self.generated.total, "tokens_per_s": self.generated.rate()}
 
     # ---- preparing a job (executor thread; touches no engine state) ------------------------------------
-    def _prepare(self, request: SynthesisRequest, stream: bool, handle: StreamHandle) -> Job:
+    def _prepare(self, request: SynthesisRequest | Callable[[], SynthesisRequest], stream: bool,
+                 handle: StreamHandle) -> Job:
         try:
-            return prepare_job(self.frontend, self.token2wav, request, stream, handle)
+            with collect_notices() as notices:  # what reading the request noted for its caller
+                built = request if isinstance(request, SynthesisRequest) else request()
+                job = prepare_job(self.frontend, self.token2wav, built, stream, handle)
+            handle.warnings.extend(notices)
+            return job
         finally:
             release_openmp_pool()  # an executor thread: keep no pool that slows the loop's (see start)
 

@@ -77,7 +77,15 @@ class Job:
 class StreamHandle:
     """The caller's side of one request: `async for chunk in handle`; `abort()`; `await handle.aclose()`.
 
-    A handle aborted by its owner simply ends; an engine error or shutdown is raised from the iteration.
+    It exists because the engine loop runs in its own thread: that thread only `_put`s chunks, the end or an error,
+    and they reach this handle on the caller's event loop. An engine error or shutdown is raised from the
+    iteration. A handle aborted by its owner ends: its iteration stops, or raises `abort_error` when the owner set
+    one (a server reads an aborted job as a failure, `serve.errors.Aborted`). `warnings` holds what preparing the
+    request noted for the caller (e.g. a word the text frontend spelled out or skipped); it is complete before
+    the first chunk arrives.
+
+    Timing (monotonic seconds): `submitted`; `started`, its first LLM step (voice conversion: when it was added);
+    `finished`, when the engine let go of it (`ended`: its end, error or abort was delivered).
     """
 
     def __init__(self, engine: AsyncEngine, request_id: str, loop: asyncio.AbstractEventLoop, seq: int = 0) -> None:
@@ -87,23 +95,59 @@ class StreamHandle:
         self._loop = loop
         self._queue: asyncio.Queue[object] = asyncio.Queue()
         self._aborted = False
-        self._done = False
+        self._drained = False  # the consumer has read the end (or the error)
         self.submitted = time.monotonic()
-        self.started: float | None = None  # when its first LLM step ran (voice conversion: when it was added)
+        self.started: float | None = None
+        self.finished: float | None = None
+        self.ended = False
+        self.error: BaseException | None = None  # what ended it, when not its end or an abort
+        self.abort_error: BaseException | None = None
+        self.warnings: list[str] = []
         self.first_chunk_latency: float | None = None
         self._pump: asyncio.Task[None] | None = None  # reads a bi-stream's text pieces
+        self._on_end: list[Callable[[StreamHandle], None]] = []
+
+    @property
+    def id(self) -> str:
+        return self.request_id
+
+    @property
+    def aborted(self) -> bool:
+        return self._aborted
+
+    @property
+    def done(self) -> bool:
+        """Whether the request has ended (its last chunk, an error, or its abort was delivered)."""
+        return self.ended
+
+    def on_end(self, callback: Callable[[StreamHandle], None]) -> None:
+        """Call `callback(handle)` on the caller's loop once the engine has let go of the request."""
+        if self.ended:
+            callback(self)
+        else:
+            self._on_end.append(callback)
 
     def _put(self, item: object) -> None:  # any thread
         if item is END or isinstance(item, BaseException):
             self.engine._forget(self.request_id)
         try:
-            self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
+            self._loop.call_soon_threadsafe(self._receive, item)
         except RuntimeError:  # the caller's loop is closed: nobody listens any more
             pass
 
+    def _receive(self, item: object) -> None:  # the caller's loop
+        self._queue.put_nowait(item)
+        if (item is END or isinstance(item, BaseException)) and not self.ended:
+            self.ended = True
+            self.finished = time.monotonic()
+            self.error = item if isinstance(item, BaseException) else None
+            for callback in self._on_end:
+                callback(self)
+            self._on_end.clear()
+
     def abort(self) -> None:
         """Stop the request; its KV blocks and stream state are freed by the engine loop."""
-        if not self._done and not self._aborted:
+        if not self.ended and not self._aborted:
             self._aborted = True
             self.engine._post(("abort", self.request_id))
             if self._pump is not None:
@@ -112,36 +156,32 @@ class StreamHandle:
     async def aclose(self) -> None:
         """Abort (if still running) and wait until the engine has released everything the request held."""
         self.abort()
-        while not self._done:
+        while not self._drained:
             await self._next_item()
 
     def __aiter__(self) -> AsyncIterator[AudioChunk]:
         return self
 
     async def __anext__(self) -> AudioChunk:
-        if self._done:
-            raise StopAsyncIteration
-        try:
-            item = await self._next_item()
-        except asyncio.CancelledError:
-            self.abort()  # [cancel] a consumer that went away must not keep its KV blocks
-            raise
-        if item is END:
-            raise StopAsyncIteration
-        if isinstance(item, BaseException):
-            raise item
-        assert isinstance(item, AudioChunk)
-        if self.first_chunk_latency is None:
-            self.first_chunk_latency = time.monotonic() - self.submitted
-        return item
-
-    @property
-    def done(self) -> bool:
-        """Whether the request has ended (its last chunk, an error, or its abort was delivered)."""
-        return self._done
+        if not self._drained:
+            try:
+                item = await self._next_item()
+            except asyncio.CancelledError:
+                self.abort()  # [cancel] a consumer that went away must not keep its KV blocks
+                raise
+            if isinstance(item, BaseException):
+                raise item
+            if item is not END:
+                assert isinstance(item, AudioChunk)
+                if self.first_chunk_latency is None:
+                    self.first_chunk_latency = time.monotonic() - self.submitted
+                return item
+        if self._aborted and self.abort_error is not None:
+            raise self.abort_error
+        raise StopAsyncIteration
 
     async def _next_item(self) -> object:
         item = await self._queue.get()
         if item is END or isinstance(item, BaseException):
-            self._done = True
+            self._drained = True
         return item

@@ -2,7 +2,7 @@
 
 Routes: POST /v1/audio/speech, GET|POST /v1/audio/voices, GET|DELETE /v1/audio/voices/{name}, GET /v1/models,
 CosyVoice-style /inference_* (cosyvoice_routes.py), WebSocket /v1/audio/speech/ws (websocket.py), GET /health,
-GET /metrics, and the web page at / (static/). The backend is any object with ThreadedBackend's surface.
+GET /metrics, and the web page at / (static/). The backend is any `serve.backend.Backend`.
 """
 
 from __future__ import annotations
@@ -18,50 +18,41 @@ from typing import Any
 
 from fastapi import APIRouter, FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from vocalis.errors import AudioError, InputError, VocalisError
+from vocalis.errors import InputError, VocalisError
 from vocalis.serve.audio_encoding import check_format, supported_formats
-from vocalis.serve.backend import Aborted, JobTimeout, Overloaded, SpeechJob
+from vocalis.serve.backend import Backend, SpeechJob
 from vocalis.serve.config import ServeConfig
 from vocalis.serve.context import ServerContext, ctx_of
-from vocalis.serve.guards import ApiKey, ApiKeyMiddleware, BodyLimitMiddleware, RequestMetricsMiddleware
+from vocalis.serve.cosyvoice_routes import cosyvoice_router
+from vocalis.serve.errors import Aborted, JobTimeout, error_status
+from vocalis.serve.guards import (
+    ApiKey,
+    ApiKeyMiddleware,
+    BodyLimitMiddleware,
+    QueryKeyMiddleware,
+    RequestMetricsMiddleware,
+)
 from vocalis.serve.hosts import HostOriginMiddleware, HostPolicy
-from vocalis.serve.limits import PromptBudget, check_text_fields, token_counter
+from vocalis.serve.limits import PromptBudget, check_text_fields
 from vocalis.serve.metrics import ServeMetrics
-from vocalis.serve.schemas import PayloadTooLarge, SpeechRequest, error_body, validation_message
+from vocalis.serve.schemas import SpeechRequest, error_body, validation_message
 from vocalis.serve.streaming import audio_response, sse_response, start_job, whole_response
-from vocalis.serve.uploads import UnsupportedMedia, audio_seconds, read_body
-from vocalis.serve.voices import VoiceConflict, VoiceNotFound, VoiceStore
+from vocalis.serve.uploads import audio_seconds, read_body
+from vocalis.serve.voices import OPENAI_VOICES, VoiceNotFound, VoiceStore
+from vocalis.serve.websocket import websocket_router
 
 log = logging.getLogger(__name__)
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 
 
 # ---- errors ------------------------------------------------------------------------------------------
-def error_status(exc: BaseException) -> tuple[int, dict[str, str]]:
-    """HTTP status (and headers) for an exception."""
-    if isinstance(exc, PayloadTooLarge):
-        return 413, {}
-    if isinstance(exc, UnsupportedMedia):
-        return 415, {}
-    if isinstance(exc, VoiceConflict):
-        return 409, {}
-    if isinstance(exc, (InputError, AudioError)):
-        return 400, {}
-    if isinstance(exc, Overloaded):
-        return 503, {}
-    if isinstance(exc, JobTimeout):
-        return 504, {}
-    if isinstance(exc, Aborted):
-        return 499, {}
-    return 500, {}
-
-
 def _json_error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
     kind = "invalid_request_error" if status < 500 else ("server_busy" if status == 503 else "server_error")
     return JSONResponse(error_body(message, kind, code=str(status)), status_code=status, headers=headers)
@@ -70,7 +61,7 @@ def _json_error(status: int, message: str, headers: dict[str, str] | None = None
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(VocalisError)
     async def _vocalis(request: Request, exc: VocalisError) -> JSONResponse:
-        status, headers = error_status(exc)
+        status, headers = error_status(exc), {}
         ctx: ServerContext = request.app.state.ctx
         message = ctx.public(str(exc))
         if status == 503:
@@ -145,8 +136,6 @@ def api_router() -> APIRouter:
     @router.get("/v1/audio/voices", summary="List voices (built-in, saved) and the OpenAI-name mapping")
     async def list_voices(request: Request) -> dict[str, Any]:
         store = ctx_of(request).voices
-        from vocalis.serve.voices import OPENAI_VOICES
-
         aliases = {name: store.alias_target(name) for name in (*store.aliases, *OPENAI_VOICES)}
         return {"object": "list", "data": [e.info() for e in store.entries()],
                 "aliases": {k: v for k, v in aliases.items() if v is not None}}
@@ -212,11 +201,8 @@ def api_router() -> APIRouter:
     return router
 
 
-def create_app(backend: Any, config: ServeConfig | None = None) -> FastAPI:
-    """The server around `backend` (e.g. `ThreadedBackend(TTS.load(...))`); the lifespan starts/stops it."""
-    from vocalis.serve.cosyvoice_routes import cosyvoice_router
-    from vocalis.serve.websocket import websocket_router
-
+def create_app(backend: Backend, config: ServeConfig | None = None) -> FastAPI:
+    """The server around `backend` (e.g. `EngineBackend(TTS.load(...))`); the lifespan starts/stops it."""
     config = config or ServeConfig()
 
     @asynccontextmanager
@@ -230,20 +216,22 @@ def create_app(backend: Any, config: ServeConfig | None = None) -> FastAPI:
 
     app = FastAPI(title="Vocalis", version="0.1.0", lifespan=lifespan,
                   description="CosyVoice 2-compatible speech generation with an OpenAI-compatible API.")
-    metrics = ServeMetrics(lambda: backend.queue_depth, lambda: backend.active,
-                           getattr(backend, "kv_usage", None), getattr(backend, "stats", None))
+    metrics = ServeMetrics(lambda: backend.queue_depth, lambda: backend.active, backend.kv_usage, backend.stats)
     api_key = ApiKey(config.api_key)
     voices = VoiceStore(backend.builtin_voices, config.voices_dir, config.voice_aliases, config.max_saved_voices)
-    budget = PromptBudget(token_counter(backend), config.max_prompt_tokens)
+    budget = PromptBudget(backend.count_tokens, config.max_prompt_tokens)
     app.state.ctx = ctx = ServerContext(backend, config, voices, metrics, api_key, budget,
                                         hidden=_hidden_paths(backend, config))
     install_error_handlers(app)
-    # Starlette runs the last added outermost: metrics see every answer, the Host/Origin check and the API key
-    # come before any body is read, and the key is out of the query string before anything can log it.
+    # Starlette runs the last added outermost: metrics see every answer; the key is out of the query string before
+    # anything can log it; the Host/Origin check, the CORS preflight (which carries no key) and the API key come
+    # before any body is read.
+    policy = HostPolicy(config.bind_host, config.allowed_hosts, config.allowed_origins)
     app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes, timeout_s=config.body_timeout_s)
-    app.add_middleware(HostOriginMiddleware, policy=HostPolicy(config.bind_host, config.allowed_hosts,
-                                                               config.allowed_origins))
     app.add_middleware(ApiKeyMiddleware, api_key=api_key)
+    app.add_middleware(CORSMiddleware, **policy.cors_options())  # type: ignore[arg-type]
+    app.add_middleware(HostOriginMiddleware, policy=policy)
+    app.add_middleware(QueryKeyMiddleware)
     app.add_middleware(RequestMetricsMiddleware, metrics=metrics)
 
     replica = secrets.token_hex(4)  # tells replicas behind one address apart, and reveals nothing about the host
@@ -269,10 +257,9 @@ def create_app(backend: Any, config: ServeConfig | None = None) -> FastAPI:
     return app
 
 
-def _hidden_paths(backend: Any, config: ServeConfig) -> tuple[tuple[str, str], ...]:
+def _hidden_paths(backend: Backend, config: ServeConfig) -> tuple[tuple[str, str], ...]:
     """Paths no answer may show, with what to say instead: the model directory, the voices folder."""
-    model = getattr(getattr(backend, "tts", None), "model", None)
-    path = getattr(model, "path", None)
+    path = backend.model_path
     hidden = []
     if path:
         hidden.append((str(path), config.model_name))

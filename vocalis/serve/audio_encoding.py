@@ -1,14 +1,16 @@
 """Float audio chunks -> the bytes of a response format, incrementally, so audio can be sent as it is made.
 
-Formats: wav, pcm (16-bit little-endian mono, OpenAI's `pcm`), flac, mp3, opus (Ogg Opus). flac/mp3/opus use
-libsndfile through soundfile (its bundled libsndfile has FLAC, LAME/mpg123 and Opus); `supported_formats()`
-reports what the installed library can really write.
+Formats: wav, pcm (16-bit little-endian mono, OpenAI's `pcm`), flac, mp3, opus (Ogg Opus), aac (ADTS). flac/mp3/
+opus use libsndfile through soundfile (its bundled libsndfile has FLAC, LAME/mpg123 and Opus); aac uses FFmpeg's
+AAC encoder through PyAV, when installed (`pip install 'vocalis[aac]'`; its wheels bundle FFmpeg).
+`supported_formats()` reports what the installed libraries can really write.
 
 Streaming notes, because a sent byte cannot be taken back:
 - wav: the header carries the "unknown length" sizes (0xFFFFFFFF), which readers treat as "until the end".
 - flac: libsndfile fills STREAMINFO's sample count and MD5 at close; streamed, they stay 0 ("unknown"), which the
   FLAC format allows (ffmpeg and browsers play it; libsndfile's own reader will not seek in such a file).
 - mp3: constant bitrate, so no VBR header has to be patched at the end.
+- aac: ADTS, a header on every frame, so a stream is playable from any byte it was cut at.
 Non-streamed responses (`encode_whole`) carry exact headers.
 """
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 import functools
 import io
 import struct
+from typing import Any
 
 import numpy as np
 import soundfile as sf
@@ -29,6 +32,7 @@ MEDIA_TYPES: dict[str, str] = {
     "flac": "audio/flac",
     "mp3": "audio/mpeg",
     "opus": "audio/ogg; codecs=opus",
+    "aac": "audio/aac",
 }
 # format -> (libsndfile major format, subtype, extra SoundFile kwargs)
 _LIBSNDFILE: dict[str, tuple[str, str, dict[str, object]]] = {
@@ -41,12 +45,59 @@ ALL_FORMATS = ("mp3", "opus", "aac", "flac", "wav", "pcm")  # OpenAI's list
 
 @functools.cache
 def supported_formats() -> tuple[str, ...]:
-    """Formats the installed libsndfile can write (wav and pcm always)."""
+    """Formats the installed libraries can write (wav and pcm always)."""
     found = ["wav", "pcm"]
     for fmt, (major, subtype, _) in _LIBSNDFILE.items():
         if major in sf.available_formats() and subtype in sf.available_subtypes(major):
             found.append(fmt)
+    if _pyav() is not None:
+        found.append("aac")
     return tuple(found)
+
+
+@functools.cache
+def _pyav() -> Any:
+    """PyAV, when installed with FFmpeg's AAC encoder (the optional `aac` extra), else None."""
+    try:
+        import av
+    except ImportError:
+        return None
+    try:
+        av.codec.Codec("aac", "w")
+    except Exception:  # noqa: BLE001  an FFmpeg build without it (PyAV raises its own error types)
+        return None
+    return av
+
+
+class _AacEncoder:
+    """Float chunks -> ADTS AAC bytes through PyAV (FFmpeg's native AAC encoder)."""
+
+    def __init__(self, sample_rate: int) -> None:
+        self._av = av = _pyav()
+        self._out = io.BytesIO()
+        self._container: Any = av.open(self._out, "w", format="adts")
+        self._stream: Any = self._container.add_stream("aac", rate=sample_rate, layout="mono")
+        self.sample_rate = sample_rate
+
+    def _take(self) -> bytes:
+        data = self._out.getvalue()
+        self._out.seek(0)
+        self._out.truncate()
+        return data
+
+    def push(self, samples: np.ndarray) -> bytes:
+        frame = self._av.AudioFrame.from_ndarray(np.clip(samples, -1.0, 1.0).astype(np.float32)[None, :],
+                                                 format="flt", layout="mono")  # (1, N): one plane
+        frame.sample_rate = self.sample_rate
+        for packet in self._stream.encode(frame):
+            self._container.mux(packet)
+        return self._take()
+
+    def finish(self) -> bytes:
+        for packet in self._stream.encode(None):  # the encoder's delayed frames
+            self._container.mux(packet)
+        self._container.close()
+        return self._take()
 
 
 def check_format(fmt: str) -> str:
@@ -113,6 +164,7 @@ class AudioEncoder:
         self._started = False
         self._file: sf.SoundFile | None = None
         self._buf: _GrowingBuffer | None = None
+        self._aac = _AacEncoder(sample_rate) if fmt == "aac" else None
         if fmt in _LIBSNDFILE:
             major, subtype, extra = _LIBSNDFILE[fmt]
             self._buf = _GrowingBuffer()
@@ -120,6 +172,8 @@ class AudioEncoder:
                                       subtype=subtype, **extra)
 
     def push(self, samples: np.ndarray) -> bytes:
+        if self._aac is not None:
+            return self._aac.push(samples)
         if self._file is not None:
             assert self._buf is not None
             self._file.write(np.clip(samples, -1.0, 1.0).astype(np.float32))
@@ -131,6 +185,8 @@ class AudioEncoder:
         return head + to_int16(samples)
 
     def finish(self) -> bytes:
+        if self._aac is not None:
+            return self._aac.finish()
         if self._file is not None:
             assert self._buf is not None
             self._file.close()
@@ -150,6 +206,9 @@ def encode_whole(fmt: str, samples: np.ndarray, sample_rate: int) -> bytes:
     if fmt == "wav":
         pcm = to_int16(samples)
         return wav_header(sample_rate, len(pcm)) + pcm
+    if fmt == "aac":
+        aac = _AacEncoder(sample_rate)
+        return aac.push(samples) + aac.finish()
     major, subtype, extra = _LIBSNDFILE[fmt]
     out = io.BytesIO()
     with sf.SoundFile(out, "w", samplerate=sample_rate, channels=1, format=major, subtype=subtype, **extra) as f:

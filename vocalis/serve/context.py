@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from starlette.requests import HTTPConnection
 
+from vocalis.serve.backend import Backend
 from vocalis.serve.config import ServeConfig
 from vocalis.serve.deadlines import Shutdown
 from vocalis.serve.guards import ApiKey
@@ -17,7 +17,7 @@ from vocalis.serve.voices import VoiceStore
 
 @dataclass
 class ServerContext:
-    backend: Any  # ThreadedBackend or anything with its surface
+    backend: Backend
     config: ServeConfig
     voices: VoiceStore
     metrics: ServeMetrics
@@ -39,8 +39,8 @@ class ServerContext:
 
     @property
     def clone_blocker(self) -> str:
-        """Why the backend cannot make voices from audio (backends without the reason: the usual one)."""
-        return getattr(self.backend, "clone_blocker", "no speech tokenizer/speaker encoder")
+        """Why the backend cannot make voices from audio."""
+        return self.backend.clone_blocker
 
 
 def ctx_of(conn: HTTPConnection) -> ServerContext:

@@ -43,20 +43,18 @@ OptionalWav = Annotated[UploadFile | None, File()]
 def cosyvoice_router() -> APIRouter:
     router = APIRouter(tags=["cosyvoice"])  # the API key is checked by ApiKeyMiddleware, before the form is read
 
-    async def run(request: Request, route: str, t0: float, fmt: str, **job: object) -> StreamingResponse:
+    async def run(request: Request, route: str, t0: float, fmt: str, job: SpeechJob) -> StreamingResponse:
         ctx = ctx_of(request)
         check_format(fmt)
-        text, prompt_text, instruct = (str(job.get(k) or "") for k in ("text", "prompt_text", "instruct"))
-        check_text_fields(ctx.config, tts_text=text, prompt_text=prompt_text, instruct_text=instruct)
-        prompt_wav = job.get("prompt_wav")
-        if (prompt_wav or job.get("source_wav")) and not ctx.backend.can_clone:
+        assert isinstance(job.text, str)
+        check_text_fields(ctx.config, tts_text=job.text, prompt_text=job.prompt_text, instruct_text=job.instruct)
+        if (job.prompt_wav is not None or job.source_wav is not None) and not ctx.backend.can_clone:
             raise InputError(f"the {ctx.model_label} cannot use prompt audio ({ctx.clone_blocker})")
-        if job.get("source_wav") is None:  # voice conversion has no LLM
-            seconds = audio_seconds(prompt_wav) if isinstance(prompt_wav, bytes) else 0.0
-            ctx.budget.check(text=text, voice=job.get("voice"), prompt_text=prompt_text,  # type: ignore[arg-type]
-                             instruct=instruct, prompt_seconds=seconds)
-        stream = await start_job(ctx, SpeechJob(**job), request, route, t0)  # type: ignore[arg-type]
-        return audio_response(stream, fmt)
+        if job.source_wav is None:  # voice conversion has no LLM
+            seconds = audio_seconds(job.prompt_wav) if job.prompt_wav is not None else 0.0
+            ctx.budget.check(text=job.text, voice=job.voice, prompt_text=job.prompt_text, instruct=job.instruct,
+                             prompt_seconds=seconds)
+        return audio_response(await start_job(ctx, job, request, route, t0), fmt)
 
     def voice(request: Request, name: str) -> Voice | None:
         return ctx_of(request).voices.resolve(name)
@@ -69,40 +67,40 @@ def cosyvoice_router() -> APIRouter:
                   seed: Seed = None, response_format: Fmt = "pcm") -> StreamingResponse:
         t0 = time.perf_counter()
         v = voice(request, spk_id)
-        return await run(request, "/inference_sft", t0, response_format, text=tts_text, voice=v, speed=speed,
-                         seed=seed)
+        job = SpeechJob(text=tts_text, voice=v, speed=speed, seed=seed)
+        return await run(request, "/inference_sft", t0, response_format, job)
 
     @router.post("/inference_zero_shot")
     async def zero_shot(request: Request, tts_text: Text, prompt_text: Text, prompt_wav: Wav, speed: Speed = 1.0,
                         seed: Seed = None, response_format: Fmt = "pcm") -> StreamingResponse:
         t0 = time.perf_counter()
         wav = await upload(request, prompt_wav, "prompt_wav")
-        return await run(request, "/inference_zero_shot", t0, response_format, text=tts_text, prompt_wav=wav,
-                         prompt_text=prompt_text, speed=speed, seed=seed)
+        job = SpeechJob(text=tts_text, prompt_wav=wav, prompt_text=prompt_text, speed=speed, seed=seed)
+        return await run(request, "/inference_zero_shot", t0, response_format, job)
 
     @router.post("/inference_cross_lingual")
     async def cross_lingual(request: Request, tts_text: Text, prompt_wav: Wav, speed: Speed = 1.0,
                             seed: Seed = None, response_format: Fmt = "pcm") -> StreamingResponse:
         t0 = time.perf_counter()
         wav = await upload(request, prompt_wav, "prompt_wav")
-        return await run(request, "/inference_cross_lingual", t0, response_format, text=tts_text, prompt_wav=wav,
-                         speed=speed, seed=seed)
+        job = SpeechJob(text=tts_text, prompt_wav=wav, speed=speed, seed=seed)
+        return await run(request, "/inference_cross_lingual", t0, response_format, job)
 
     @router.post("/inference_instruct")
     async def instruct(request: Request, tts_text: Text, spk_id: Annotated[str, Form()], instruct_text: Text,
                        speed: Speed = 1.0, seed: Seed = None, response_format: Fmt = "pcm") -> StreamingResponse:
         t0 = time.perf_counter()
         v = voice(request, spk_id)
-        return await run(request, "/inference_instruct", t0, response_format, text=tts_text, voice=v,
-                         instruct=instruct_text, speed=speed, seed=seed)
+        job = SpeechJob(text=tts_text, voice=v, instruct=instruct_text, speed=speed, seed=seed)
+        return await run(request, "/inference_instruct", t0, response_format, job)
 
     @router.post("/inference_instruct2")
     async def instruct2(request: Request, tts_text: Text, instruct_text: Text, prompt_wav: Wav, speed: Speed = 1.0,
                         seed: Seed = None, response_format: Fmt = "pcm") -> StreamingResponse:
         t0 = time.perf_counter()
         wav = await upload(request, prompt_wav, "prompt_wav")
-        return await run(request, "/inference_instruct2", t0, response_format, text=tts_text, prompt_wav=wav,
-                         instruct=instruct_text, speed=speed, seed=seed)
+        job = SpeechJob(text=tts_text, prompt_wav=wav, instruct=instruct_text, speed=speed, seed=seed)
+        return await run(request, "/inference_instruct2", t0, response_format, job)
 
     @router.post("/inference_vc")
     async def vc(request: Request, source_wav: Wav, prompt_wav: OptionalWav = None,
@@ -114,7 +112,7 @@ def cosyvoice_router() -> APIRouter:
         src = await upload(request, source_wav, "source_wav")
         wav = await upload(request, prompt_wav, "prompt_wav") if prompt_wav is not None else None
         v = voice(request, spk_id) if spk_id is not None else None
-        return await run(request, "/inference_vc", t0, response_format, source_wav=src, prompt_wav=wav, voice=v,
-                         speed=speed, seed=seed)
+        job = SpeechJob(source_wav=src, prompt_wav=wav, voice=v, speed=speed, seed=seed)
+        return await run(request, "/inference_vc", t0, response_format, job)
 
     return router

@@ -1,16 +1,17 @@
-"""Deadlines of submitted jobs, as timers on the event loop: each fires when it expires, whatever the backend is
-doing, and ends the job through its handle's public surface (`abort()`, async iteration), so the same rules
-hold for any backend with `ThreadedBackend`'s surface.
+"""A submitted job as the server serves it (`JobWatch`): its deadlines, as timers on the event loop, and what it
+reports to the metrics. Each deadline fires when it expires, whatever the backend is doing, and ends the job
+through its handle's public surface (`abort()`, async iteration), so the same rules hold for every `Backend`.
 
 - queue timeout: a job not started `queue_timeout_s` after it was submitted -> `Overloaded` (503);
 - run timeout: a job running longer than `run_timeout_s` -> `JobTimeout` (504);
 - shutdown: after SIGTERM a grace period runs; when it is over, every job still watched ends with `Overloaded`
   (503 where no audio was sent yet; a stream already under way is cut).
 
-"Started" is the handle's `started` time when it has one (monotonic seconds, as `JobHandle` keeps it), else the
-first item's arrival. The consumer reads items through `JobWatch.next` (or `async for`), which returns the
-deadline's error as soon as it fires instead of waiting for the backend's next chunk, and never hands over an item
-that came after the run deadline (on a busy event loop the timer may run after the item).
+"Started" is the handle's `started` time when it has one (monotonic seconds), else the first item's arrival. The
+consumer reads items through `JobWatch.next` (or `async for`), which returns the deadline's error as soon as it
+fires instead of waiting for the backend's next chunk, and never hands over an item that came after the run
+deadline (on a busy event loop the timer may run after the item). An engine that stopped (`EngineClosed`: the
+server is shutting down) reads as `Overloaded`.
 """
 
 from __future__ import annotations
@@ -19,10 +20,15 @@ import asyncio
 import logging
 import math
 import time
+from collections.abc import Callable
 from typing import Any
 
 from vocalis.errors import VocalisError
-from vocalis.serve.backend import JobTimeout, Overloaded
+from vocalis.frontend.request import AudioChunk
+from vocalis.runtime.handle import EngineClosed
+from vocalis.serve.backend import JobHandle
+from vocalis.serve.errors import Aborted, JobTimeout, Overloaded
+from vocalis.serve.metrics import ServeMetrics
 
 log = logging.getLogger(__name__)
 POLL_S = 0.1  # how often a queued job is looked at: whether it started (the run timer then takes over)
@@ -73,10 +79,17 @@ class Shutdown:
 
 
 class JobWatch:
-    """The deadlines of one job handle. Use `next()` / `async for` to read its items and `close()` when done."""
+    """One job handle under the server's deadlines. Read its chunks with `next()` / `async for`; `close()` when done.
 
-    def __init__(self, handle: Any, *, queue_timeout_s: float, run_timeout_s: float,
-                 shutdown: Shutdown | None = None, wait_for_input: bool = False) -> None:
+    With `metrics`, it also reports the job under `route`: its first chunk's latency (from `t0`, a perf_counter
+    time; a WebSocket sets it when the first text arrives), the audio sent as an active stream, the audio seconds
+    and real-time factor of a job that ran to its end, or its abort by a reader that left early. Failures are
+    counted by whoever answers the client (the route's error answer, the stream's cut).
+    """
+
+    def __init__(self, handle: JobHandle, *, queue_timeout_s: float, run_timeout_s: float,
+                 shutdown: Shutdown | None = None, wait_for_input: bool = False, metrics: ServeMetrics | None = None,
+                 route: str = "", t0: float | None = None) -> None:
         self.handle = handle
         self.queue_timeout_s = queue_timeout_s
         self.run_timeout_s = run_timeout_s
@@ -85,19 +98,25 @@ class JobWatch:
         self._wake: asyncio.Future[None] = self._loop.create_future()
         # A job fed text over time (WebSocket) cannot start before its first piece, and a backend may not count
         # it as started until then: its queue clock starts at `input_arrived`.
-        self._submitted: float | None = None if wait_for_input else (getattr(handle, "submitted", None)
-                                                                     or time.monotonic())
+        self._submitted: float | None = None if wait_for_input else handle.submitted
         self._first_item: float | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._shutdown = shutdown
         self._closed = False
+        self.metrics = metrics
+        self.route = route
+        self.t0 = t0
+        self.first_chunk_latency = 0.0
+        self.audio_samples = 0
+        self.sample_rate = 0
+        self._outcome: str | None = None  # "finished" | "failed"
         if shutdown is not None:
             shutdown._add(self)
         self._watch_queue()
 
     # ---- timers ------------------------------------------------------------------------------------------
     def _started(self) -> float | None:
-        started = getattr(self.handle, "started", None)
+        started = self.handle.started
         return started if started is not None else self._first_item
 
     def _watch_queue(self) -> None:
@@ -115,7 +134,7 @@ class JobWatch:
         else:
             self._arm(min(POLL_S, self._submitted + self.queue_timeout_s - now), self._watch_queue)
 
-    def _arm(self, delay_s: float, callback: Any) -> None:
+    def _arm(self, delay_s: float, callback: Callable[[], None]) -> None:
         if math.isinf(delay_s):
             return
         self._timer = self._loop.call_later(max(0.0, delay_s), callback)
@@ -138,7 +157,7 @@ class JobWatch:
         if self._closed or self.fired is not None:
             return
         self.fired = exc
-        log.info("job %s: %s", getattr(self.handle, "id", "?"), exc)
+        log.info("job %s: %s", self.handle.id, exc)
         self.handle.abort()
         if not self._wake.done():
             self._wake.set_result(None)
@@ -152,13 +171,25 @@ class JobWatch:
             self._shutdown._discard(self)
 
     def close(self) -> None:
-        """No more deadlines for this job (it ended, or its reader left)."""
+        """No more deadlines for this job (it ended, or its reader left); a job not read to its end is aborted."""
+        if self._closed:
+            return
         self._closed = True
         self._stop_timers()
+        if self._outcome is None:
+            self.handle.abort()
+        if self.metrics is None:
+            return
+        if self._first_item is None:
+            return  # nothing was sent: the route's answer (or its client's leaving) is counted where it is made
+        self.metrics.active_streams.dec()
+        if self._outcome is None and self.fired is None:
+            self.metrics.aborted.inc()
+            log.info("job %s ended early (client gone); aborted", self.handle.id)
 
     # ---- reading -----------------------------------------------------------------------------------------
-    async def next(self) -> Any:
-        """The handle's next item; the deadline's error as soon as one fires; StopAsyncIteration at the end."""
+    async def next(self) -> AudioChunk:
+        """The handle's next chunk; the deadline's error as soon as one fires; StopAsyncIteration at the end."""
         if self.fired is not None:
             raise self.fired
         task = asyncio.ensure_future(self.handle.__anext__())
@@ -173,19 +204,65 @@ class JobWatch:
         if task.done() and self.fired is None:  # an item (or the end, or the job's own error) came in time
             try:
                 item = task.result()
-            except BaseException:
-                self.close()
+            except StopAsyncIteration:
+                self._ended("finished")
                 raise
-            if self._first_item is None:
-                self._first_item = time.monotonic()
+            except EngineClosed as exc:  # the engine stops only when the server does
+                self._ended("failed", Overloaded(f"the server is shutting down ({exc}); retry shortly"))
+                raise Overloaded(f"the server is shutting down ({exc}); retry shortly") from None
+            except BaseException as exc:
+                self._ended("failed", exc)
+                raise
+            self._count(item)
             return item
         task.cancel()
         task.add_done_callback(retrieve)
         assert self.fired is not None
+        self._ended("failed", self.fired)
         raise self.fired
 
     def __aiter__(self) -> JobWatch:
         return self
 
-    async def __anext__(self) -> Any:
+    async def __anext__(self) -> AudioChunk:
         return await self.next()
+
+    # ---- accounting --------------------------------------------------------------------------------------
+    def _count(self, chunk: AudioChunk) -> None:
+        if self._first_item is None:
+            self._first_item = time.monotonic()
+            self.sample_rate = chunk.sample_rate
+            if self.t0 is not None:
+                self.first_chunk_latency = time.perf_counter() - self.t0
+            if self.metrics is not None:
+                self.metrics.first_chunk.labels(self.route).observe(self.first_chunk_latency)
+                self.metrics.active_streams.inc()
+        self.audio_samples += len(chunk.samples)
+
+    def _ended(self, outcome: str, error: BaseException | None = None) -> None:
+        if self._outcome is not None:
+            return
+        self._outcome = outcome
+        self.close()
+        if isinstance(error, VocalisError) and not isinstance(error, Aborted) and self._first_item is not None:
+            # before the first chunk the route's answer tells it (and counts it); after it, the log does
+            log.warning("stream %s failed after %d samples: %s", self.handle.id, self.audio_samples, error)
+        if self.metrics is not None and outcome == "finished":
+            seconds = self.seconds
+            self.metrics.audio_seconds.inc(seconds)
+            if seconds > 0:
+                self.metrics.rtf.labels(self.route).observe(self.busy_s / seconds)
+
+    @property
+    def seconds(self) -> float:
+        return self.audio_samples / self.sample_rate if self.sample_rate else 0.0
+
+    @property
+    def busy_s(self) -> float:
+        h = self.handle
+        return (h.finished or time.monotonic()) - (h.started or h.submitted)
+
+    @property
+    def stats(self) -> dict[str, Any]:
+        seconds = self.seconds
+        return {"audio_seconds": round(seconds, 3), "rtf": round(self.busy_s / seconds, 4) if seconds else 0.0}

@@ -1,5 +1,5 @@
 """What stands in front of the routes: the API key (checked before any body is read, and kept out of the
-logs), the body's size and time limits, and per-request metrics."""
+logs whatever its spelling), the body's size and time limits, and per-request metrics."""
 
 from __future__ import annotations
 
@@ -128,26 +128,42 @@ class ApiKey:
         return self.ok(ws.headers.get("authorization"), ws.scope.get(SCOPE_KEY))
 
 
+def take_query_key(scope: Scope) -> None:
+    """Move the API key out of the query string into `scope[SCOPE_KEY]`, in place, so that nothing reading the
+    scope afterwards (the server's access log, error pages) sees it. The parameter is found whatever its case or
+    percent-encoding (`API_KEY`, `api%5Fkey`): a query name is a client's spelling, and every spelling is a key."""
+    query = scope.get("query_string", b"")
+    if not query:
+        return
+    pairs = parse_qsl(query.decode("latin-1"), keep_blank_values=True)
+    given = [v for k, v in pairs if k.lower() == QUERY_KEY]
+    if given:
+        scope[SCOPE_KEY] = given[-1]
+        scope["query_string"] = urlencode([(k, "REDACTED" if k.lower() == QUERY_KEY else v) for k, v in pairs]).encode()
+
+
+class QueryKeyMiddleware:
+    """Takes the API key out of every query string before anything else runs (see `take_query_key`)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] in ("http", "websocket"):
+            take_query_key(scope)
+        await self.app(scope, receive, send)
+
+
 class ApiKeyMiddleware:
-    """Takes `api_key` out of every query string (so no access log or error page ever shows it) and, for HTTP,
-    answers 401 before the route runs, i.e. before a byte of the body is read. WebSockets check the key in
-    their route, after the handshake, so the client hears why (close 4401)."""
+    """For HTTP, answers 401 before the route runs, i.e. before a byte of the body is read. WebSockets check the
+    key in their route, after the handshake, so the client hears why (close 4401). A CORS preflight never gets
+    here: browsers send it without credentials, and the CORS middleware in front answers it."""
 
     def __init__(self, app: ASGIApp, api_key: ApiKey) -> None:
         self.app = app
         self.api_key = api_key
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] not in ("http", "websocket"):
-            await self.app(scope, receive, send)
-            return
-        query = scope.get("query_string", b"")
-        if QUERY_KEY.encode() in query:
-            pairs = parse_qsl(query.decode("latin-1"), keep_blank_values=True)
-            given = [v for k, v in pairs if k == QUERY_KEY]
-            scope[SCOPE_KEY] = given[-1] if given else None
-            # In place: the server's access log reads this same scope.
-            scope["query_string"] = urlencode([(k, "REDACTED" if k == QUERY_KEY else v) for k, v in pairs]).encode()
         if scope["type"] == "http" and not self._public(scope["path"]):
             header = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"authorization"), None)
             if not self.api_key.ok(header):

@@ -8,19 +8,32 @@ Host: loopback names, the bound address, any IP literal when bound to all interf
 cannot be rebound), and `allowed_hosts` ("*" turns the check off). Origin, when a browser sends one: the
 server's own origin (same scheme and Host), a page on a loopback host, or one of `allowed_origins` ("*": any).
 Requests without an Origin (curl, SDKs, servers) are not browsers' and pass.
+
+CORS: a page on another origin that passes the Origin check (a loopback page, or one of `allowed_origins`) gets
+the CORS headers, on its preflight (answered before the API key is checked: browsers send preflights without
+credentials) and on the response, so a web app can call the API and read its answers; `cors_options` says which.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import json
+import re
 from urllib.parse import urlsplit
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from vocalis.serve.errors import close_reason
 from vocalis.serve.schemas import error_body
 
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
+# An origin on this machine: http(s), a loopback name (or a *.localhost name), any port.
+LOOPBACK_ORIGIN = r"https?://(localhost|127\.0\.0\.1|\[::1\]|[a-z0-9.-]+\.localhost)(:[0-9]{1,5})?"
+# What a web app may send and read beyond the CORS-safelisted headers.
+CORS_METHODS = ("GET", "POST", "DELETE")
+CORS_REQUEST_HEADERS = ("Authorization", "Content-Type")
+CORS_EXPOSED_HEADERS = ("X-Sample-Rate", "X-First-Chunk-Latency", "X-Audio-Format", "X-RTF", "X-Vocalis-Warnings",
+                        "Retry-After")
 WILDCARD_BINDS = frozenset({"", "0.0.0.0", "::"})
 
 
@@ -74,8 +87,16 @@ class HostPolicy:
         own_scheme = {"ws": "http", "wss": "https"}.get(scheme, scheme)
         if host is not None and parts.netloc == host.strip().lower() and parts.scheme == own_scheme:
             return True  # same origin: the web page this server serves
-        name = _hostname(parts.netloc)
-        return name in LOOPBACK_NAMES or name.endswith(".localhost")
+        return re.fullmatch(LOOPBACK_ORIGIN, origin) is not None
+
+    def cors_options(self) -> dict[str, object]:
+        """Starlette's `CORSMiddleware` options for the origins this policy lets call the API from a page."""
+        return {"allow_origins": ("*",) if self.any_origin else tuple(sorted(self.origins)),
+                "allow_origin_regex": None if self.any_origin else LOOPBACK_ORIGIN,
+                "allow_methods": CORS_METHODS, "allow_headers": CORS_REQUEST_HEADERS,
+                "expose_headers": CORS_EXPOSED_HEADERS,
+                # Chrome asks before a public page may reach a private address; the origin is allowed, so yes
+                "allow_private_network": True}
 
 
 class HostOriginMiddleware:
@@ -100,7 +121,7 @@ class HostOriginMiddleware:
             await self.app(scope, receive, send)
             return
         if scope["type"] == "websocket":  # closing before accept refuses the handshake (HTTP 403)
-            await send({"type": "websocket.close", "code": 4403, "reason": problem[:120]})
+            await send({"type": "websocket.close", "code": 4403, "reason": close_reason(problem)})
             return
         body = json.dumps(error_body(problem, code="403")).encode()
         await send({"type": "http.response.start", "status": 403,

@@ -9,7 +9,6 @@ than its context: a request that would only fail (or crawl) deep in the engine n
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from vocalis.config import MAX_PROMPT_SECONDS, TOKEN_RATE
 from vocalis.errors import InputError
@@ -27,19 +26,6 @@ def check_text_fields(config: ServeConfig, **fields: str | None) -> None:
     for name, value in fields.items():
         if value is not None and len(value) > limit:
             raise InputError(f"{name} is {len(value)} characters; the limit is {limit}")
-
-
-def token_counter(backend: Any) -> Callable[[str], int]:
-    """How the backend's LLM counts text tokens: its own `count_tokens`, else its model's tokenizer, else UTF-8
-    bytes (a byte-level BPE token is at least one byte, so the bound is never too low)."""
-    count = getattr(backend, "count_tokens", None)
-    if callable(count):
-        return count
-    model = getattr(getattr(backend, "tts", None), "model", None)
-    tokenizer = getattr(model, "tokenizer", None)
-    if tokenizer is not None:
-        return tokenizer.count
-    return lambda text: len(text.encode())
 
 
 class PromptBudget:

@@ -69,7 +69,7 @@ class WsStart(SynthesisOptions):
     type: Literal["start"]
     voice: str | None = None
     instructions: str | None = None
-    response_format: Literal["pcm", "wav", "mp3", "opus", "flac"] = "pcm"
+    response_format: Literal["pcm", "wav", "mp3", "opus", "flac", "aac"] = "pcm"
 
 
 class WsText(BaseModel):

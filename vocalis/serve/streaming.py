@@ -16,8 +16,8 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 from fastapi import Request
@@ -27,9 +27,9 @@ from starlette.types import Send
 from vocalis.errors import VocalisError
 from vocalis.frontend.request import AudioChunk
 from vocalis.serve.audio_encoding import MEDIA_TYPES, AudioEncoder, encode_whole
-from vocalis.serve.backend import Aborted, SpeechJob
+from vocalis.serve.backend import SpeechJob
 from vocalis.serve.deadlines import JobWatch, retrieve
-from vocalis.serve.metrics import ServeMetrics
+from vocalis.serve.errors import Aborted
 
 if TYPE_CHECKING:
     from vocalis.serve.context import ServerContext
@@ -58,95 +58,66 @@ async def first_item(watch: JobWatch, request: Request | None, poll_s: float = 0
     except BaseException:
         task.cancel()
         task.add_done_callback(retrieve)
-        watch.handle.abort()
         watch.close()
         raise
 
 
-@dataclass
-class JobStream:
-    """A started job: its first chunk, the rest to come, and the bookkeeping for metrics."""
+@dataclass(frozen=True)
+class StartedJob:
+    """A job whose first chunk exists: what a response sends."""
 
     watch: JobWatch
     first: AudioChunk
-    metrics: ServeMetrics
-    route: str
-    t0: float  # request arrival (perf_counter)
-    audio_samples: int = 0
-    sample_rate: int = field(init=False)
-    handle: Any = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.handle = self.watch.handle
-        self.sample_rate = self.first.sample_rate
-        self.metrics.first_chunk.labels(self.route).observe(time.perf_counter() - self.t0)
-
-    async def chunks(self) -> AsyncIterator[AudioChunk]:
-        """Every chunk, first included; aborts the job unless it ran to the end."""
-        finished = failed = False
-        self.metrics.active_streams.inc()
-        try:
-            self.audio_samples += len(self.first.samples)
-            yield self.first
-            async for chunk in self.watch:
-                self.audio_samples += len(chunk.samples)
-                yield chunk
-            finished = True
-            self._record()
-        except VocalisError as exc:
-            if not isinstance(exc, Aborted):
-                failed = True
-                self.metrics.errors.labels(self.route, type(exc).__name__).inc()
-                log.warning("stream %d failed after %d samples: %s", self.handle.id, self.audio_samples, exc)
-            raise
-        finally:
-            self.watch.close()
-            self.metrics.active_streams.dec()
-            if not finished:
-                self.handle.abort()
-                if not failed:
-                    self.metrics.aborted.inc()
-                    log.info("stream %d ended early (client gone); job aborted", self.handle.id)
-
-    def _record(self) -> None:
-        seconds = self.audio_samples / self.sample_rate
-        self.metrics.audio_seconds.inc(seconds)
-        h = self.handle
-        if seconds > 0 and h.started is not None and h.finished is not None:
-            self.metrics.rtf.labels(self.route).observe((h.finished - h.started) / seconds)
 
     @property
-    def stats(self) -> dict[str, float]:
-        h = self.handle
-        seconds = self.audio_samples / self.sample_rate
-        busy = (h.finished or time.monotonic()) - (h.started or h.submitted)
-        return {"audio_seconds": round(seconds, 3), "rtf": round(busy / seconds, 4) if seconds else 0.0}
+    def sample_rate(self) -> int:
+        return self.first.sample_rate
+
+    async def chunks(self) -> AsyncIterator[AudioChunk]:
+        """Every chunk, first included. A failure after the first byte is counted here (the client only sees a
+        cut body); the job is aborted unless it ran to its end."""
+        watch = self.watch
+        try:
+            yield self.first
+            async for chunk in watch:
+                yield chunk
+        except VocalisError as exc:
+            if not isinstance(exc, Aborted) and watch.metrics is not None:
+                watch.metrics.errors.labels(watch.route, type(exc).__name__).inc()
+            raise
+        finally:
+            watch.close()
 
 
 async def start_job(ctx: ServerContext, job: SpeechJob, request: Request | None, route: str,
-                    t0: float) -> JobStream:
+                    t0: float) -> StartedJob:
     """Submit `job` under the server's deadlines and wait for its first chunk."""
     ctx.shutdown.check_open()
-    handle = ctx.backend.submit(job)
-    watch = JobWatch(handle, queue_timeout_s=ctx.config.queue_timeout_s, run_timeout_s=ctx.config.request_timeout_s,
-                     shutdown=ctx.shutdown)
-    first = await first_item(watch, request)
-    return JobStream(watch, first, ctx.metrics, route, t0)
+    watch = JobWatch(ctx.backend.submit(job), queue_timeout_s=ctx.config.queue_timeout_s,
+                     run_timeout_s=ctx.config.request_timeout_s, shutdown=ctx.shutdown, metrics=ctx.metrics,
+                     route=route, t0=t0)
+    return StartedJob(watch, await first_item(watch, request))
 
 
-def _timing_headers(stream: JobStream, fmt: str) -> dict[str, str]:
+def warnings_header(warnings: list[str]) -> dict[str, str]:
+    """`X-Vocalis-Warnings`: a JSON list of what reading the text noted (ASCII, as a header must be)."""
+    return {"X-Vocalis-Warnings": json.dumps(warnings)} if warnings else {}
+
+
+def _timing_headers(job: StartedJob, fmt: str) -> dict[str, str]:
     return {
-        "X-Sample-Rate": str(stream.sample_rate),
-        "X-First-Chunk-Latency": f"{time.perf_counter() - stream.t0:.4f}",
+        "X-Sample-Rate": str(job.sample_rate),
+        "X-First-Chunk-Latency": f"{time.perf_counter() - (job.watch.t0 or time.perf_counter()):.4f}",
         "X-Audio-Format": fmt,
         "Cache-Control": "no-store",
+        **warnings_header(job.watch.handle.warnings),
     }
 
 
 class CutOnErrorResponse(StreamingResponse):
     """A streaming response that a failure after the first byte cuts: no end-of-body marker is sent and the
     connection closes, so the client sees an incomplete body, and the server logs one line, not a traceback
-    (`JobStream.chunks` already logged and counted the failure)."""
+    (`StartedJob.chunks` already counted the failure)."""
 
     async def stream_response(self, send: Send) -> None:
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
@@ -158,12 +129,12 @@ class CutOnErrorResponse(StreamingResponse):
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
-def audio_response(stream: JobStream, fmt: str) -> StreamingResponse:
+def audio_response(job: StartedJob, fmt: str) -> StreamingResponse:
     """Raw audio bytes in `fmt`, sent as chunks are made."""
-    encoder = AudioEncoder(fmt, stream.sample_rate)
+    encoder = AudioEncoder(fmt, job.sample_rate)
 
     async def body() -> AsyncIterator[bytes]:
-        async with aclosing(stream.chunks()) as chunks:
+        async with aclosing(job.chunks()) as chunks:
             async for chunk in chunks:
                 data = encoder.push(chunk.samples)
                 if data:
@@ -172,19 +143,22 @@ def audio_response(stream: JobStream, fmt: str) -> StreamingResponse:
         if tail:
             yield tail
 
-    return CutOnErrorResponse(body(), media_type=encoder.media_type, headers=_timing_headers(stream, fmt))
+    return CutOnErrorResponse(body(), media_type=encoder.media_type, headers=_timing_headers(job, fmt))
 
 
-def sse_response(stream: JobStream, fmt: str, input_chars: int) -> StreamingResponse:
-    """OpenAI's `stream_format=sse`: `speech.audio.delta` events with base64 audio, then `speech.audio.done`."""
-    encoder = AudioEncoder(fmt, stream.sample_rate)
+def sse_response(job: StartedJob, fmt: str, input_chars: int) -> StreamingResponse:
+    """OpenAI's `stream_format=sse`: `speech.audio.delta` events with base64 audio, then `speech.audio.done`;
+    first a `speech.warning` event for each thing reading the text noted (a Vocalis extension)."""
+    encoder = AudioEncoder(fmt, job.sample_rate)
 
     def event(payload: dict[str, object]) -> bytes:
         return f"data: {json.dumps(payload)}\n\n".encode()
 
     async def body() -> AsyncIterator[bytes]:
+        for warning in job.watch.handle.warnings:
+            yield event({"type": "speech.warning", "message": warning})
         try:
-            async with aclosing(stream.chunks()) as chunks:
+            async with aclosing(job.chunks()) as chunks:
                 async for chunk in chunks:
                     data = encoder.push(chunk.samples)
                     if data:
@@ -196,18 +170,18 @@ def sse_response(stream: JobStream, fmt: str, input_chars: int) -> StreamingResp
         tail = encoder.finish()
         if tail:
             yield event({"type": "speech.audio.delta", "audio": base64.b64encode(tail).decode()})
-        usage = {"input_tokens": input_chars, "output_tokens": stream.audio_samples, "total_tokens": 0}
+        usage = {"input_tokens": input_chars, "output_tokens": job.watch.audio_samples, "total_tokens": 0}
         usage["total_tokens"] = usage["input_tokens"] + usage["output_tokens"]
-        yield event({"type": "speech.audio.done", "usage": usage, **stream.stats})
+        yield event({"type": "speech.audio.done", "usage": usage, **job.watch.stats})
 
-    headers = _timing_headers(stream, fmt)
+    headers = _timing_headers(job, fmt)
     return StreamingResponse(body(), media_type="text/event-stream", headers=headers)
 
 
-async def whole_response(stream: JobStream, fmt: str) -> Response:
+async def whole_response(job: StartedJob, fmt: str) -> Response:
     """Everything first, then one file with exact headers (for `stream: false`)."""
-    async with aclosing(stream.chunks()) as chunks:
+    async with aclosing(job.chunks()) as chunks:
         parts = [chunk.samples async for chunk in chunks]
-    data = encode_whole(fmt, np.concatenate(parts), stream.sample_rate)
-    headers = {**_timing_headers(stream, fmt), "X-RTF": str(stream.stats["rtf"])}
+    data = encode_whole(fmt, np.concatenate(parts), job.sample_rate)
+    headers = {**_timing_headers(job, fmt), "X-RTF": str(job.watch.stats["rtf"])}
     return Response(data, media_type=MEDIA_TYPES[fmt], headers=headers)

@@ -8,7 +8,8 @@
     {"type": "cancel"}                                stop now
 
 Server messages: `{"type": "ready", "sample_rate": 24000, "format": "pcm"}` after start; binary frames of audio
-in the chosen format as it is made; `{"type": "done", "audio_seconds", "first_chunk_latency", "rtf"}` and a
+in the chosen format as it is made; `{"type": "warning", "message": ...}` for what reading the text noted (a word
+spelled out or skipped); `{"type": "done", "audio_seconds", "first_chunk_latency", "rtf", "warnings"}` and a
 normal close (1000) at the end; on a problem `{"type": "error", "status": 400, "message": ...}` and close code
 4000 + status (e.g. 4400, 4401, 4503). A client that disconnects aborts its synthesis.
 
@@ -33,9 +34,10 @@ from pydantic import ValidationError
 from vocalis.errors import InputError, VocalisError
 from vocalis.frontend.voice import Voice
 from vocalis.serve.audio_encoding import AudioEncoder, check_format
-from vocalis.serve.backend import Aborted, SpeechJob, TextFeed
+from vocalis.serve.backend import SpeechJob, TextFeed
 from vocalis.serve.context import ServerContext, ctx_of
 from vocalis.serve.deadlines import JobWatch, retrieve
+from vocalis.serve.errors import Aborted, close_reason, error_status
 from vocalis.serve.limits import check_text_fields
 from vocalis.serve.schemas import PayloadTooLarge, WsCancel, WsEnd, WsStart, WsText, validation_message
 
@@ -60,7 +62,7 @@ async def _fail(ws: WebSocket, ctx: ServerContext, status: int, message: str, ki
     message = ctx.public(message)
     with contextlib.suppress(Exception):
         await ws.send_json({"type": "error", "status": status, "message": message})
-        await ws.close(code=4000 + status, reason=message[:120])
+        await ws.close(code=4000 + status, reason=close_reason(message))
 
 
 async def _receive_json(ws: WebSocket, idle_s: float) -> dict[str, object]:
@@ -89,8 +91,6 @@ def websocket_router() -> APIRouter:
 
     @router.websocket(ROUTE)
     async def speech_ws(ws: WebSocket) -> None:
-        from vocalis.serve.app import error_status
-
         ctx = ctx_of(ws)
         cfg = ctx.config
         await ws.accept()
@@ -112,14 +112,15 @@ def websocket_router() -> APIRouter:
                 # A session's length is the client's writing time, so the session cap, not the request
                 # timeout, bounds it; the queue timeout still applies.
                 watch = JobWatch(ctx.backend.submit(job), queue_timeout_s=cfg.queue_timeout_s,
-                                 run_timeout_s=math.inf, shutdown=ctx.shutdown, wait_for_input=True)
+                                 run_timeout_s=math.inf, shutdown=ctx.shutdown, wait_for_input=True,
+                                 metrics=ctx.metrics, route=ROUTE)
                 await ws.send_json({"type": "ready", "sample_rate": ctx.backend.sample_rate, "format": fmt})
                 await _session(ws, ctx, watch, feed, fmt, voice, start.instructions or "")
         except ValidationError as exc:
             await _fail(ws, ctx, 400, validation_message(exc), "ValidationError")
         except WebSocketDisconnect:
-            if watch is not None and not watch.handle.done:
-                ctx.metrics.aborted.inc()
+            if watch is not None and not watch.handle.done and watch.audio_samples == 0:
+                ctx.metrics.aborted.inc()  # once audio went out, the watch counts it
             ctx.metrics.requests.labels(ROUTE, "499").inc()
         except _Closed:
             pass
@@ -129,14 +130,13 @@ def websocket_router() -> APIRouter:
             await _fail(ws, ctx, 504, f"the session lasted longer than its {cfg.ws_max_duration_s:g} s limit",
                         "SessionTimeout")
         except VocalisError as exc:
-            status, _ = error_status(exc)
+            status = error_status(exc)
             await _fail(ws, ctx, status, str(exc), type(exc).__name__)
         except Exception as exc:  # a bug: log it, tell the client, close
             log.exception("websocket session failed")
             await _fail(ws, ctx, 500, f"internal error ({type(exc).__name__})", type(exc).__name__)
         finally:
             if watch is not None:
-                watch.handle.abort()
                 watch.close()
 
     return router
@@ -146,7 +146,6 @@ async def _session(ws: WebSocket, ctx: ServerContext, watch: JobWatch, feed: Tex
                    voice: Voice | None, instruct: str) -> None:
     """Run the reader (client text -> feed) and the writer (audio -> client) until the audio is complete."""
     limit = ctx.config.max_input_chars
-    t_first_text: list[float] = []
     handle = watch.handle
     text_tokens = 0
 
@@ -162,8 +161,8 @@ async def _session(ws: WebSocket, ctx: ServerContext, watch: JobWatch, feed: Tex
                 # The pieces are one LLM sequence (bi-streaming): their tokens add up.
                 text_tokens += ctx.budget.count(piece)
                 ctx.budget.check(voice=voice, instruct=instruct, extra_text_tokens=text_tokens)
-                if not t_first_text:
-                    t_first_text.append(time.perf_counter())
+                if watch.t0 is None:  # the first chunk's latency counts from the first text
+                    watch.t0 = time.perf_counter()
                 if piece.strip():  # blank pieces give the backend nothing to start on
                     watch.input_arrived()
                 feed.put(piece)
@@ -180,32 +179,19 @@ async def _session(ws: WebSocket, ctx: ServerContext, watch: JobWatch, feed: Tex
             else:
                 raise InputError(f"unknown message type {kind!r}; expected text, end or cancel")
 
-    async def writer() -> dict[str, float]:
+    async def writer() -> None:
         encoder = AudioEncoder(fmt, ctx.backend.sample_rate)
-        samples = 0
-        first_latency = 0.0
-        ctx.metrics.active_streams.inc()
-        try:
-            async for chunk in watch:
-                if samples == 0:
-                    first_latency = time.perf_counter() - (t_first_text[0] if t_first_text else time.perf_counter())
-                    ctx.metrics.first_chunk.labels(ROUTE).observe(first_latency)
-                samples += len(chunk.samples)
-                data = encoder.push(chunk.samples)
-                if data:
-                    await ws.send_bytes(data)
-            tail = encoder.finish()
-            if tail:
-                await ws.send_bytes(tail)
-        finally:
-            ctx.metrics.active_streams.dec()
-        seconds = samples / ctx.backend.sample_rate
-        busy = (handle.finished or time.monotonic()) - (handle.started or handle.submitted)
-        ctx.metrics.audio_seconds.inc(seconds)
-        if seconds:
-            ctx.metrics.rtf.labels(ROUTE).observe(busy / seconds)
-        return {"audio_seconds": round(seconds, 3), "first_chunk_latency": round(first_latency, 4),
-                "rtf": round(busy / seconds, 4) if seconds else 0.0}
+        told = 0  # warnings sent so far (reading text pieces may add more as they come)
+        async for chunk in watch:
+            for warning in handle.warnings[told:]:
+                await ws.send_json({"type": "warning", "message": warning})
+            told = len(handle.warnings)
+            data = encoder.push(chunk.samples)
+            if data:
+                await ws.send_bytes(data)
+        tail = encoder.finish()
+        if tail:
+            await ws.send_bytes(tail)
 
     read_task = asyncio.create_task(reader())
     write_task = asyncio.create_task(writer())
@@ -215,12 +201,13 @@ async def _session(ws: WebSocket, ctx: ServerContext, watch: JobWatch, feed: Tex
         done, _ = await asyncio.wait({read_task, write_task}, return_when=asyncio.FIRST_COMPLETED)
         if read_task in done and read_task.exception() is not None:
             raise read_task.exception()  # type: ignore[misc]
-        stats = await write_task
+        await write_task
     finally:
         for task in (read_task, write_task):
             task.cancel()
             task.add_done_callback(retrieve)  # the loser's error (e.g. the client left) is no one's to log
-        handle.abort()
+        watch.close()
     ctx.metrics.requests.labels(ROUTE, "200").inc()
-    await ws.send_json({"type": "done", **stats})
+    stats = {**watch.stats, "first_chunk_latency": round(watch.first_chunk_latency, 4)}
+    await ws.send_json({"type": "done", **stats, "warnings": handle.warnings})
     await ws.close(code=1000)
