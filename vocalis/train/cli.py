@@ -41,7 +41,9 @@ def _train(args: argparse.Namespace) -> int:
     from vocalis.train.run import train
 
     overrides = []
-    if args.data:
+    if args.data and args.task in ("dpo", "grpo"):
+        overrides.append("policy.data=" + json.dumps(args.data[0]))
+    elif args.data:
         overrides.append("data.train=" + json.dumps(args.data))
     for flag, key in (("out", "trainer.out_dir"), ("init_from", "model.init_from"), ("resume", "trainer.resume"),
                       ("max_steps", "trainer.max_steps"), ("precision", "trainer.precision"),
@@ -112,7 +114,8 @@ def add_training_commands(sub: argparse._SubParsersAction) -> None:
                         "(torchrun for several processes)")
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--config", help="toml, json or yaml with [trainer], [data], [optim], [scheduler], [model] ...")
-    common.add_argument("--data", nargs="+", help="prepared folders, data.list files or .parquet shards")
+    common.add_argument("--data", nargs="+", help="prepared folders, data.list files or .parquet shards; dpo: the "
+                        "pairs file, grpo: the prompts file (JSON lines)")
     common.add_argument("--out", help="run folder (checkpoints, logs)")
     common.add_argument("--init-from", help="model directory to fine-tune (official CosyVoice2 or Vocalis)")
     common.add_argument("--resume", help="'auto' (newest checkpoint of --out) or a checkpoint path")

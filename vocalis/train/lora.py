@@ -90,3 +90,18 @@ def attach_lora(llm: nn.Module, config: LoraConfig, base_model: str = "") -> tup
 
 def adapter_of(weights: LoraWeights, config: AdapterConfig, name: str = "") -> LoraAdapter:
     return LoraAdapter(config, weights.tensors(), name)
+
+
+def merged_state_dict(llm: nn.Module) -> dict[str, torch.Tensor]:
+    """The LLM's weights under their plain names, LoRA folded in (W + (alpha / r) B A): what a plain `Qwen2LM`
+    loads to run the adapted model (the GRPO rollout copy). A model without LoRA layers: its state_dict."""
+    layers = _lora_layers(llm)
+    state = llm.state_dict()
+    if not layers:
+        return state
+    out = {k.replace(".base_layer.", "."): v for k, v in state.items() if ".lora_" not in k}
+    with torch.no_grad():
+        for path, layer in layers.items():
+            a, b = layer.lora_A[ADAPTER_NAME].weight, layer.lora_B[ADAPTER_NAME].weight
+            out[f"{path}.weight"] = out[f"{path}.weight"] + layer.scaling[ADAPTER_NAME] * (b @ a)
+    return out
