@@ -49,6 +49,13 @@ def test_dpo_loss_falls_and_margin_rises(tmp_path: Path) -> None:
     assert records[-1]["accuracy"] == 1.0
     state = load_checkpoint(checkpoint_path(out, 10))
     assert list(state["models"]) == ["llm"] and state["task"] == "dpo"
+    # a full DPO run's checkpoint exports like an llm run's
+    from vocalis.cli import main
+    from vocalis.model_dir import load_model
+
+    assert main(["export", str(checkpoint_path(out, 10)), "--out", str(tmp_path / "model")]) == 0
+    exported = load_model(tmp_path / "model").llm.state_dict()
+    assert all(torch.equal(exported[k], v) for k, v in state["models"]["llm"].items())
 
 
 def test_bad_pairs_file_is_one_error_line(tmp_path: Path) -> None:
