@@ -131,14 +131,21 @@ def test_wer_reward_scores_real_speech(tmp_path: Path) -> None:
 
 
 def test_audio_rewards_run_through_token2wav(tmp_path: Path) -> None:
-    """Text prompts with a voice of a model directory: the frontend reads them, token2wav makes each rollout's
-    audio, and the similarity (the model's speaker encoder against the voice) and WER rewards score it."""
+    """Text prompts with voices of a model directory: the frontend reads them, token2wav makes each rollout's audio
+    (the engine's voice conversion for a cloned voice, the reference path for an embedding-only one), and the
+    similarity (the model's speaker encoder against the voice) and WER rewards score it."""
     pytest.importorskip("pocketsphinx")
-    from tiny_assets import make_tiny_model_dir
+    from tiny_assets import make_tiny_model_dir, write_voice_like_wav
+
+    from vocalis.frontend.prompt_cv3 import frontend_for
+    from vocalis.model_dir import load_model
 
     model = make_tiny_model_dir(tmp_path / "model")
+    clip = write_voice_like_wav(tmp_path / "clip.wav", seconds=1.5)
+    frontend_for(load_model(model)).make_voice(str(clip), name="clone").save(model / "voices" / "clone.safetensors")
     prompts = tmp_path / "text.jsonl"
-    prompts.write_text("".join(json.dumps({"text": t, "voice": "default"}) + "\n" for t in ("Hello there.", "Bye.")))
+    prompts.write_text("".join(json.dumps({"text": t, "voice": v}) + "\n"
+                               for t, v in (("Hello there.", "default"), ("Bye.", "clone"))))
     out = tmp_path / "audio"
     _run(prompts, out, "trainer.max_steps=1", f"model.init_from={model}", "grpo.rewards=[similarity,wer,repetition]",
          "grpo.reward_weights=[1.0,1.0,0.5]", "grpo.max_len=8", "trainer.tensorboard=false")

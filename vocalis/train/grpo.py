@@ -64,7 +64,7 @@ class GRPOObjective(PolicyObjective):
         if self.needs_audio and self.model is None:
             raise InputError("rewards that listen (wer, similarity) need model.init_from: a model directory whose "
                              "flow and vocoder make the audio")
-        self.audio = RolloutAudio(self.model.flow, self.model.hift) if self.needs_audio and self.model else None
+        self.audio = RolloutAudio(self.model) if self.needs_audio and self.model else None
         self.prompts = [self._resolve(p, i) for i, p in enumerate(read_prompts(config.policy.data))]
         share = config.policy.global_batch // trainer.info.world_size
         self.engine = RolloutEngine(trainer.policy, trainer.model_config.sampling, g, share)
@@ -94,7 +94,7 @@ class GRPOObjective(PolicyObjective):
         text_ids = p.text_ids or tuple(i for seg in frontend.segments(request) for i in seg)
         prompt_text, prompt_speech = frontend.llm_prompt(request)
         return RolloutPrompt(p.text, SpeechSequence(text_ids, (), tuple(prompt_text), tuple(prompt_speech)),
-                             frontend.flow_prompt(request), voice.embedding.numpy().astype(np.float32))
+                             voice, voice.embedding.numpy().astype(np.float32))
 
     # ---- rounds ----------------------------------------------------------------------------------------------
     def items_for_step(self, step: int) -> list[tuple[int, int, int]]:
@@ -122,10 +122,10 @@ class GRPOObjective(PolicyObjective):
         seqs = self.engine.generate([p.sequence for p in prompts], [self._seed(rnd, i) for _, i, _ in items])
         rollouts = [Rollout(p.text, s) for p, s in zip(prompts, seqs)]
         if self.audio is not None:
-            for r, p, (_, i, _) in zip(rollouts, prompts, items):
-                assert p.flow_prompt is not None
-                r.audio, r.voice_embedding = self.audio(r.sequence.speech_ids, p.flow_prompt, self._seed(rnd, i)), \
-                    p.voice_embedding
+            waves = self.audio.render([(r.sequence.speech_ids, p.voice, self._seed(rnd, i))  # type: ignore[misc]
+                                       for r, p, (_, i, _) in zip(rollouts, prompts, items)])
+            for r, p, wav in zip(rollouts, prompts, waves):
+                r.audio, r.voice_embedding = wav, p.voice_embedding
         scores = np.array([s(rollouts) for s in self.scorers], dtype=np.float64).reshape(len(self.scorers), -1)
         rewards = np.asarray(self.cfg.weights()) @ scores  # (n_mine,)
         # every rank sees every reward: each fills its own samples' places of a zero vector, then a sum over ranks

@@ -1,6 +1,6 @@
 """GRPO rollouts: the policy's current weights in a plain copy of the speech LM, sampled by the LLM engine (all of
 a rank's prompts x G samples in one continuously batched run, each request with its own seed), and the
-token2wav of a model directory when a reward listens to the audio.
+audio of a model directory's flow and vocoder (on the inference engine) when a reward listens.
 
 The copy is refreshed in place before each round of rollouts (LoRA folded in); the engine runs without prefix
 caching, since the weights behind any cached prefix change between rounds.
@@ -20,6 +20,9 @@ from vocalis.engine.config import EngineConfig
 from vocalis.engine.llm_engine import LLMEngine
 from vocalis.engine.request import RequestStatus
 from vocalis.frontend.prompt import FlowPrompt
+from vocalis.frontend.request import Mode, SynthesisRequest
+from vocalis.frontend.voice import Voice
+from vocalis.model_dir import LoadedModel
 from vocalis.models.speech_lm import Qwen2LM
 from vocalis.train.lora import merged_state_dict
 from vocalis.train.policy_config import GRPOConfig
@@ -29,12 +32,12 @@ from vocalis.train.rewards import AUDIO_RATE
 
 @dataclass(frozen=True, slots=True)
 class RolloutPrompt:
-    """What one prompt samples from: its text, the LM's inputs (speech_ids empty), and for audio rewards the flow
-    prompt and the voice's speaker embedding."""
+    """What one prompt samples from: its text, the LM's inputs (speech_ids empty), and for audio rewards the voice
+    (the flow's prompt) and its speaker embedding."""
 
     text: str
     sequence: SpeechSequence
-    flow_prompt: FlowPrompt | None = None
+    voice: Voice | None = None
     voice_embedding: np.ndarray | None = None
 
 
@@ -70,19 +73,42 @@ class RolloutEngine:
 
 
 class RolloutAudio:
-    """speech ids -> 16 kHz waveform through a model's flow and vocoder (non-streaming, seeded noise)."""
+    """speech ids -> 16 kHz waveforms through a model's flow and vocoder: voice-conversion requests (no LLM) on the
+    inference engine, all of a round's at once from threads, so that its token2wav batches them. A voice without a
+    prompt recording (an embedding only, which voice conversion does not take) goes through the reference
+    token2wav with an empty flow prompt."""
 
-    def __init__(self, flow: torch.nn.Module, hift: torch.nn.Module) -> None:
+    def __init__(self, model: LoadedModel) -> None:
         from vocalis.reference.token2wav import Token2Wav
+        from vocalis.tts import TTS
 
-        self.token2wav = Token2Wav(flow, hift)  # type: ignore[arg-type]
+        self.tts = TTS(model)
+        self.reference = Token2Wav(model.flow, model.hift)
+        self.mel_bins = model.config.flow.output_size
 
-    @torch.no_grad()
-    def __call__(self, speech_ids: Sequence[int], prompt: FlowPrompt, seed: int) -> np.ndarray:
+    def render(self, items: Sequence[tuple[Sequence[int], Voice, int]]) -> list[np.ndarray]:
+        """(speech ids, voice, seed) per rollout -> waveform (N,) float32 at AUDIO_RATE (empty ids: empty)."""
+        from concurrent.futures import ThreadPoolExecutor
+
         import soxr
 
-        if not speech_ids:
-            return np.zeros(0, np.float32)
-        gen = torch.Generator().manual_seed(seed)
-        wav = self.token2wav.offline(torch.tensor([list(speech_ids)], dtype=torch.int32), prompt, 1.0, gen)
-        return soxr.resample(wav.reshape(-1).float().cpu().numpy(), SAMPLE_RATE, AUDIO_RATE).astype(np.float32)
+        def one(item: tuple[Sequence[int], Voice, int]) -> np.ndarray:
+            ids, voice, seed = item
+            if not ids:
+                return np.zeros(0, np.float32)
+            if voice.has_prompt_speech:
+                request = SynthesisRequest(voice, Mode.VC, "", "", tuple(ids), 1.0, seed)
+                wav = np.concatenate([c.samples for c in self.tts.run(request, stream=False)])
+            else:
+                prompt = FlowPrompt.empty(voice.embedding.reshape(1, -1), self.mel_bins)
+                with torch.no_grad():
+                    out = self.reference.offline(torch.tensor([list(ids)], dtype=torch.int32), prompt, 1.0,
+                                                 torch.Generator().manual_seed(seed))
+                wav = out.reshape(-1).float().cpu().numpy()
+            return soxr.resample(wav, SAMPLE_RATE, AUDIO_RATE).astype(np.float32)
+
+        with ThreadPoolExecutor(max_workers=max(1, len(items))) as pool:
+            return list(pool.map(one, items))
+
+    def close(self) -> None:
+        self.tts.close()
