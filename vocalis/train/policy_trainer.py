@@ -78,9 +78,14 @@ class PolicyTrainer:
         self.config, self.info = config, info
         t = config.trainer
         self.out_dir = Path(t.out_dir)
+        if t.engine != "ddp" or t.precision == "fp16":
+            raise InputError(f"{config.task} runs on the ddp engine in fp32 or bf16 (trainer.engine={t.engine}, "
+                             f"trainer.precision={t.precision})")
         torch.manual_seed(t.seed)
         llm, self.model_config = build_part(config, "llm")
-        assert isinstance(llm, Qwen2LM)
+        if not isinstance(llm, Qwen2LM):
+            raise InputError(f"{config.task} trains CosyVoice 2-family speech LMs; this model's is a "
+                             f"{type(llm).__name__}")
         self.reference = copy.deepcopy(llm).eval().requires_grad_(False)
         llm.qwen.set_residual_dropout(config.llm.dropout)
         self.policy = llm
@@ -164,7 +169,7 @@ class PolicyTrainer:
         p = self.config.trainer.precision
         if p == "fp32":
             return contextlib.nullcontext()
-        return torch.autocast(self.info.device.type, dtype=torch.bfloat16 if p == "bf16" else torch.float16)
+        return torch.autocast(self.info.device.type, dtype=torch.bfloat16)
 
     def run(self) -> dict[str, Any]:
         t, pc = self.config.trainer, self.config.policy
