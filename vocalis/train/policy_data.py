@@ -2,8 +2,8 @@
 
 Pairs (`vocalis train dpo`), one JSON object per line, ids as the model reads them:
     {"text_token": [...], "chosen": [...], "rejected": [...], "prompt_text_token": [...], "prompt_speech_token": [...]}
-(the prompt fields are optional: a zero-shot voice's transcript ids and speech ids). `vocalis train grpo
---set grpo...` writes its scored rollouts in this form too (`rollouts.jsonl`: the best and worst of each group).
+(the prompt fields are optional: a zero-shot voice's transcript ids and speech ids). `vocalis train grpo` appends
+each round's best and worst rollout of every group to `<out>/rollouts.jsonl` in this form.
 
 Prompts (`vocalis train grpo`), one per line: {"text": "..."} read with the model's text frontend, or
 {"text_token": [...]} ids; optionally "voice" (a voice of the model: its prompt) or "prompt_text_token" /
