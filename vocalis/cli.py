@@ -30,7 +30,8 @@ def _speak(args: argparse.Namespace) -> int:
     if args.prompt_text and not args.prompt_wav:
         raise VocalisError("--prompt-text needs --prompt-wav")
     start = time.perf_counter()
-    tts = model_options(args, "speak").load(args.model)
+    adapters = {Path(args.adapter).name: args.adapter} if args.adapter else None
+    tts = model_options(args, "speak").load(args.model, adapters=adapters)
     if tts.model.kind == "random":
         log.warning(
             "no trained model is installed: using the tiny preset with RANDOM weights, so the output is noise, not "
@@ -156,6 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--seed", type=int, help="random seed for reproducible output")
     sp.add_argument("--language", default="auto", help="text normalisation language: auto, en, zh, ja")
     sp.add_argument("--no-text-frontend", action="store_true", help="skip text normalisation and sentence split")
+    sp.add_argument("--adapter", help="a LoRA adapter of this model (folder, or name under the model's adapters/)")
     add_model_arguments(sp)
     sp.set_defaults(func=_speak)
 

@@ -83,13 +83,14 @@ class ModelOptions:
             return self.max_streams or None
         return None if device.startswith("cuda") else CPU_STREAMS
 
-    def load(self, model: str | None, local_rank: int = 0) -> TTS:
+    def load(self, model: str | None, local_rank: int = 0, adapters: dict[str, str] | None = None) -> TTS:
+        """adapters: LoRA adapters to merge at load (`TTS.load`)."""
         from vocalis.engine.config import EngineConfig
         from vocalis.tts import TTS
 
         device = self.resolved_device(local_rank)
         tts = TTS.load(model, device=device, backend=self.backend, precision=self.precision,
-                       flow_steps=self.flow_steps)
+                       flow_steps=self.flow_steps, adapters=adapters)
         cap = self.streams_cap(device)
         tts.token2wav_config = replace(tts.token2wav_config, final_attention=self.final_chunk, max_streams=cap,
                                        **({} if self.token2wav_cache_mib is None

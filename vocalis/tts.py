@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Self, TypedDict, Unpack
 
@@ -72,6 +72,7 @@ class TTS:
         self.engine_config = engine
         self.token2wav_config = token2wav if token2wav is not None else Token2WavConfig(final_attention="full")
         self._voices: dict[str, Voice] = dict(model.voices)
+        self.adapters: tuple[str, ...] = ()  # LoRA adapters merged into the LLM at load (`load(adapters=...)`)
         self._lock = threading.Lock()
         self._engine: AsyncEngine | None = None
         self._blocking: BlockingEngine | None = None
@@ -79,7 +80,8 @@ class TTS:
     @classmethod
     def load(cls, path: str | Path | None = None, device: str | torch.device = "cpu", *, backend: str = "torch",
              precision: str = "fp32", engine: EngineConfig | None = None, flow_steps: int | None = None,
-             token2wav: Token2WavConfig | None = None, kernels: KernelConfig | None = None) -> TTS:
+             token2wav: Token2WavConfig | None = None, kernels: KernelConfig | None = None,
+             adapters: Mapping[str, str | Path] | None = None) -> TTS:
         """A model directory (official CosyVoice2 or Vocalis layout), or None for the built-in model.
 
         backend: torch | onnx | tensorrt | compile | vllm | auto; precision: fp32 | bf16 | fp16 | int8 | auto
@@ -87,15 +89,24 @@ class TTS:
         kernels: which native CPU kernels the backend may use (default: all that run here).
         flow_steps: Euler steps of the flow, a speed/quality setting (default: the model's, 10 for CosyVoice 2; the
         mel error of fewer is in docs/benchmarks.md); it sets `flow_steps` of the token2wav config in use.
+        adapters: {name: folder or name under the model's `adapters/`} of LoRA adapters trained on this very model
+        (`vocalis train llm --lora`); one is merged into the LLM weights at load (`vocalis.adapters`).
         """
         dev = torch.device(device)
         resolve(backend, precision, dev, kernels)  # fail fast, before loading
-        model = load_model(path).to(dev)
+        model = load_model(path)
+        names: tuple[str, ...] = ()
+        if adapters:
+            from vocalis.adapters.lora_file import merge_at_load
+
+            names = merge_at_load(model.llm, adapters, model.path)
+        model = model.to(dev)
         if model.kind == "cosyvoice3" and resolve(backend, precision, dev)[0] in ("onnx", "tensorrt"):
             raise InputError(f"the {backend} backend exports CosyVoice 2's flow and vocoder; a CosyVoice 3 model runs "
                              "with --backend torch (or compile)")  # at load, not as a failed export later
         runtime = apply_backend(model, backend, precision, dev, kernels=kernels)
         tts = cls(model, engine, token2wav, runtime)
+        tts.adapters = names
         if flow_steps is not None:
             tts.token2wav_config = dataclasses.replace(tts.token2wav_config, flow_steps=flow_steps)
         return tts

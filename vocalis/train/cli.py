@@ -12,7 +12,15 @@ from pathlib import Path
 
 log = logging.getLogger("vocalis")
 
-TASKS = ("llm", "flow", "hift", "tokenizer", "labeller")
+TASK_HELP = {
+    "llm": "the speech LM (next speech token); --lora for adapters",
+    "flow": "the flow-matching decoder",
+    "hift": "the HiFT vocoder (GAN)",
+    "tokenizer": "a supervised speech tokenizer",
+    "labeller": "the phone model's prompt tokenizer",
+    "dpo": "the speech LM on preference pairs (DPO; a frozen reference)",
+    "grpo": "the speech LM by GRPO: engine rollouts scored by reward functions",
+}
 
 
 def _prepare(args: argparse.Namespace) -> int:
@@ -33,7 +41,9 @@ def _train(args: argparse.Namespace) -> int:
     from vocalis.train.run import train
 
     overrides = []
-    if args.data:
+    if args.data and args.task in ("dpo", "grpo"):
+        overrides.append("policy.data=" + json.dumps(args.data[0]))
+    elif args.data:
         overrides.append("data.train=" + json.dumps(args.data))
     for flag, key in (("out", "trainer.out_dir"), ("init_from", "model.init_from"), ("resume", "trainer.resume"),
                       ("max_steps", "trainer.max_steps"), ("precision", "trainer.precision"),
@@ -41,6 +51,8 @@ def _train(args: argparse.Namespace) -> int:
         value = getattr(args, flag)
         if value is not None:
             overrides.append(f"{key}={json.dumps(value)}")
+    if args.lora:
+        overrides.append("lora.enabled=true")
     config = load_config(args.config, overrides + list(args.set), task=args.task)
     summary = train(config)
     if summary.get("step") is not None:
@@ -53,6 +65,13 @@ def _train(args: argparse.Namespace) -> int:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)
+    return 0
+
+
+def _merge_adapter(args: argparse.Namespace) -> int:
+    from vocalis.train.export import merge_adapter_into
+
+    merge_adapter_into(Path(args.adapter), Path(args.out), args.base)
     return 0
 
 
@@ -91,20 +110,31 @@ def add_training_commands(sub: argparse._SubParsersAction) -> None:
     pp.add_argument("--no-audio", action="store_true", help="do not store the 24 kHz waveform (no vocoder training)")
     pp.set_defaults(func=_prepare)
 
-    tp = sub.add_parser("train", help="train llm, flow, hift, tokenizer or labeller (torchrun for several processes)")
-    tp.add_argument("task", choices=TASKS)
-    tp.add_argument("--config", help="toml, json or yaml with [trainer], [data], [optim], [scheduler], [model] ...")
-    tp.add_argument("--data", nargs="+", help="prepared folders, data.list files or .parquet shards")
-    tp.add_argument("--out", help="run folder (checkpoints, logs)")
-    tp.add_argument("--init-from", help="model directory to fine-tune (official CosyVoice2 or Vocalis)")
-    tp.add_argument("--resume", help="'auto' (newest checkpoint of --out) or a checkpoint path")
-    tp.add_argument("--max-steps", type=int)
-    tp.add_argument("--precision", choices=("fp32", "bf16", "fp16"))
-    tp.add_argument("--engine", choices=("ddp", "deepspeed"))
-    tp.add_argument("--device", choices=("auto", "cpu", "cuda"))
-    tp.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                    help="override a config value, e.g. --set optim.lr=2e-4 (repeatable)")
-    tp.set_defaults(func=_train)
+    tp = sub.add_parser("train", help="train llm, flow, hift, tokenizer or labeller; LoRA, DPO, GRPO on the llm "
+                        "(torchrun for several processes)")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--config", help="toml, json or yaml with [trainer], [data], [optim], [scheduler], [model] ...")
+    common.add_argument("--data", nargs="+", help="prepared folders, data.list files or .parquet shards; dpo: the "
+                        "pairs file, grpo: the prompts file (JSON lines)")
+    common.add_argument("--out", help="run folder (checkpoints, logs)")
+    common.add_argument("--init-from", help="model directory to fine-tune (official CosyVoice2 or Vocalis)")
+    common.add_argument("--resume", help="'auto' (newest checkpoint of --out) or a checkpoint path")
+    common.add_argument("--max-steps", type=int)
+    common.add_argument("--precision", choices=("fp32", "bf16", "fp16"))
+    common.add_argument("--engine", choices=("ddp", "deepspeed"))
+    common.add_argument("--device", choices=("auto", "cpu", "cuda"))
+    common.add_argument("--lora", action="store_true", help="train LoRA adapters on the llm, its weights frozen "
+                        "(settings: [lora] rank, alpha, target_modules, dropout)")
+    common.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a config value, e.g. --set optim.lr=2e-4 (repeatable)")
+    tasks = tp.add_subparsers(dest="task", required=True, metavar="TASK")
+    for task, text in TASK_HELP.items():
+        tasks.add_parser(task, parents=[common], help=text).set_defaults(func=_train)
+    mp = tasks.add_parser("merge-adapter", help="a LoRA adapter folded into its base model -> a model directory")
+    mp.add_argument("adapter", help="adapter folder (adapter.safetensors + adapter.json)")
+    mp.add_argument("--out", required=True, help="new model directory")
+    mp.add_argument("--base", help="the base model directory (default: the one the adapter records)")
+    mp.set_defaults(func=_merge_adapter)
 
     ap = sub.add_parser("average", help="average the weights of several checkpoints")
     ap.add_argument("checkpoints", nargs="*")

@@ -20,6 +20,8 @@ import yaml
 
 from vocalis.errors import InputError
 from vocalis.train.data import TASKS, DataConfig
+from vocalis.train.lora import LoraConfig
+from vocalis.train.policy_config import DPOConfig, GRPOConfig, PolicyConfig
 from vocalis.train.schedulers import SchedulerConfig
 
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -134,6 +136,10 @@ class TrainConfig:
     hift: HiFTTaskConfig = field(default_factory=HiFTTaskConfig)
     tokenizer: TokenizerTaskConfig = field(default_factory=TokenizerTaskConfig)
     labeller: LabellerTaskConfig = field(default_factory=LabellerTaskConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    dpo: DPOConfig = field(default_factory=DPOConfig)
+    grpo: GRPOConfig = field(default_factory=GRPOConfig)
 
     def __post_init__(self) -> None:
         if self.task not in TASKS:

@@ -36,7 +36,7 @@ from vocalis.errors import InputError
 
 log = logging.getLogger(__name__)
 
-TASKS = ("llm", "flow", "hift", "tokenizer", "labeller")
+TASKS = ("llm", "flow", "hift", "tokenizer", "labeller", "dpo", "grpo")  # dpo, grpo: the llm, no shards
 N_MELS = 80
 _COLUMNS = {
     "llm": ("utt", "speaker", "text_token", "speech_token", "num_frames"),

@@ -111,3 +111,30 @@ def _export_tokenizer(path: Path, state: dict[str, Any], out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     weights, _ = save_speech_tokenizer(model, SymbolTable.from_dict(extra["symbols"]), out)
     log.info("exported the speech tokenizer -> %s", weights)
+
+
+def merge_adapter_into(adapter_path: Path, out: Path, base: str | None = None) -> Path:
+    """`vocalis train merge-adapter`: the base model with the adapter folded into its LLM weights, written as a
+    model directory. The base defaults to the directory the adapter's run fine-tuned; it must be the very model
+    the adapter was trained on."""
+    from vocalis.adapters.lora_file import check_base, load_adapter, merge_adapter
+    from vocalis.model_dir import load_model, save_vocalis
+    from vocalis.train.features import find_tokenizer_dir
+
+    if out.exists():
+        raise InputError(f"output directory already exists: {out}")
+    adapter = load_adapter(adapter_path)
+    base = base or adapter.config.base_model
+    if not base or not Path(base).is_dir():
+        raise InputError(f"the base model {base!r} is not a directory: pass --base with the model the adapter was "
+                         "trained on")
+    model = load_model(base)
+    check_base(adapter, model.llm)
+    merge_adapter(model.llm, adapter)
+    try:
+        tok_src = find_tokenizer_dir(Path(base))
+    except InputError:  # a token-level model directory: the merged one has no text tokenizer either
+        tok_src = Path(base)
+    save_vocalis(model, out, tokenizer_src=tok_src, frontend_src=Path(base))
+    log.info("merged adapter %s into %s -> %s", adapter_path, base, out)
+    return out

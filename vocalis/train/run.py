@@ -43,6 +43,10 @@ def train(config: TrainConfig) -> dict[str, Any]:
 
 def _run(config: TrainConfig, info: DistInfo) -> dict[str, Any]:
     """The trainer lives only in this frame, so its modules are unreferenced once it returns."""
+    if config.task in ("dpo", "grpo"):
+        from vocalis.train.policy_trainer import PolicyTrainer
+
+        return PolicyTrainer(config, info).run()
     if config.trainer.engine == "deepspeed":
         from vocalis.train.deepspeed_engine import DeepSpeedTrainer
 

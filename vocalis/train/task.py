@@ -74,6 +74,14 @@ class Task(abc.ABC):
     def micro_step(self, batch: Batch, ctx: StepContext) -> dict[str, float]:
         """Forward + backward (+ update at boundaries) on one micro-batch; returns scalar metrics."""
 
+    def frozen_modules(self) -> dict[str, nn.Module]:
+        """Modules the task runs but neither trains nor checkpoints (a LoRA base, a reference model): moved to the
+        device with the trained ones."""
+        return {}
+
+    def save_artifacts(self, out_dir: Path) -> None:
+        """Write what a checkpoint also yields for users (e.g. a LoRA adapter folder); rank 0, at every save."""
+
     def optional_parts(self) -> frozenset[str]:
         """Modules (and optimizer groups of the same name) a resumed checkpoint may lack; they start fresh."""
         return frozenset()

@@ -99,7 +99,7 @@ class Trainer:
         if t.gradient_checkpointing:
             n = enable_gradient_checkpointing(self.task.checkpointed_layers())
             log.info("gradient checkpointing on %d layers", n)
-        for m in self.task.modules.values():
+        for m in (*self.task.modules.values(), *self.task.frozen_modules().values()):
             m.to(info.device)
         self.groups: dict[str, Group] = {}
         for name, params in self.task.groups().items():
@@ -321,6 +321,7 @@ class Trainer:
             return None
         path = ckpt.checkpoint_path(self.out_dir, self.step)
         ckpt.save_atomic(state, path)
+        self.task.save_artifacts(self.out_dir)
         ckpt.prune(self.out_dir, self.config.trainer.keep_checkpoints)
         log.info("saved %s", path)
         return path

@@ -1,0 +1,112 @@
+"""Batched LoRA: many adapters of one base model in one forward pass, each row with its own adapter.
+
+A bank stacks the adapters per adapted Linear layer, A as (K, r, in) and B (already scaled by alpha / r) as
+(K, out, r), ranks zero-padded to the largest (padded rows and columns add exact zeros). A batch's rows carry an
+adapter index (-1: none, the base model); the update y += B_k A_k x is computed per adapter present, over that
+adapter's rows only (two small GEMMs per adapter and layer: the grouped form multi-adapter servers use), so a
+row's result does not depend on which adapters its neighbours use.
+
+`bank_linears` swaps the adapted `nn.Linear`s of a model for `BankedLinear`s that read the rows' indices from the
+bank (`AdapterBank.rows`, set by the caller before each forward pass), so any code that calls the modules (the
+dense `Qwen2LM.forward`, the engine's module path) serves several adapters at once.
+
+Legend: K adapters, r largest rank, N rows, in/out the Linear's widths.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from vocalis.adapters.lora_file import LoraAdapter
+from vocalis.errors import InputError
+
+
+class AdapterBank:
+    def __init__(self, adapters: Sequence[LoraAdapter], device: torch.device | str = "cpu",
+                 dtype: torch.dtype = torch.float32) -> None:
+        if not adapters:
+            raise InputError("an adapter bank needs at least one adapter")
+        self.names = [a.name for a in adapters]
+        if len(set(self.names)) != len(self.names):
+            raise InputError(f"adapter names must differ: {self.names}")
+        digests = {a.config.base_digest for a in adapters}
+        if len(digests) > 1:
+            raise InputError("the adapters were trained on different base models")
+        r = max(a.config.rank for a in adapters)
+        self.a: dict[str, torch.Tensor] = {}  # path -> (K, r, in)
+        self.b: dict[str, torch.Tensor] = {}  # path -> (K, out, r), scaled
+        self.present: dict[str, torch.Tensor] = {}  # path -> (K,) bool: the adapter adapts this layer
+        k = len(adapters)
+        for i, adapter in enumerate(adapters):
+            for path, (a, b) in adapter.layers().items():
+                if path not in self.a:
+                    self.a[path] = torch.zeros(k, r, a.shape[1], device=device, dtype=dtype)
+                    self.b[path] = torch.zeros(k, b.shape[0], r, device=device, dtype=dtype)
+                    self.present[path] = torch.zeros(k, dtype=torch.bool)
+                rank = a.shape[0]
+                self.a[path][i, :rank] = a.to(device, dtype)
+                self.b[path][i, :, :rank] = (b * adapter.config.scale).to(device, dtype)
+                self.present[path][i] = True
+        self.rows: torch.Tensor | None = None  # (N,) or (B,) adapter index per row of the next forward; -1 none
+
+    def index(self, name: str | None) -> int:
+        """A request's adapter name -> its row index (None: -1, the base model)."""
+        if name is None:
+            return -1
+        try:
+            return self.names.index(name)
+        except ValueError:
+            raise InputError(f"unknown adapter {name!r} (loaded: {', '.join(self.names)})") from None
+
+    def delta(self, path: str, x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """x (N, in), rows (N,) adapter indices -> the LoRA update (N, out) of layer `path` (zeros for rows with
+        no adapter, or whose adapter leaves this layer alone)."""
+        a, b = self.a[path], self.b[path]
+        out = x.new_zeros(x.shape[0], b.shape[1])
+        for k in torch.unique(rows).tolist():
+            if k < 0 or not self.present[path][k]:
+                continue
+            sel = (rows == k).nonzero().squeeze(1)  # (n_k,)
+            xk = x.index_select(0, sel)  # (n_k, in)
+            out.index_copy_(0, sel, (xk @ a[k].t()) @ b[k].t())  # (n_k, r) -> (n_k, out)
+        return out
+
+
+class BankedLinear(nn.Module):
+    """A base `nn.Linear` plus the bank's per-row LoRA update. Rows: `bank.rows` indexes x's first dimension (a
+    (B, T, in) batch: one adapter per sequence; a flat (N, in) batch: one per position)."""
+
+    def __init__(self, base: nn.Linear, bank: AdapterBank, path: str) -> None:
+        super().__init__()
+        self.base = base
+        self.bank = bank
+        self.path = path
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.base(x)
+        rows = self.bank.rows
+        if rows is None:
+            return y
+        lead = x.shape[0]
+        per_row = rows.repeat_interleave(x[0].numel() // x.shape[-1]) if x.dim() > 2 else rows  # (N,)
+        flat = x.reshape(-1, x.shape[-1])  # (N, in)
+        assert per_row.shape[0] == flat.shape[0], f"{lead} rows, {rows.shape[0]} adapter indices"
+        return y + self.bank.delta(self.path, flat, per_row).reshape(y.shape).to(y.dtype)
+
+
+def bank_linears(model: nn.Module, bank: AdapterBank) -> int:
+    """Replace every Linear of `model` that some adapter of the bank adapts with a `BankedLinear`, in place;
+    returns how many. The base weights are untouched (still `<path>.base.weight`)."""
+    modules = dict(model.named_modules())
+    count = 0
+    for path in bank.a:
+        linear = modules.get(path)
+        if not isinstance(linear, nn.Linear):
+            raise InputError(f"the adapters adapt {path}, which is not a Linear layer of this model")
+        parent_path, _, leaf = path.rpartition(".")
+        setattr(modules[parent_path] if parent_path else model, leaf, BankedLinear(linear, bank, path))
+        count += 1
+    return count
