@@ -172,11 +172,13 @@ def test_a_one_item_ordered_list_keeps_its_number() -> None:
     assert markdown_to_speech("1. one\n2. two").text == "one.\ntwo."
 
 
-def test_skipped_code_is_noted_and_code_alone_is_an_error(bpe: TextTokenizer) -> None:
+def test_skipped_code_is_noted_and_code_alone_is_read(bpe: TextTokenizer) -> None:
     result = normalize_text("Run:\n```\nls -la\n```\n```\nrm x\n```", token_len=bpe.count)
     assert result.text == "Run:" and result.notes == ("a code block was not read",)
+    only_code = normalize_text("```\nprint(x)\n```", token_len=bpe.count)
+    assert only_code.text == "print(x)" and only_code.notes == ("the text is only code: it is read as written",)
     with pytest.raises(InputError, match="nothing to read aloud"):
-        normalize_text("```\nls -la\n```", token_len=bpe.count)
+        normalize_text("![](diagram.png)\n\n---", token_len=bpe.count)
 
 
 def test_wetext_dropping_text_falls_back_to_the_text(bpe: TextTokenizer) -> None:
@@ -201,3 +203,20 @@ def test_many_foreign_words_give_a_bounded_list_of_notes() -> None:
     words = "один два три четыре пять шесть семь восемь девять десять"
     notes = PhoneTokenizer().warnings(words)
     assert len(notes) == 9 and notes[-1] == "2 more words in other scripts read as Latin letters"
+
+
+def test_a_long_answer_is_bounded_per_sentence_not_as_a_whole() -> None:
+    """4,096 characters of prose (the server's default text cap) are 3,000+ phone ids in all, over a 3,072-token
+    prompt bound as one prompt; spoken sentence by sentence, each prompt is a sentence's, well within it."""
+    from vocalis.serve.limits import PromptBudget, PromptTooLong
+
+    tok = PhoneTokenizer()
+    prose = ("The weather today is mild, with light winds and a little sun in the afternoon. Later in the week, "
+             "temperatures will rise and the chance of rain is small. ")
+    text = (prose * 40)[:4096]
+    assert tok.count(text) > 3072
+    budget = PromptBudget(tok.count, 3072)
+    assert budget.check(text=text) == max(tok.count(s) for s in prose.split(". ")) + 1  # the longest, its "."
+    assert max(tok.count(p) for p in normalize_text(text, "en", token_len=tok.count).pieces) < 3072
+    with pytest.raises(PromptTooLong, match="the limit is 100"):  # one sentence over the bound is still refused
+        PromptBudget(tok.count, 100).check(text=prose.replace(".", ",") * 3)

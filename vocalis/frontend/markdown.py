@@ -5,14 +5,15 @@ text indented by four spaces is far more common in what is spoken than code. Eac
 item, table row, quote) becomes a sentence of its own, ended with a full stop when it has no end punctuation, so
 the splitter and the model pause where a reader would. Emphasis, heading marks, list bullets, link targets and
 struck-out text are not read; a link reads as its text, an image as its alt text, inline code as its content, a
-table row as its cells in order. Fenced code blocks, rules and HTML markup are skipped (a skipped code block is noted);
-CosyVoice's control tags (`<strong>`, `[laughter]`, `<|endofprompt|>`) pass through unchanged.
+table row as its cells in order. Fenced code blocks, rules and HTML markup are skipped (a skipped code block is
+noted; text that is only code is read as written); CosyVoice's control tags (`<strong>`, `[laughter]`, `<|endofprompt|>`) pass through unchanged.
 """
 
 from __future__ import annotations
 
 import functools
 import re
+import unicodedata
 from dataclasses import dataclass
 
 _END_PUNCT = ".?!;:。？！；：…"
@@ -39,6 +40,11 @@ def _parser():  # -> markdown_it.MarkdownIt
     from markdown_it import MarkdownIt  # imported lazily: no work at import
 
     return MarkdownIt("commonmark", {"html": True}).enable(["table", "strikethrough"]).disable("code")
+
+
+def is_silent(text: str) -> bool:
+    """Nothing but punctuation, symbols and white space."""
+    return all(ch.isspace() or unicodedata.category(ch)[0] in "PS" for ch in text)
 
 
 def looks_like_markdown(text: str) -> bool:
@@ -87,6 +93,7 @@ def markdown_to_speech(text: str) -> Spoken:
     sentences: list[str] = []
     notes: list[str] = []
     row: list[str] = []
+    code: list[str] = []
     ordered: list[int] = []  # item counts of the open ordered lists (a one-item "list" keeps its number)
     tokens = _parser().parse(text)
     for i, token in enumerate(tokens):
@@ -110,12 +117,15 @@ def markdown_to_speech(text: str) -> Spoken:
                 sentences.append(_end(", ".join(c.rstrip(_END_PUNCT) for c in cells)))
             row = []
         elif kind in ("fence", "code_block"):
+            code.append(token.content.strip())
             if "a code block was not read" not in notes:
                 notes.append("a code block was not read")
         elif kind == "html_block":
             content = _html(token.content).strip()
             if content:
                 sentences.append(_end(content))
+    if not any(not is_silent(s) for s in sentences) and any(code):
+        return Spoken("\n".join(code), ("the text is only code: it is read as written",))
     return Spoken("\n".join(sentences), tuple(notes))
 
 

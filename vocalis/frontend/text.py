@@ -22,7 +22,8 @@ from vocalis.errors import InputError
 from vocalis.frontend.markdown import markdown_to_speech
 from vocalis.frontend.numbers import chinese_numbers, english_numbers, number_to_words, spell_out_numbers
 
-__all__ = ["NormalizedText", "normalize", "normalize_text", "number_to_words", "spell_out_numbers", "split_paragraph"]
+__all__ = ["NormalizedText", "longest_sentence_tokens", "normalize", "normalize_text", "number_to_words",
+           "spell_out_numbers", "split_paragraph"]
 
 logger = logging.getLogger(__name__)
 
@@ -263,6 +264,18 @@ def _cut_sentences(text: str, ends: str) -> list[str]:
     if start < len(text):
         sentences.append(text[start:])
     return sentences
+
+
+_ANY_SENTENCE_END = "".join(dict.fromkeys("".join(_SENTENCE_END.values())))
+
+
+def longest_sentence_tokens(text: str, count: Callable[[str], int]) -> int:
+    """Tokens (by `count`) of the longest sentence of `text`, cut where synthesis cuts it, before normalisation.
+
+    Synthesis prompts the LLM one piece of at most a few sentences at a time, so a bound on a prompt's length
+    applies to this, not to the whole text (a long text is not one long prompt).
+    """
+    return max((count(s) for s in _cut_sentences(text, _ANY_SENTENCE_END) if s.strip()), default=0)
 
 
 def split_paragraph(
