@@ -22,7 +22,7 @@ from vocalis.errors import InputError
 from vocalis.frontend.markdown import markdown_to_speech
 from vocalis.frontend.numbers import chinese_numbers, english_numbers, number_to_words, spell_out_numbers
 
-__all__ = ["NormalizedText", "longest_sentence_tokens", "normalize", "normalize_text", "number_to_words",
+__all__ = ["NormalizedText", "ends_sentence", "longest_sentence_tokens", "normalize", "normalize_text", "number_to_words",
            "spell_out_numbers", "split_paragraph"]
 
 logger = logging.getLogger(__name__)
@@ -35,6 +35,7 @@ DEFAULT_MAX_CHARS = 20000
 TOKEN_MAX_N = 80
 TOKEN_MIN_N = 60
 MERGE_LEN = 20
+CLAUSE_CHARS = 60  # a clause this long may be spoken before the rest of its sentence is written (`ends_sentence`)
 
 # Sentence-final punctuation per language. The zh set is the official one; ja drops `、` (a comma in
 # Japanese) and `.`; en is the official English set.
@@ -276,6 +277,17 @@ def longest_sentence_tokens(text: str, count: Callable[[str], int]) -> int:
     applies to this, not to the whole text (a long text is not one long prompt).
     """
     return max((count(s) for s in _cut_sentences(text, _ANY_SENTENCE_END) if s.strip()), default=0)
+
+
+def ends_sentence(text: str, clause_chars: int = CLAUSE_CHARS) -> bool:
+    """Whether `text` (what has come so far of a text written in pieces) ends a sentence, or a clause (a comma)
+    at least `clause_chars` long: a point where speech may start without the text after it."""
+    core = text.rstrip().rstrip(_CLOSERS)
+    if not core:
+        return False
+    if core[-1] in _ANY_SENTENCE_END:
+        return True
+    return core[-1] in _COMMAS + "、" and len(text.strip()) >= clause_chars
 
 
 def split_paragraph(

@@ -51,7 +51,7 @@ from vocalis.runtime.handle import END, EngineClosed, Job, StreamHandle, new_job
 from vocalis.runtime.heap import HeapWatch, cap_mmap_threshold
 from vocalis.runtime.rate import RateMeter
 from vocalis.runtime.step_grouping import StepGrouping, StreamReadiness, plan_token2wav_step
-from vocalis.runtime.text_pump import TextPump
+from vocalis.runtime.text_pump import TextPump, route_text, start_segment
 from vocalis.token2wav.config import Token2WavConfig
 from vocalis.token2wav.cv3 import CV3Token2WavEngine, token2wav_for
 from vocalis.token2wav.engine import Token2WavEngine
@@ -229,14 +229,16 @@ class AsyncEngine:
         else:
             segments = fe.segments(request)
             llm_prompt = fe.llm_prompt(request)
-        count = max(1, len(segments))  # VC and bi-streams: one
-        states = [self.token2wav.new_stream(f"{handle.request_id}/{i}", prompt, streaming=stream,
-                                            speed=request.speed, generator=voc_gen) for i in range(count)]
+        def new_state(i: int) -> StreamState:
+            return self.token2wav.new_stream(f"{handle.request_id}/{i}", prompt, streaming=stream,
+                                             speed=request.speed, generator=voc_gen)
+
+        states = [new_state(i) for i in range(max(1, len(segments)))]  # VC and bi-streams: one (more after cuts)
         if request.mode is Mode.VC:
             states[0].add_source_tokens(request.source_speech_ids)
             states[0].end_input()
         return Job(handle.request_id, handle, segments, llm_prompt, states, llm_gen,
-                    text=request.text if request.bistream else None)
+                   text=request.text if request.bistream else None, new_state=new_state)
 
     def _text_pump(self) -> TextPump:
         with self._cond:
@@ -290,19 +292,8 @@ class AsyncEngine:
             self._abort(payload, None)
         elif kind == "fail":
             self._abort(*payload)
-        else:  # "text" / "text_end" of a bi-stream (dropped if the job is gone)
-            job_id = payload[0] if kind == "text" else payload
-            queued = self._queue.get(job_id)
-            if queued is not None:  # replayed when it starts
-                queued.early_text.append(payload[1] if kind == "text" else None)
-                return
-            job = self._jobs.get(job_id)
-            if job is None or job.llm_request is None:
-                return
-            if kind == "text":
-                self.llm.add_text(job.llm_request.request_id, payload[1])
-            else:
-                self.llm.end_text(job.llm_request.request_id)
+        else:  # "text" / "text_cut" / "text_end" of a bi-stream
+            route_text(self, kind, payload)
 
     def _idle(self) -> bool:
         return not (self._inbox or self._closing or self._has_work())
@@ -362,6 +353,8 @@ class AsyncEngine:
 
     def _steps_to_ready(self, job: Job) -> int | None:
         """About how many LLM steps until the job's emitting stream has a chunk ready (None: unknown)."""
+        if job.emitting >= len(job.states):
+            return None  # a bi-stream waiting for its next sentence's text
         s = job.states[job.emitting]
         req = job.llm_request
         if s.input_done or s.finished or req is None or job.next_segment - 1 != job.emitting:
@@ -377,6 +370,8 @@ class AsyncEngine:
         return prefill_steps + max(1, min(self.token2wav.tokens_short(s), to_end))
 
     def _vocodable(self, job: Job) -> StreamState | None:
+        if job.emitting >= len(job.states):
+            return None  # a bi-stream waiting for its next sentence's text
         s = job.states[job.emitting]
         return s if self.token2wav.next_work(s) is not None else None
 
@@ -401,9 +396,8 @@ class AsyncEngine:
     def _start_llm(self, job: Job) -> None:
         """Start the next sentence's LLM request, if any (a bi-stream's one request at once)."""
         if job.text is not None:
-            if job.next_segment == 0:
-                job.next_segment = 1
-                self._start_bistream(job)
+            if job.next_segment == 0 or (job.cut and job.early_text):  # the first sentence, or one after a cut
+                start_segment(self, job)
             return
         if job.next_segment >= len(job.segments):
             return
@@ -423,31 +417,13 @@ class AsyncEngine:
         except InputError as exc:
             self._abort(job.job_id, exc)
 
-    def _start_bistream(self, job: Job) -> None:
-        state = job.states[0]
-
-        sink = job.token_sink(state)
-        try:  # the vllm backend's engine cannot take text in pieces: it says so here
-            req = self.llm.make_bistream_request(*job.llm_prompt, self.llm_params([]), request_id=f"{job.job_id}/0",
-                                                 sink=sink, generator=job.llm_gen)
-        except InputError as exc:
-            self._abort(job.job_id, exc)
-            return
-        job.llm_request = req
-        self.llm.add_request(req)
-        for piece in job.early_text:  # what arrived while the job was queued
-            if piece is None:
-                self.llm.end_text(req.request_id)
-            else:
-                self.llm.add_text(req.request_id, piece)
-        job.early_text.clear()
-
     def llm_params(self, text_ids: list[int]) -> SamplingParams:
         """Sampling of one sentence: the model's RAS settings and length bounds (the bench forces a count)."""
         return self.llm.sampling_params(len(text_ids), self.model.config.sampling)
 
     def _deliver(self, job: Job, chunk: Token2WavChunk) -> None:
-        last_segment = job.emitting == len(job.states) - 1
+        # a bi-stream has its last sentence once its text ended (text after a cut is a sentence more)
+        last_segment = job.emitting == len(job.states) - 1 and (job.text is None or job.text_closed)
         final = chunk.final and last_segment
         if len(chunk.samples) or final:
             if job.first_chunk_at is None:
