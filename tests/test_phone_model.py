@@ -155,6 +155,19 @@ def test_the_phone_frontend_reads_accents_and_transliterates_other_scripts() -> 
                                                   "'Привет' read as 'privet': this model reads English only")
 
 
+def test_the_phone_frontend_leaves_control_tags_out_and_keeps_their_words() -> None:
+    """CosyVoice's tags are sounds and stress the phone set has no symbol for: not read as words ("laughter"), and
+    the words a tag marks are still said."""
+    tok = PhoneTokenizer()
+    text = "Well [laughter] that is <strong>great</strong> [breath] now."
+    assert tok.encode(text) == phones.text_ids("Well that is great now.")
+    assert tok.warnings(text) == ("'[laughter]' left out: this model has no control tags",
+                                  "'<strong>' left out: this model has no control tags",
+                                  "'</strong>' left out: this model has no control tags",
+                                  "'[breath]' left out: this model has no control tags")
+    assert tok.encode("See [1] and [sic].") == phones.text_ids("See [1] and [sic].")  # not control tags
+
+
 def test_the_phone_model_lets_a_label_run_for_a_phone() -> None:
     """A label repeats for every 40 ms frame of its phone: the phone model's sampling keeps drawing it after five
     in a row, where the released RAS (BPE-paced codec ids) excludes it and draws another."""

@@ -175,6 +175,11 @@ def text_ids(text: str) -> list[int]:
     return [TEXT_IDS.get(s, UNK_ID) for s in g2p(text)]
 
 
+# CosyVoice's control tags (special tokens of its BPE vocabulary): sounds and stress the phone set has no symbol for
+CONTROL_TAG_RE = re.compile(r"\[(?:breath|noise|laughter|cough|clucking|accent|quick_breath|hissing|sigh|"
+                            r"vocalized-noise|lipsmack|mn)\]|</?(?:strong|laughter)>|<\|[^<>|\s]+\|>")
+
+
 class PhoneTokenizer:
     """The text tokenizer of a model whose `config.text_frontend` is "phones": `TextTokenizer`'s methods over
     `text_ids`. Text reaches it normalised (digits written out), as it reaches the BPE tokenizer."""
@@ -184,13 +189,16 @@ class PhoneTokenizer:
 
     def encode(self, text: str) -> list[int]:
         """Accented Latin letters read as their base letters ("Köln" as "Koln"); words in another script are
-        transliterated (`romanize`: "привет" as "privet"), or left out where no Latin spelling exists."""
-        text = romanize(text.translate(LATIN_LETTERS)).text
+        transliterated (`romanize`: "привет" as "privet"), or left out where no Latin spelling exists; CosyVoice's
+        control tags (`[laughter]`, `<strong>`) are left out, the words they mark kept."""
+        text = romanize(CONTROL_TAG_RE.sub(" ", text).translate(LATIN_LETTERS)).text
         return text_ids(unicodedata.normalize("NFKD", text).encode("ascii", "ignore").decode("ascii"))
 
     def warnings(self, text: str) -> tuple[str, ...]:
-        """What `encode(text)` reads otherwise than written (one note per foreign word)."""
-        return romanize(text.translate(LATIN_LETTERS)).notes
+        """What `encode(text)` reads otherwise than written (one note per control tag and per foreign word)."""
+        tags = tuple(f"{tag!r} left out: this model has no control tags"
+                     for tag in dict.fromkeys(m.group() for m in CONTROL_TAG_RE.finditer(text)))
+        return tags + romanize(CONTROL_TAG_RE.sub(" ", text).translate(LATIN_LETTERS)).notes
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         """Symbols separated by spaces (`<pad>` dropped with `skip_special_tokens`)."""
