@@ -139,6 +139,14 @@ def route_text(engine: AsyncEngine, kind: str, payload: Any) -> None:
 def start_segment(engine: AsyncEngine, job: Job) -> None:
     """Start the job's next bi-stream LLM request (its first, or the one after a cut) and feed it the text kept for
     it, up to the next cut or the end."""
+    while job.early_text and job.early_text[0] is CUT:
+        job.early_text.pop(0)  # a cut with no text before it
+    if job.next_segment and (not job.early_text or job.early_text[0] is None):  # no text after the last cut
+        job.early_text = []
+        job.text_closed = True
+        if job.emitting >= len(job.states):
+            finish(engine, job)
+        return
     i = job.next_segment
     job.next_segment += 1
     if i >= len(job.states):
