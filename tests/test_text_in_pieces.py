@@ -164,3 +164,4 @@ def test_builtin_model_speaks_a_paused_sentence_within_a_second() -> None:
           f"(the sentence whole: {whole:.2f} s)")
     assert chunks[-1].final and {c.segment for c in chunks} == {0, 1}
     assert latency <= max(1.0, 1.5 * whole)
+

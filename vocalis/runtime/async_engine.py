@@ -422,8 +422,8 @@ class AsyncEngine:
         return self.llm.sampling_params(len(text_ids), self.model.config.sampling)
 
     def _deliver(self, job: Job, chunk: Token2WavChunk) -> None:
-        # a bi-stream has its last sentence once its text ended (text after a cut is a sentence more)
-        last_segment = job.emitting == len(job.states) - 1 and (job.text is None or job.text_closed)
+        # a bi-stream's sentence ended by a cut (text_pump) is not its last while its text goes on
+        last_segment = job.emitting == len(job.states) - 1 and not (job.cut and not job.text_closed)
         final = chunk.final and last_segment
         if len(chunk.samples) or final:
             if job.first_chunk_at is None:

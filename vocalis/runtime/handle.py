@@ -56,7 +56,7 @@ class Job:
     # a bi-stream's text ids not yet fed (queued, or after a cut), with `text_pump.CUT` marks; None: the end
     early_text: list[Any] = field(default_factory=list)
     cut: bool = False  # a bi-stream's running LLM request had its text ended at a sentence (text_pump)
-    text_closed: bool = False  # a bi-stream's text ended: its last LLM request is its last sentence
+    text_closed: bool = False  # a bi-stream's text ended after a cut: the cut sentence was its last
     new_state: Callable[[int], StreamState] | None = None  # a bi-stream's token2wav stream for its sentence i
 
     @property
