@@ -142,12 +142,30 @@ def test_a_phone_model_clones_a_recording_without_a_speaker_encoder(tmp_path: Pa
         tts.frontend.make_voice(str(tmp_path / "me.wav"), PROMPT_TEXT)
 
 
-def test_the_phone_frontend_reads_accents_and_refuses_other_scripts() -> None:
+def test_the_phone_frontend_reads_accents_and_transliterates_other_scripts() -> None:
+    """Other scripts are read in Latin letters, with a note per word, never refused (an English answer with one
+    foreign word in it is still spoken)."""
     tok = PhoneTokenizer()
     assert tok.encode("Grüße aus Köln, café.") == phones.text_ids("Grusse aus Koln, cafe.")
-    for text in ("你好, world.", "Привет."):
-        with pytest.raises(InputError, match="reads English"):
-            tok.encode(text)
+    assert tok.warnings("Grüße aus Köln, café.") == ()
+    assert tok.encode("你好, world.") == phones.text_ids("ni hao, world.")
+    assert tok.encode("Привет.") == phones.text_ids("privet.")
+    assert tok.encode("We can改善it.") == phones.text_ids("We can gai shan it.")
+    assert tok.warnings("你好, world. Привет.") == ("'你好' read as 'ni hao': this model reads English only",
+                                                  "'Привет' read as 'privet': this model reads English only")
+
+
+def test_the_phone_frontend_leaves_control_tags_out_and_keeps_their_words() -> None:
+    """CosyVoice's tags are sounds and stress the phone set has no symbol for: not read as words ("laughter"), and
+    the words a tag marks are still said."""
+    tok = PhoneTokenizer()
+    text = "Well [laughter] that is <strong>great</strong> [breath] now."
+    assert tok.encode(text) == phones.text_ids("Well that is great now.")
+    assert tok.warnings(text) == ("'[laughter]' left out: this model has no control tags",
+                                  "'<strong>' left out: this model has no control tags",
+                                  "'</strong>' left out: this model has no control tags",
+                                  "'[breath]' left out: this model has no control tags")
+    assert tok.encode("See [1] and [sic].") == phones.text_ids("See [1] and [sic].")  # not control tags
 
 
 def test_the_phone_model_lets_a_label_run_for_a_phone() -> None:

@@ -26,7 +26,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import NamedTuple
 
-from vocalis.errors import InputError
+from vocalis.frontend.romanize import LATIN_LETTERS, romanize
 
 ASSET_DIR = Path(__file__).resolve().parents[1] / "assets" / "builtin"
 VOWELS = ("aa", "ae", "ah", "ao", "aw", "ax", "ay", "eh", "er", "ey", "ih", "iy", "ow", "oy", "uh", "uw")
@@ -175,9 +175,9 @@ def text_ids(text: str) -> list[int]:
     return [TEXT_IDS.get(s, UNK_ID) for s in g2p(text)]
 
 
-# Latin letters without a decomposition into ASCII ones
-_LATIN_LETTERS = str.maketrans({"ß": "ss", "æ": "ae", "Æ": "Ae", "œ": "oe", "Œ": "Oe", "ø": "o", "Ø": "O", "ð": "th",
-                                "Ð": "Th", "þ": "th", "Þ": "Th", "ł": "l", "Ł": "L", "đ": "d", "Đ": "D"})
+# CosyVoice's control tags (special tokens of its BPE vocabulary): sounds and stress the phone set has no symbol for
+CONTROL_TAG_RE = re.compile(r"\[(?:breath|noise|laughter|cough|clucking|accent|quick_breath|hissing|sigh|"
+                            r"vocalized-noise|lipsmack|mn)\]|</?(?:strong|laughter)>|<\|[^<>|\s]+\|>")
 
 
 class PhoneTokenizer:
@@ -185,18 +185,20 @@ class PhoneTokenizer:
     `text_ids`. Text reaches it normalised (digits written out), as it reaches the BPE tokenizer."""
 
     endofprompt_id = None  # no instructions: the phone set has no `<|endofprompt|>`
+    language = "en"  # the language its text is normalised as, whatever script a word is in
 
     def encode(self, text: str) -> list[int]:
-        """Accented Latin letters read as their base letters ("Köln" as "Koln"); letters with none (another
-        script) are an error: the lexicon and letter-to-sound rules are English."""
-        text = text.translate(_LATIN_LETTERS)
-        plain = unicodedata.normalize("NFKD", text).encode("ascii", "ignore").decode("ascii")
-        foreign = "".join(dict.fromkeys(c for c in text if c.isalpha()
-                                        and not unicodedata.normalize("NFKD", c).encode("ascii", "ignore")))
-        if foreign:
-            raise InputError(f"this model reads English text (phones from an English lexicon) and cannot read "
-                             f"{foreign[:10]!r}; for other languages load a CosyVoice2-0.5B directory")
-        return text_ids(plain)
+        """Accented Latin letters read as their base letters ("Köln" as "Koln"); words in another script are
+        transliterated (`romanize`: "привет" as "privet"), or left out where no Latin spelling exists; CosyVoice's
+        control tags (`[laughter]`, `<strong>`) are left out, the words they mark kept."""
+        text = romanize(CONTROL_TAG_RE.sub(" ", text).translate(LATIN_LETTERS)).text
+        return text_ids(unicodedata.normalize("NFKD", text).encode("ascii", "ignore").decode("ascii"))
+
+    def warnings(self, text: str) -> tuple[str, ...]:
+        """What `encode(text)` reads otherwise than written (one note per control tag and per foreign word)."""
+        tags = tuple(f"{tag!r} left out: this model has no control tags"
+                     for tag in dict.fromkeys(m.group() for m in CONTROL_TAG_RE.finditer(text)))
+        return tags + romanize(CONTROL_TAG_RE.sub(" ", text).translate(LATIN_LETTERS)).notes
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         """Symbols separated by spaces (`<pad>` dropped with `skip_special_tokens`)."""

@@ -109,6 +109,8 @@ class Frontend:
     def _normalize(self, text: str, language: str, split: bool = True) -> list[str]:
         if len(text) > self.max_text_chars:
             raise InputError(f"text is {len(text)} characters; the limit is {self.max_text_chars}")
+        if language == "auto":  # a model reading one language (the built-in model) normalises every text as it
+            language = getattr(self.tokenizer, "language", language)
         return text_fe.normalize(text, language=language, split=split,
                                  token_len=lambda s: len(self.tokenizer.encode(s)))
 

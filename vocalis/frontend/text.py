@@ -19,6 +19,11 @@ from dataclasses import dataclass
 from typing import Literal
 
 from vocalis.errors import InputError
+from vocalis.frontend.markdown import markdown_to_speech
+from vocalis.frontend.numbers import chinese_numbers, english_numbers, number_to_words, spell_out_numbers
+
+__all__ = ["NormalizedText", "ends_sentence", "longest_sentence_tokens", "normalize", "normalize_text", "number_to_words",
+           "spell_out_numbers", "split_paragraph"]
 
 logger = logging.getLogger(__name__)
 
@@ -30,6 +35,7 @@ DEFAULT_MAX_CHARS = 20000
 TOKEN_MAX_N = 80
 TOKEN_MIN_N = 60
 MERGE_LEN = 20
+CLAUSE_CHARS = 60  # a clause this long may be spoken before the rest of its sentence is written (`ends_sentence`)
 
 # Sentence-final punctuation per language. The zh set is the official one; ja drops `、` (a comma in
 # Japanese) and `.`; en is the official English set.
@@ -50,17 +56,18 @@ _TAG_RE = re.compile(r"<\|[^<>|\s]+\|>|</?[A-Za-z_]+>|\[[A-Za-z_-]+\]")
 _PROTECTED_RE = re.compile(_TAG_RE.pattern + r'|["\\]')
 _PIPE_TAG_RE = re.compile(r"<\|[^<>|\s]+\|>")
 _WHITESPACE_RE = re.compile(r"\s+")
-_DIGITS_RE = re.compile(r"\d+")
 _TRAILING_COMMAS_RE = re.compile(r"[，,、]+$")
 
 
 @dataclass(frozen=True, slots=True)
 class NormalizedText:
-    """Result of `normalize_text`: the language used, the full normalised text and its synthesis pieces."""
+    """Result of `normalize_text`: the language used, the full normalised text, its synthesis pieces and notes on
+    what was left unread (a skipped code block)."""
 
     language: Language
     text: str
     pieces: tuple[str, ...]
+    notes: tuple[str, ...] = ()
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -114,74 +121,6 @@ def resolve_language(language: str, text: str) -> Language:
 
 
 # ---------------------------------------------------------------------------------------------------
-# Number spelling (English): our own inflect-style cardinal reader, used after wetext for any digit run
-# the FST left behind.
-
-_ONES = (
-    "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen "
-    "sixteen seventeen eighteen nineteen"
-).split()
-_TENS = "_ _ twenty thirty forty fifty sixty seventy eighty ninety".split()
-_SCALES = (
-    "",
-    "thousand",
-    "million",
-    "billion",
-    "trillion",
-    "quadrillion",
-    "quintillion",
-    "sextillion",
-    "septillion",
-    "octillion",
-    "nonillion",
-    "decillion",
-)
-
-
-def _below_thousand(n: int) -> str:
-    hundreds, rest = divmod(n, 100)
-    words = []
-    if hundreds:
-        words.append(f"{_ONES[hundreds]} hundred")
-    if rest:
-        if hundreds:
-            words.append("and")
-        if rest < 20:
-            words.append(_ONES[rest])
-        else:
-            tens, ones = divmod(rest, 10)
-            words.append(_TENS[tens] + (f"-{_ONES[ones]}" if ones else ""))
-    return " ".join(words)
-
-
-def number_to_words(digits: str) -> str:
-    """Spell a run of decimal digits: "123" -> "one hundred and twenty-three".
-
-    Runs with a leading zero ("007") or longer than the scale table are read digit by digit.
-    """
-    if not digits or not digits.isdecimal():
-        raise ValueError(f"not a digit run: {digits!r}")
-    value = int(digits)
-    if (len(digits) > 1 and int(digits[0]) == 0) or len(digits) > 3 * len(_SCALES):
-        return " ".join(_ONES[int(d)] for d in digits)
-    if value == 0:
-        return _ONES[0]
-    groups = []
-    scale = 0
-    while value:
-        value, group = divmod(value, 1000)
-        if group:
-            groups.append(_below_thousand(group) + (f" {_SCALES[scale]}" if scale else ""))
-        scale += 1
-    return " ".join(reversed(groups))
-
-
-def spell_out_numbers(text: str) -> str:
-    """Replace every run of digits in `text` by its English words."""
-    return _DIGITS_RE.sub(lambda m: number_to_words(m.group()), text)
-
-
-# ---------------------------------------------------------------------------------------------------
 # wetext TN with protected tags
 
 
@@ -217,11 +156,15 @@ def _tn_or_raw(text: str, language: Language, level: int = 0) -> str:
     """wetext TN of `text`; where the FST runtime fails (it raises bare AssertionError/RuntimeError on odd
     input), the failing part alone falls back to the raw text, so speakable text is never rejected."""
     try:
-        return _wetext_normalizer(language).normalize(text)
-    except Exception as exc:  # noqa: BLE001  the failure is local to this text; the fallback below keeps it
-        if level >= len(_FALLBACK_CUTS):
-            logger.debug("text normalisation (%s) kept %r as written: %r", language, text[:60], exc)
-            return text
+        out = _wetext_normalizer(language).normalize(text)
+        if out.strip() or is_only_punctuation(text):
+            return out
+        exc: Exception = ValueError("wetext returned nothing")  # it drops some text silently ("Visit a.com.")
+    except Exception as error:  # noqa: BLE001  the failure is local to this text; the fallback below keeps it
+        exc = error
+    if level >= len(_FALLBACK_CUTS):
+        logger.debug("text normalisation (%s) kept %r as written: %r", language, text[:60], exc)
+        return text
     parts = _FALLBACK_CUTS[level].split(text)
     if len(parts) == 1:
         return _tn_or_raw(text, language, level + 1)
@@ -283,8 +226,14 @@ def _ja_rules(text: str) -> str:
 
 
 def apply_text_normalization(text: str, language: Language) -> str:
-    """wetext TN (tags protected) followed by the language's post-processing rules; no splitting."""
-    text = _tn_around_tags(text.strip(), language)
+    """wetext TN (tags protected) followed by the language's post-processing rules; no splitting. The forms
+    wetext reads wrong are rewritten first (`frontend.numbers`)."""
+    text = text.strip()
+    if language == "en":
+        text = english_numbers(text)
+    elif language == "zh":
+        text = chinese_numbers(text)
+    text = _tn_around_tags(text, language)
     if language == "zh":
         return _zh_rules(text)
     if language == "ja":
@@ -316,6 +265,29 @@ def _cut_sentences(text: str, ends: str) -> list[str]:
     if start < len(text):
         sentences.append(text[start:])
     return sentences
+
+
+_ANY_SENTENCE_END = "".join(dict.fromkeys("".join(_SENTENCE_END.values())))
+
+
+def longest_sentence_tokens(text: str, count: Callable[[str], int]) -> int:
+    """Tokens (by `count`) of the longest sentence of `text`, cut where synthesis cuts it, before normalisation.
+
+    Synthesis prompts the LLM one piece of at most a few sentences at a time, so a bound on a prompt's length
+    applies to this, not to the whole text (a long text is not one long prompt).
+    """
+    return max((count(s) for s in _cut_sentences(text, _ANY_SENTENCE_END) if s.strip()), default=0)
+
+
+def ends_sentence(text: str, clause_chars: int = CLAUSE_CHARS) -> bool:
+    """Whether `text` (what has come so far of a text written in pieces) ends a sentence, or a clause (a comma)
+    at least `clause_chars` long: a point where speech may start without the text after it."""
+    core = text.rstrip().rstrip(_CLOSERS)
+    if not core:
+        return False
+    if core[-1] in _ANY_SENTENCE_END:
+        return True
+    return core[-1] in _COMMAS + "、" and len(text.strip()) >= clause_chars
 
 
 def split_paragraph(
@@ -376,6 +348,7 @@ def normalize_text(
     split: bool = True,
     text_frontend: bool = True,
     max_chars: int = DEFAULT_MAX_CHARS,
+    markdown: bool = True,
 ) -> NormalizedText:
     """Normalise `text` and split it into synthesis pieces.
 
@@ -384,7 +357,9 @@ def normalize_text(
     required to split English. `split=False` returns the whole normalised text as the only piece (how the
     official frontend treats prompt text). `text_frontend=False` skips normalisation and splitting, as the
     official flag does. Text containing a `<|...|>` special (e.g. an instruction ending in
-    `<|endofprompt|>`) is normalised around the tag but never split, like the official frontend.
+    `<|endofprompt|>`) is normalised around the tag but never split, like the official frontend. With
+    `markdown` (and `split`: text to speak, not a prompt's transcript), markup is read as a reader would
+    (`frontend.markdown`); what it leaves unread is in `notes`.
 
     Raises InputError for empty, punctuation-only or over-long text and for an unknown language.
     """
@@ -396,11 +371,16 @@ def normalize_text(
         raise InputError("text is empty: nothing to synthesise")
     if is_only_punctuation(stripped):
         raise InputError(f"text {stripped[:40]!r} holds only punctuation or symbols: nothing to synthesise")
+    if not text_frontend:
+        return NormalizedText(resolve_language(language, stripped), stripped, (stripped,))
+    notes: tuple[str, ...] = ()
+    if markdown and split:
+        spoken = markdown_to_speech(stripped)
+        if is_only_punctuation(spoken.text):
+            raise InputError(f"text {stripped[:40]!r} has nothing to read aloud once its markup is left out")
+        stripped, notes = spoken.text, spoken.notes
     lang = resolve_language(language, stripped)
     logger.debug("text language: %s (requested %s)", lang, language)
-
-    if not text_frontend:
-        return NormalizedText(lang, stripped, (stripped,))
     normalized = apply_text_normalization(stripped, lang)
     if is_only_punctuation(normalized):
         raise InputError(f"text {stripped[:40]!r} normalises to nothing speakable ({normalized!r})")
@@ -411,7 +391,7 @@ def normalize_text(
     pieces = [p for p in pieces if not is_only_punctuation(p)]
     if not pieces:
         raise InputError(f"text {stripped[:40]!r} has no speakable sentence after normalisation")
-    return NormalizedText(lang, normalized, tuple(pieces))
+    return NormalizedText(lang, normalized, tuple(pieces), notes)
 
 
 def normalize(

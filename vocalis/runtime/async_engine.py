@@ -55,7 +55,7 @@ from vocalis.runtime.job_prep import prepare_job
 from vocalis.runtime.rate import RateMeter
 from vocalis.runtime.readiness import readiness, vocodable
 from vocalis.runtime.step_grouping import StepGrouping, plan_token2wav_step
-from vocalis.runtime.text_pump import TextPump
+from vocalis.runtime.text_pump import TextPump, route_text, start_segment
 from vocalis.token2wav.config import Token2WavConfig
 from vocalis.token2wav.cv3 import CV3Token2WavEngine, token2wav_for
 from vocalis.token2wav.engine import Token2WavEngine
@@ -280,19 +280,8 @@ class AsyncEngine:
             self._abort(payload, None)
         elif kind == "fail":
             self._abort(*payload)
-        else:  # "text" / "text_end" of a bi-stream (dropped if the job is gone)
-            job_id = payload[0] if kind == "text" else payload
-            queued = self._queue.get(job_id)
-            if queued is not None:  # replayed when it starts
-                queued.early_text.append(payload[1] if kind == "text" else None)
-                return
-            job = self._jobs.get(job_id)
-            if job is None or job.llm_request is None:
-                return
-            if kind == "text":
-                self.llm.add_text(job.llm_request.request_id, payload[1])
-            else:
-                self.llm.end_text(job.llm_request.request_id)
+        else:  # "text" / "text_cut" / "text_end" of a bi-stream
+            route_text(self, kind, payload)
 
     def _idle(self) -> bool:
         return not (self._inbox or self._closing or self._has_work())
@@ -359,9 +348,8 @@ class AsyncEngine:
     def _start_llm(self, job: Job) -> None:
         """Start the next sentence's LLM request, if any (a bi-stream's one request at once)."""
         if job.text is not None:
-            if job.next_segment == 0:
-                job.next_segment = 1
-                self._start_bistream(job)
+            if job.next_segment == 0 or (job.cut and job.early_text):  # the first sentence, or one after a cut
+                start_segment(self, job)
             return
         if job.next_segment >= len(job.segments):
             return
@@ -381,31 +369,13 @@ class AsyncEngine:
         except InputError as exc:
             self._abort(job.job_id, exc)
 
-    def _start_bistream(self, job: Job) -> None:
-        state = job.states[0]
-
-        sink = job.token_sink(state)
-        try:  # the vllm backend's engine cannot take text in pieces: it says so here
-            req = self.llm.make_bistream_request(*job.llm_prompt, self.llm_params([]), request_id=f"{job.job_id}/0",
-                                                 sink=sink, generator=job.llm_gen)
-        except InputError as exc:
-            self._abort(job.job_id, exc)
-            return
-        job.llm_request = req
-        self.llm.add_request(req)
-        for piece in job.early_text:  # what arrived while the job was queued
-            if piece is None:
-                self.llm.end_text(req.request_id)
-            else:
-                self.llm.add_text(req.request_id, piece)
-        job.early_text.clear()
-
     def llm_params(self, text_ids: list[int]) -> SamplingParams:
         """Sampling of one sentence: the model's RAS settings and length bounds (the bench forces a count)."""
         return self.llm.sampling_params(len(text_ids), self.model.config.sampling)
 
     def _deliver(self, job: Job, chunk: Token2WavChunk) -> None:
-        last_segment = job.emitting == len(job.states) - 1
+        # a bi-stream's sentence ended by a cut (text_pump) is not its last while its text goes on
+        last_segment = job.emitting == len(job.states) - 1 and not (job.cut and not job.text_closed)
         final = chunk.final and last_segment
         if len(chunk.samples) or final:
             if job.first_chunk_at is None:

@@ -53,7 +53,11 @@ class Job:
     submitted: float = field(default_factory=time.monotonic)
     first_chunk_at: float | None = None
     ready_since: tuple[int, float] | None = None  # (LLM step count, monotonic time) its chunk became ready
-    early_text: list[str | None] = field(default_factory=list)  # a queued bi-stream's pieces (None: the end)
+    # a bi-stream's text ids not yet fed (queued, or after a cut), with `text_pump.CUT` marks; None: the end
+    early_text: list[Any] = field(default_factory=list)
+    cut: bool = False  # a bi-stream's running LLM request had its text ended at a sentence (text_pump)
+    text_closed: bool = False  # a bi-stream's text ended after a cut: the cut sentence was its last
+    new_state: Callable[[int], StreamState] | None = None  # a bi-stream's token2wav stream for its sentence i
 
     @property
     def seq(self) -> int:

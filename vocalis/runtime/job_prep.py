@@ -13,6 +13,7 @@ from vocalis.runtime.handle import Job, StreamHandle
 if TYPE_CHECKING:
     from vocalis.token2wav.cv3 import CV3Token2WavEngine
     from vocalis.token2wav.engine import Token2WavEngine
+    from vocalis.token2wav.state import StreamState
 
 
 def prepare_job(frontend: Frontend, token2wav: Token2WavEngine | CV3Token2WavEngine, request: SynthesisRequest,
@@ -29,11 +30,14 @@ def prepare_job(frontend: Frontend, token2wav: Token2WavEngine | CV3Token2WavEng
     else:
         segments = frontend.segments(request)
         llm_prompt = frontend.llm_prompt(request)
-    count = max(1, len(segments))  # VC and bi-streams: one
-    states = [token2wav.new_stream(f"{handle.request_id}/{i}", prompt, streaming=stream, speed=request.speed,
-                                   generator=voc_gen) for i in range(count)]
+
+    def new_state(i: int) -> StreamState:
+        return token2wav.new_stream(f"{handle.request_id}/{i}", prompt, streaming=stream, speed=request.speed,
+                                    generator=voc_gen)
+
+    states = [new_state(i) for i in range(max(1, len(segments)))]  # VC and bi-streams: one (more after cuts)
     if request.mode is Mode.VC:
         states[0].add_source_tokens(request.source_speech_ids)
         states[0].end_input()
     return Job(handle.request_id, handle, segments, llm_prompt, states, llm_gen,
-               text=request.text if request.bistream else None)
+               text=request.text if request.bistream else None, new_state=new_state)

@@ -20,6 +20,8 @@ if TYPE_CHECKING:
 
 def vocodable(token2wav: Token2WavEngine | CV3Token2WavEngine, job: Job) -> StreamState | None:
     """The job's emitting stream when the token2wav engine has work for it now, else None."""
+    if job.emitting >= len(job.states):
+        return None  # a bi-stream waiting for its next sentence's text
     s = job.states[job.emitting]
     return s if token2wav.next_work(s) is not None else None
 
@@ -27,6 +29,8 @@ def vocodable(token2wav: Token2WavEngine | CV3Token2WavEngine, job: Job) -> Stre
 def steps_to_ready(job: Job, llm: LLMEngine | VLLMEngine, token2wav: Token2WavEngine | CV3Token2WavEngine
                    ) -> int | None:
     """About how many LLM steps until the job's emitting stream has a chunk ready (None: unknown)."""
+    if job.emitting >= len(job.states):
+        return None  # a bi-stream waiting for its next sentence's text
     s = job.states[job.emitting]
     req = job.llm_request
     if s.input_done or s.finished or req is None or job.next_segment - 1 != job.emitting:

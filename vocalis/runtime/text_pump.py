@@ -2,6 +2,13 @@
 
 An async iterable is awaited on the caller's loop. A blocking iterable is waited on in a small reader pool, the one
 place a thread waits per request: only a thread can wait on a blocking iterator.
+
+A bi-stream's LLM request waits for a full block of text ids before it says the last words it has, so a complete
+sentence followed by a pause of the text's writer (an LLM thinking) would stay unsaid until more text came. When
+the text so far ends a sentence (or a long clause) and no piece follows within `cut_after_s`, the pump posts a cut:
+the engine ends that LLM request there (its speech completes now) and the text after the cut starts the job's next
+one, as a whole text is spoken sentence by sentence. Pieces that keep coming are never cut, so text written
+without pauses is one bi-stream, as the official schedule lays it out.
 """
 
 from __future__ import annotations
@@ -10,41 +17,72 @@ import asyncio
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
+from vocalis.errors import InputError
+from vocalis.frontend.request import AudioChunk
+from vocalis.frontend.text import ends_sentence
 from vocalis.runtime.handle import END
+
+if TYPE_CHECKING:
+    from vocalis.runtime.async_engine import AsyncEngine
+    from vocalis.runtime.handle import Job
+
+CUT_AFTER_S = 0.2  # a pause after a sentence's end that long ends the sentence's LLM request
+CUT = "cut"  # in a job's `early_text`: the text before it is a complete sentence
 
 
 class TextPump:
-    """Posts ("text", (job_id, ids)) per piece, then ("text_end", job_id), or ("fail", (job_id, exc)) when the
-    caller's text source raises."""
+    """Posts ("text", (job_id, ids)) per piece, ("text_cut", job_id) where a sentence ends before a pause, then
+    ("text_end", job_id), or ("fail", (job_id, exc)) when the caller's text source raises."""
 
     def __init__(self, encode: Callable[[str], list[int]], post: Callable[[tuple[str, Any]], None],
-                 max_readers: int = 64) -> None:
+                 max_readers: int = 64, cut_after_s: float = CUT_AFTER_S) -> None:
         self._encode = encode
         self._post = post
         self._max_readers = max_readers
+        self.cut_after_s = cut_after_s
         self._lock = threading.Lock()
         self._readers: ThreadPoolExecutor | None = None  # made on the first blocking iterable
 
     async def pump(self, job_id: str, pieces: Any, loop: asyncio.AbstractEventLoop) -> None:
+        if hasattr(pieces, "__aiter__"):
+            source = pieces.__aiter__()
+
+            def next_piece() -> asyncio.Future[Any]:
+                return asyncio.ensure_future(anext(source, END))
+        else:
+            it = iter(pieces)
+
+            def next_piece() -> asyncio.Future[Any]:
+                return loop.run_in_executor(self._pool(), next, it, END)
+        waiting: asyncio.Future[Any] | None = None
         try:
-            if hasattr(pieces, "__aiter__"):
-                async for piece in pieces:
-                    self._piece(job_id, piece)
-            else:
-                it = iter(pieces)
-                while (piece := await loop.run_in_executor(self._pool(), next, it, END)) is not END:
-                    self._piece(job_id, piece)
+            since_cut = ""  # the text after the last cut
+            while True:
+                waiting = next_piece()
+                if since_cut and ends_sentence(since_cut):
+                    done, _ = await asyncio.wait({waiting}, timeout=self.cut_after_s)
+                    if not done:  # [latency] the writer paused after a sentence: say it now
+                        self._post(("text_cut", job_id))
+                        since_cut = ""
+                piece = await waiting
+                waiting = None
+                if piece is END:
+                    break
+                if piece:
+                    self._post(("text", (job_id, self._encode(piece))))
+                    since_cut += piece
             self._post(("text_end", job_id))
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 -- any failure of the caller's text source fails its request
             self._post(("fail", (job_id, exc)))
-
-    def _piece(self, job_id: str, piece: str) -> None:
-        if piece:
-            self._post(("text", (job_id, self._encode(piece))))
+        finally:
+            if waiting is not None:
+                waiting.cancel()
 
     def _pool(self) -> ThreadPoolExecutor:
         with self._lock:
@@ -58,3 +96,89 @@ class TextPump:
             readers, self._readers = self._readers, None
         if readers is not None:
             readers.shutdown(wait=False, cancel_futures=True)
+
+
+# ---- the engine loop's side (loop thread) -------------------------------------------------------------------
+def route_text(engine: AsyncEngine, kind: str, payload: Any) -> None:
+    """A bi-stream's "text" / "text_cut" / "text_end" message: to its running LLM request, or kept for the next
+    one (a job still queued, or text after a cut); dropped if the job is gone."""
+    job_id = payload[0] if kind == "text" else payload
+    item = payload[1] if kind == "text" else (CUT if kind == "text_cut" else None)
+    queued = engine._queue.get(job_id)
+    if queued is not None:  # replayed when it starts
+        queued.early_text.append(item)
+        return
+    job = engine._jobs.get(job_id)
+    if job is None:
+        return
+    if job.cut:  # after a cut: the next sentence's request takes it
+        if item is CUT and not job.early_text:
+            return  # nothing since the last cut
+        if item is None and not job.early_text:
+            job.text_closed = True  # the last request was the last sentence
+            if job.emitting >= len(job.states):
+                finish(engine, job)
+            return
+        job.early_text.append(item)
+        if job.llm_request is None:  # the cut sentence is said: start the next one now
+            start_segment(engine, job)
+        return
+    if job.llm_request is None:
+        return  # it ended on its own (its length bound): nothing more is said
+    rid = job.llm_request.request_id
+    if item is None:
+        engine.llm.end_text(rid)
+        job.text_closed = True
+    elif item is CUT:
+        engine.llm.end_text(rid)
+        job.cut = True
+    else:
+        engine.llm.add_text(rid, item)
+
+
+def start_segment(engine: AsyncEngine, job: Job) -> None:
+    """Start the job's next bi-stream LLM request (its first, or the one after a cut) and feed it the text kept for
+    it, up to the next cut or the end."""
+    while job.early_text and job.early_text[0] is CUT:
+        job.early_text.pop(0)  # a cut with no text before it
+    if job.next_segment and (not job.early_text or job.early_text[0] is None):  # no text after the last cut
+        job.early_text = []
+        job.text_closed = True
+        if job.emitting >= len(job.states):
+            finish(engine, job)
+        return
+    i = job.next_segment
+    job.next_segment += 1
+    if i >= len(job.states):
+        assert job.new_state is not None
+        job.states.append(job.new_state(i))
+    sink = job.token_sink(job.states[i])
+    try:  # the vllm backend's engine cannot take text in pieces: it says so here
+        req = engine.llm.make_bistream_request(*job.llm_prompt, engine.llm_params([]), request_id=f"{job.job_id}/{i}",
+                                               sink=sink, generator=job.llm_gen)
+    except InputError as exc:
+        engine._abort(job.job_id, exc)
+        return
+    job.llm_request = req
+    job.cut = False
+    engine.llm.add_request(req)
+    pending, job.early_text = job.early_text, []
+    for k, item in enumerate(pending):
+        if item is None:
+            engine.llm.end_text(req.request_id)
+            job.text_closed = True
+            break
+        if item is CUT:
+            engine.llm.end_text(req.request_id)
+            job.cut = True
+            job.early_text = pending[k + 1:]
+            break
+        engine.llm.add_text(req.request_id, item)
+
+
+def finish(engine: AsyncEngine, job: Job) -> None:
+    """End a bi-stream whose text ended after its last sentence's audio went out: a final empty chunk, then END."""
+    job.handle._put(AudioChunk(np.zeros(0, dtype=np.float32), engine.sample_rate, max(job.emitting - 1, 0), True))
+    del engine._jobs[job.job_id]
+    job.handle._put(END)
+    engine._admit()

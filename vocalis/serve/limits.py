@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 from vocalis.config import MAX_PROMPT_SECONDS, TOKEN_RATE
 from vocalis.errors import InputError
+from vocalis.frontend.text import longest_sentence_tokens
 from vocalis.frontend.voice import Voice
 from vocalis.serve.config import ServeConfig
 
@@ -44,7 +45,8 @@ class PromptBudget:
         length (25 speech tokens a second, at most the 30 s a prompt may be); extra_text_tokens: text already
         counted (a WebSocket session's earlier pieces).
         """
-        parts = {"text": self.count(text) + extra_text_tokens if text else extra_text_tokens}
+        # a text is spoken sentence by sentence, each its own LLM prompt: its longest sentence is what counts
+        parts = {"text": longest_sentence_tokens(text, self.count) + extra_text_tokens if text else extra_text_tokens}
         if instruct:
             parts["instruction"] = self.count(instruct)
         elif voice is not None and voice.prompt_text_ids:
