@@ -18,7 +18,7 @@ import time
 import torch
 
 from vocalis.config import StreamConfig
-from vocalis.config_cv3 import CausalHiFTConfig
+from vocalis.config.cv3 import CausalHiFTConfig
 from vocalis.models.cv3.hift import CausalHiFTGenerator
 from vocalis.token2wav.cv3_schedule import schedule_calls
 from vocalis.token2wav.cv3_vocoder import VocoderRow, left_context_frames, vocode

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from vocalis.config import QwenConfig
-from vocalis.config_cv3 import CV3_PRESETS, CosyVoice3Config
+from vocalis.config.cv3 import CV3_PRESETS, CosyVoice3Config
 from vocalis.errors import ModelLoadError
 from vocalis.model_dir import load_model
 from vocalis.models.cv3.flow import CausalMaskedDiffWithDiT

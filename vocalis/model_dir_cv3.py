@@ -16,7 +16,7 @@ import torch
 
 from vocalis.checkpoint import load_strict, read_torch_state_dict
 from vocalis.config import CV3_SPEECH_TOKENIZER_ONNX
-from vocalis.config_cv3 import CosyVoice3Config
+from vocalis.config.cv3 import CosyVoice3Config
 from vocalis.errors import ModelLoadError
 from vocalis.models.cv3.flow import CausalMaskedDiffWithDiT
 from vocalis.models.cv3.hift import CausalHiFTGenerator, SourceTables

@@ -25,7 +25,7 @@ from vocalis.config import (
     SamplingConfig,
     SpeechLMConfig,
 )
-from vocalis.config_cv3 import CausalHiFTConfig, CosyVoice3Config, CV3FlowConfig, CV3SpeechLMConfig, DiTConfig
+from vocalis.config.cv3 import CausalHiFTConfig, CosyVoice3Config, CV3FlowConfig, CV3SpeechLMConfig, DiTConfig
 from vocalis.errors import ModelLoadError
 
 

@@ -333,7 +333,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
         if value:
             kw[name] = tuple(int(v) for v in value.split(","))
     from vocalis.config import PRESETS
-    from vocalis.config_cv3 import CV3_PRESETS
+    from vocalis.config.cv3 import CV3_PRESETS
 
     if args.preset not in PRESETS and args.preset not in CV3_PRESETS:
         raise InputError(f"unknown preset {args.preset!r}; choose one of {', '.join([*PRESETS, *CV3_PRESETS])}")
@@ -360,7 +360,7 @@ def add_bench_command(sub: Any) -> None:
 
 def main(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
-    from vocalis.config_cv3 import CV3_PRESETS
+    from vocalis.config.cv3 import CV3_PRESETS
 
     if cfg.preset in CV3_PRESETS:  # CosyVoice 3: one in-process run of its engine (bench/cv3.py)
         from vocalis.bench.cv3 import cv3_summary, run_cv3

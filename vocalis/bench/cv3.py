@@ -20,7 +20,7 @@ import torch
 
 from vocalis.bench.scenario import BenchConfig, peak_rss_mib
 from vocalis.config import TOKEN_RATE, StreamConfig
-from vocalis.config_cv3 import CV3_PRESETS, CosyVoice3Config
+from vocalis.config.cv3 import CV3_PRESETS, CosyVoice3Config
 from vocalis.engine.config import EngineConfig
 from vocalis.engine.llm_engine import LLMEngine
 from vocalis.engine.request import SamplingParams

@@ -21,7 +21,7 @@ from collections import deque
 from collections.abc import Sequence
 
 from vocalis.config import SpeechLMConfig
-from vocalis.config_cv3 import CV3SpeechLMConfig
+from vocalis.config.cv3 import CV3SpeechLMConfig
 from vocalis.engine.id_space import IdSpace
 from vocalis.errors import InputError
 

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from vocalis.config import SpeechLMConfig
-from vocalis.config_cv3 import CV3SpeechLMConfig
+from vocalis.config.cv3 import CV3SpeechLMConfig
 
 
 @dataclass(frozen=True, slots=True)

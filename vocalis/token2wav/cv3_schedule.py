@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass, replace
 
 from vocalis.config import StreamConfig
-from vocalis.config_cv3 import CV3_MAX_SILENT_RUN, CV3_SILENT_TOKEN_IDS
+from vocalis.config.cv3 import CV3_MAX_SILENT_RUN, CV3_SILENT_TOKEN_IDS
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from vocalis.config_cv3 import CV3SpeechLMConfig
+from vocalis.config.cv3 import CV3SpeechLMConfig
 from vocalis.models.qwen2 import KVCache, Qwen2Model
 from vocalis.models.speech_lm import Qwen2Encoder, prepare_official_state_dict
 

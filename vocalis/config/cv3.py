@@ -1,21 +1,19 @@
 """CosyVoice 3 (Fun-CosyVoice3-0.5B) architecture: frozen dataclasses whose field names follow its checkpoints and
-yaml, next to the CosyVoice 2 ones in `vocalis.config`."""
+yaml, built from the pieces both families share (`vocalis.config.shared`)."""
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
 
-from vocalis.config import (
+from vocalis.config.shared import (
     SAMPLE_RATE,
     TOKEN_MEL_RATIO,
     CFMConfig,
+    ConfigIO,
     HiFTConfig,
-    QwenConfig,
     SamplingConfig,
+    SpeechLMShape,
     check_speaker_embedding,
-    config_from_dict,
 )
 
 # Extra LLM output rows after the speech codes (sos, eos, task id, fill, then unused); every one of them stops decoding.
@@ -27,16 +25,10 @@ CV3_SOURCE_NOISE_SAMPLES = 300 * SAMPLE_RATE  # the causal HiFT's fixed source n
 
 
 @dataclass(frozen=True, slots=True)
-class CV3SpeechLMConfig:
+class CV3SpeechLMConfig(SpeechLMShape):
     """`CosyVoice3LM`: Qwen2 body; sos/eos/task/fill are rows of `speech_embedding`, not a separate table."""
 
-    qwen: QwenConfig = field(default_factory=QwenConfig)
-    speech_token_size: int = 6561
     num_extra_ids: int = CV3_NUM_EXTRA_SPEECH_IDS
-    mix_ratio: tuple[int, int] = (5, 15)
-    min_token_text_ratio: float = 2.0
-    max_token_text_ratio: float = 20.0
-    lsm_weight: float = 0.0
     # `<|endofprompt|>` (the official tokenizer's id, hard-coded in `CosyVoice3LM`): bi-streaming feeds the prompt
     # text up to it right after sos; a directory whose tokenizer numbers it otherwise sets this at load
     endofprompt_id: int = 151646
@@ -128,7 +120,7 @@ class CausalHiFTConfig(HiFTConfig):
 
 
 @dataclass(frozen=True, slots=True)
-class CosyVoice3Config:
+class CosyVoice3Config(ConfigIO):
     """Whole CosyVoice 3 architecture (Fun-CosyVoice3-0.5B shapes by default)."""
 
     llm: CV3SpeechLMConfig = field(default_factory=CV3SpeechLMConfig)
@@ -142,13 +134,6 @@ class CosyVoice3Config:
 
     def __post_init__(self) -> None:
         check_speaker_embedding(self.speaker_embedding)
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> CosyVoice3Config:
-        return config_from_dict(cls, data)
 
 
 CV3_PRESETS: dict[str, CosyVoice3Config] = {
