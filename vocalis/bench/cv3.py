@@ -28,8 +28,7 @@ from vocalis.frontend.prompt import FlowPrompt
 from vocalis.frontend.request import Mode, SynthesisRequest
 from vocalis.frontend.tokenizer import TextTokenizer
 from vocalis.frontend.voice import Voice
-from vocalis.model_dir import BUNDLED_TOKENIZER, LoadedModel
-from vocalis.model_dir_cv3 import CV3_KIND, build_cv3_modules
+from vocalis.model_dir import BUNDLED_TOKENIZER, CV3_KIND, LoadedModel, build_cv3_modules
 from vocalis.reference.cv3 import generate, stream_token2wav
 from vocalis.runtime.async_engine import AsyncEngine
 from vocalis.runtime.backends import apply_backend
