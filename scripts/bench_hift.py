@@ -21,7 +21,7 @@ from vocalis.config import PRESETS
 from vocalis.models.hift.generator import HiFTGenerator
 from vocalis.precision.layers import cast_hift_convs
 from vocalis.runtime.heap import cap_mmap_threshold
-from vocalis.token2wav.hift import hift_body
+from vocalis.token2wav.cv2.hift import hift_body
 
 SHAPES = ((1, 50), (2, 58), (4, 50))  # (rows, mel frames)
 

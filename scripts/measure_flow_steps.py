@@ -28,7 +28,7 @@ from vocalis.models.flow.flow import CausalMaskedDiffWithXvec
 from vocalis.models.hift.generator import HiFTGenerator
 from vocalis.reference.token2wav import FlowPrompt
 from vocalis.token2wav.config import Token2WavConfig
-from vocalis.token2wav.engine import Token2WavEngine
+from vocalis.token2wav.cv2.engine import Token2WavEngine
 
 REFERENCE_STEPS = 10  # CosyVoice 2's cfm.n_timesteps
 

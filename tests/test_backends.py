@@ -46,8 +46,8 @@ from vocalis.reference.token2wav import FlowPrompt
 from vocalis.runtime.backends import apply_backend, has_amx, native_bf16_cpu, resolve
 from vocalis.runtime.heap import MMAP_THRESHOLD_BYTES
 from vocalis.token2wav.config import Token2WavConfig
-from vocalis.token2wav.engine import Token2WavEngine
-from vocalis.token2wav.hift import hift_body
+from vocalis.token2wav.cv2.engine import Token2WavEngine
+from vocalis.token2wav.cv2.hift import hift_body
 from vocalis.tts import TTS
 
 

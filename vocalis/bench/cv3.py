@@ -32,7 +32,7 @@ from vocalis.model_dir import BUNDLED_TOKENIZER, CV3_KIND, LoadedModel, build_cv
 from vocalis.reference.cv3 import generate, stream_token2wav
 from vocalis.runtime.async_engine import AsyncEngine
 from vocalis.runtime.backends import apply_backend
-from vocalis.token2wav.cv3 import CV3Token2WavEngine
+from vocalis.token2wav.cv3.engine import CV3Token2WavEngine
 
 log = logging.getLogger(__name__)
 

@@ -146,7 +146,7 @@ def _b1_against_bandwidth(cfg: BenchConfig, eng: Any, req: Any, weight_bytes: in
 
 
 def _engine_token2wav(cfg: BenchConfig, model: LoadedModel, voice: Voice, precision: str) -> dict[str, Any]:
-    from vocalis.token2wav.engine import Token2WavEngine
+    from vocalis.token2wav.cv2.engine import Token2WavEngine
 
     t2w = Token2WavEngine(model.flow, model.hift)
     prompt = _flow_prompt(model, voice)
@@ -183,7 +183,7 @@ async def _engine_e2e(cfg: BenchConfig, model: LoadedModel, runtime: Runtime | N
     from vocalis.engine.config import EngineConfig
     from vocalis.runtime.backends import make_llm_engine
     from vocalis.token2wav.config import Token2WavConfig
-    from vocalis.token2wav.engine import Token2WavEngine
+    from vocalis.token2wav.cv2.engine import Token2WavEngine
 
     FixedLengthEngine = fixed_length_engine(cfg.tokens)
 

@@ -71,7 +71,7 @@ class CastConv(nn.Module):
 
 
 def cast_hift_convs(hift: nn.Module, dtype: torch.dtype, time_major: bool = False) -> int:
-    """Replace every conv of HiFT's body (`vocalis.token2wav.hift.hift_body`: pre/post convs, upsampling,
+    """Replace every conv of HiFT's body (`vocalis.token2wav.cv2.hift.hift_body`: pre/post convs, upsampling,
     resblocks, source downsampling) by a `CastConv` in `dtype`, time-major or not (in place); the F0 predictor and
     the source stay as they are. Returns how many."""
     for name in ("conv_pre", "conv_post"):

@@ -41,7 +41,7 @@ from vocalis.engine.config import EngineConfig
 from vocalis.engine.llm_engine import LLMEngine
 from vocalis.engine.request import RequestStatus, SamplingParams
 from vocalis.errors import InputError
-from vocalis.frontend.prompt_cv3 import frontend_for
+from vocalis.frontend.family import frontend_for
 from vocalis.frontend.request import AudioChunk, Mode, SynthesisRequest
 from vocalis.kernels.threads import release_openmp_pool
 from vocalis.model_dir import LoadedModel
@@ -52,10 +52,7 @@ from vocalis.runtime.heap import HeapWatch, cap_mmap_threshold
 from vocalis.runtime.rate import RateMeter
 from vocalis.runtime.step_grouping import StepGrouping, StreamReadiness, plan_token2wav_step
 from vocalis.runtime.text_pump import TextPump
-from vocalis.token2wav.config import Token2WavConfig
-from vocalis.token2wav.cv3 import CV3Token2WavEngine, token2wav_for
-from vocalis.token2wav.engine import Token2WavEngine
-from vocalis.token2wav.state import StreamState, Token2WavChunk
+from vocalis.token2wav import Token2Wav, Token2WavChunk, Token2WavConfig, Token2WavStream, token2wav_for
 
 if TYPE_CHECKING:
     from vocalis.engine.vllm.engine import VLLMEngine
@@ -69,7 +66,7 @@ class AsyncEngine:
     """Batched synthesis for many concurrent requests. Use as a context manager, or `start()` / `close()`."""
 
     def __init__(self, model: LoadedModel, llm: LLMEngine | VLLMEngine,
-                 token2wav: Token2WavEngine | CV3Token2WavEngine,
+                 token2wav: Token2Wav[Token2WavStream],
                  grouping: StepGrouping | None = None, release_heap_when_idle: bool = True,
                  heap_release_delay_s: float = HEAP_RELEASE_DELAY_S) -> None:
         if not heap_release_delay_s >= 0:
@@ -338,12 +335,12 @@ class AsyncEngine:
             job.ready_since = None
             self._deliver(job, chunk)
 
-    def _grouped_ready(self) -> list[tuple[Job, StreamState]]:
+    def _grouped_ready(self) -> list[tuple[Job, Token2WavStream]]:
         """The jobs (with their emitting stream) to vocode now: [] while none is ready, or while the grouping
         policy holds the ready ones for a job a few LLM steps from its own chunk."""
         now = time.monotonic()
         views: list[StreamReadiness] = []
-        vocodable: dict[str, tuple[Job, StreamState]] = {}
+        vocodable: dict[str, tuple[Job, Token2WavStream]] = {}
         for job in self._jobs.values():
             s = self._vocodable(job)
             if s is not None:
@@ -376,7 +373,7 @@ class AsyncEngine:
             return prefill_steps + to_end
         return prefill_steps + max(1, min(self.token2wav.tokens_short(s), to_end))
 
-    def _vocodable(self, job: Job) -> StreamState | None:
+    def _vocodable(self, job: Job) -> Token2WavStream | None:
         s = job.states[job.emitting]
         return s if self.token2wav.next_work(s) is not None else None
 

@@ -73,7 +73,7 @@ from vocalis.kernels import bf16_attention, cpu, fp32_attention
 from vocalis.precision.config import KernelConfig
 from vocalis.precision.dynamic_int8 import quantize_estimator_int8
 from vocalis.precision.layers import cast_hift_convs, cast_linears, quantize_linears_int8
-from vocalis.token2wav.compute import ComputeWeights
+from vocalis.token2wav.cv2.compute import ComputeWeights
 
 if TYPE_CHECKING:
     from vocalis.engine.config import EngineConfig

@@ -27,7 +27,7 @@ from torch import nn
 
 from vocalis.kernels import fp32_pointwise
 from vocalis.models.flow.estimator import CausalBlock1D, CausalConditionalDecoder, CausalResnetBlock1D
-from vocalis.token2wav.chunk_run import ChunkRun
+from vocalis.token2wav.cv2.chunk_run import ChunkRun
 
 
 def _masked(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
