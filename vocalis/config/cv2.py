@@ -44,6 +44,23 @@ class SpeechLMConfig(SpeechLMShape):
     def num_speech_rows(self) -> int:
         return self.speech_token_size + 3
 
+    @property
+    def min_len_mask_id(self) -> int:
+        """Masked while fewer than min_len ids were produced: eos (the other stop ids may still end)."""
+        return self.eos_token
+
+    @property
+    def num_special_rows(self) -> int:
+        return 2  # sos, task id: `llm_embedding` rows 0 and 1
+
+    @property
+    def sos_id(self) -> int:
+        return self.num_speech_rows
+
+    @property
+    def task_id(self) -> int:
+        return self.num_speech_rows + 1
+
 
 @dataclass(frozen=True, slots=True)
 class FlowEncoderConfig:

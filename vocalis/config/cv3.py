@@ -3,6 +3,7 @@ yaml, built from the pieces both families share (`vocalis.config.shared`)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from vocalis.config.shared import (
@@ -15,6 +16,7 @@ from vocalis.config.shared import (
     SpeechLMShape,
     check_speaker_embedding,
 )
+from vocalis.errors import InputError
 
 # Extra LLM output rows after the speech codes (sos, eos, task id, fill, then unused); every one of them stops decoding.
 CV3_NUM_EXTRA_SPEECH_IDS = 200
@@ -62,6 +64,29 @@ class CV3SpeechLMConfig(SpeechLMShape):
     def stop_token_ids(self) -> tuple[int, ...]:
         """Every id past the speech codes ends decoding (sos included)."""
         return tuple(range(self.speech_token_size, self.num_speech_rows))
+
+    @property
+    def min_len_mask_id(self) -> int:
+        """[official] Before min_len the official decoder masks only row V (sos in this layout), not eos: any
+        other stop id still ends decoding early."""
+        return self.sos_token
+
+    @property
+    def sos_id(self) -> int:
+        return self.sos_token
+
+    @property
+    def task_id(self) -> int:
+        return self.task_id_token
+
+    def split_prompt_text(self, prompt_text_ids: Sequence[int]) -> tuple[list[int], list[int]]:
+        """The system part up to and including `<|endofprompt|>`, then the rest (a transcript or nothing);
+        InputError when the marker is missing (the official loop asserts it)."""
+        ids = [int(i) for i in prompt_text_ids]
+        if self.endofprompt_id not in ids:
+            raise InputError("CosyVoice 3 bi-streaming needs <|endofprompt|> in the prompt text (the system part)")
+        k = ids.index(self.endofprompt_id) + 1
+        return ids[:k], ids[k:]
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,6 +5,7 @@ frozen dataclass back from plain data."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Self
 
@@ -62,7 +63,13 @@ class QwenConfig:
 
 @dataclass(frozen=True, slots=True)
 class SpeechLMShape:
-    """What the families' text-speech LMs share: a Qwen2 body reading text ids, then speech ids."""
+    """What the families' text-speech LMs share: a Qwen2 body reading text ids, then speech ids.
+
+    Each family's subclass declares what differs (the LLM engine reads only these): its speech rows and stop ids,
+    the id masked before min_len, where sos and the task id live in the engine's one id space (`sos_id`,
+    `task_id`, and `num_special_rows` rows of a separate table numbered after the speech rows), and what of a
+    prompt text is fed right after sos when text arrives in pieces (`split_prompt_text`).
+    """
 
     qwen: QwenConfig = field(default_factory=QwenConfig)
     speech_token_size: int = 6561
@@ -70,6 +77,47 @@ class SpeechLMShape:
     min_token_text_ratio: float = 2.0
     max_token_text_ratio: float = 20.0
     lsm_weight: float = 0.0
+
+    @property
+    def num_speech_rows(self) -> int:
+        """Rows of `speech_embedding` and outputs of `llm_decoder`: the speech codes, then the family's extra ids."""
+        raise NotImplementedError
+
+    @property
+    def eos_token(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def fill_token(self) -> int:
+        """The id that ends each run of generated speech when text arrives in pieces."""
+        raise NotImplementedError
+
+    @property
+    def stop_token_ids(self) -> tuple[int, ...]:
+        raise NotImplementedError
+
+    @property
+    def min_len_mask_id(self) -> int:
+        """The one id masked while fewer than min_len ids were produced."""
+        raise NotImplementedError
+
+    @property
+    def sos_id(self) -> int:
+        """sos in the engine's id space (`vocalis.engine.id_space`)."""
+        raise NotImplementedError
+
+    @property
+    def task_id(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def num_special_rows(self) -> int:
+        """Rows of the separate sos / task id table (`llm_embedding`), numbered after the speech rows; 0: none."""
+        return 0
+
+    def split_prompt_text(self, prompt_text_ids: Sequence[int]) -> tuple[list[int], list[int]]:
+        """(fed right after sos when text arrives in pieces, text like any other): nothing before by default."""
+        return [], [int(i) for i in prompt_text_ids]
 
 
 @dataclass(frozen=True, slots=True)
