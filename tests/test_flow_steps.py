@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import soundfile as sf
 import torch
+
 from cv3_support import cv3_reference
 from tiny_assets import make_tiny_model_dir
-
 from vocalis.cli import main
 from vocalis.config import PRESETS
 from vocalis.models.flow.flow import CausalMaskedDiffWithXvec

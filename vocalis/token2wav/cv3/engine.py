@@ -156,6 +156,9 @@ class CV3Token2WavEngine:
                 audio = self._vocode([(s, c) for s, c, _ in todo], mels)
             for (s, call, after), wav in zip(todo, audio):
                 chunks[id(s)] = self._emit(s, wav, call, after)
+        if work:
+            self.stats.steps += 1
+            self.stats.rows += len(todo)
         return [chunks[id(s)] for s, _, _ in work]
 
     def _emit(self, s: CV3StreamState, wav: np.ndarray, call: FlowCall, after: StreamSchedule) -> Token2WavChunk:
