@@ -162,7 +162,8 @@ def tiny_config() -> ModelConfig:
 def builtin_config() -> ModelConfig:
     """The built-in model shipped in `vocalis/assets/model` (trained on CPU by scripts/train_builtin.sh).
 
-    ~50 MB of fp32 weights in all (with the speech tokenizer): a 729-id speech vocabulary (our FSQ tokenizer's 3^6 "builtin" preset),
+    ~50 MB of fp32 weights in all (with the speech tokenizer): a 729-id speech vocabulary (our FSQ tokenizer's 3^6
+    "builtin" preset),
     256-d resemblyzer speaker embeddings, the bundled 4096-id BPE.
     """
     speech_vocab, spk_dim = 729, 256

@@ -111,7 +111,8 @@ class DiTConfig:
 
     def __post_init__(self) -> None:
         if self.dim % self.conv_pos_groups:
-            raise ValueError(f"DiT dim {self.dim} must be a multiple of {self.conv_pos_groups} (grouped position convs)")
+            raise ValueError(f"DiT dim {self.dim} must be a multiple of {self.conv_pos_groups} "
+                             "(grouped position convs)")
         if self.dim_head % 2:
             raise ValueError("DiT dim_head must be even (rotary pairs)")
 

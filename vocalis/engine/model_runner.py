@@ -7,8 +7,10 @@ gathering its live context by block table (B, Lmax) with padded slots masked; mu
 attend, one request at a time, to their cached prefix plus themselves with a causal mask. Grouped-query
 attention reshapes queries into their key/value groups instead of repeating keys.
 
-The weights are the speech LM's own modules (`Qwen2LM` or `CosyVoice3LM`; what differs is in `lm_family`), called as modules (so a precision backend may swap a Linear for a
-quantised one); Qwen's 151,936-way lm_head is never computed, only `llm_decoder` on rows that sample.
+The weights are the speech LM's own modules (`Qwen2LM` or `CosyVoice3LM`; what differs is in `lm_family`), called
+as modules (so a precision backend may swap a Linear for a quantised one) through the model's own layer maths
+(`models.qwen2`: rotary, residual structure); Qwen's 151,936-way lm_head is never computed, only `llm_decoder` on
+rows that sample.
 Everything is plain device-agnostic torch, so it runs on CUDA as is (no flash/paged CUDA kernel); on CUDA,
 decode steps replay captured graphs (`decode_graphs`), which write their padding rows to one scratch slot past
 the last block.

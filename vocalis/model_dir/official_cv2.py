@@ -17,6 +17,7 @@ from vocalis.config import (
     SpeechLMConfig,
 )
 from vocalis.errors import ModelLoadError
+from vocalis.model_dir import official_yaml
 from vocalis.model_dir.loaded import (
     QWEN_DIR,
     LoadedModel,
@@ -25,17 +26,6 @@ from vocalis.model_dir.loaded import (
     official_voices,
     speaker_encoder_of,
     speech_tokenizer_of,
-)
-from vocalis.model_dir.official_yaml import (
-    cfm_config,
-    check_llm_input_size,
-    flow_fields,
-    hift_fields,
-    read_official_yaml,
-    read_qwen_config,
-    sampling_config,
-    speech_lm_fields,
-    top_fields,
 )
 from vocalis.models.flow.flow import CausalMaskedDiffWithXvec
 from vocalis.models.hift.generator import HiFTGenerator
@@ -55,12 +45,12 @@ def model_config_from_official(yaml_data: dict[str, Any], qwen: QwenConfig) -> M
         llm, flow, hift = yaml_data["llm"], yaml_data["flow"], yaml_data["hift"]
         enc, cfm = flow["encoder"], flow["decoder"]
         est = cfm["estimator"]
-        check_llm_input_size(yaml_data, qwen)
+        official_yaml.check_llm_input_size(yaml_data, qwen)
         return ModelConfig(
-            llm=SpeechLMConfig(**speech_lm_fields(llm, qwen)),
-            sampling=sampling_config(llm),
+            llm=SpeechLMConfig(**official_yaml.speech_lm_fields(llm, qwen)),
+            sampling=official_yaml.sampling_config(llm),
             flow=FlowConfig(
-                **flow_fields(flow),
+                **official_yaml.flow_fields(flow),
                 pre_lookahead_len=int(flow.get("pre_lookahead_len", 3)),
                 encoder=FlowEncoderConfig(
                     input_size=int(enc["input_size"]),
@@ -87,10 +77,10 @@ def model_config_from_official(yaml_data: dict[str, Any], qwen: QwenConfig) -> M
                     act_fn=str(est.get("act_fn", "gelu")),
                     static_chunk_size=int(est.get("static_chunk_size", 50)),
                 ),
-                cfm=cfm_config(cfm),
+                cfm=official_yaml.cfm_config(cfm),
             ),
-            hift=HiFTConfig(**hift_fields(hift)),
-            **top_fields(yaml_data),
+            hift=HiFTConfig(**official_yaml.hift_fields(hift)),
+            **official_yaml.top_fields(yaml_data),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise ModelLoadError(f"the CosyVoice2 yaml lacks or mangles a model field: {exc!r}") from exc
@@ -101,7 +91,8 @@ def model_config_from_official(yaml_data: dict[str, Any], qwen: QwenConfig) -> M
 def load_official(directory: Path) -> LoadedModel:
     """An unchanged official CosyVoice2 directory."""
     config = model_config_from_official(
-        read_official_yaml(directory / OFFICIAL_YAML), read_qwen_config(directory / QWEN_DIR / "config.json")
+        official_yaml.read_official_yaml(directory / OFFICIAL_YAML),
+        official_yaml.read_qwen_config(directory / QWEN_DIR / "config.json"),
     )
     llm, flow, hift = build_modules(config)
     load_official_weights(directory, llm, flow, hift)

@@ -22,6 +22,7 @@ from vocalis.config import (
 )
 from vocalis.errors import ModelLoadError
 from vocalis.frontend.speech_tokenizer import OnnxSpeechTokenizer
+from vocalis.model_dir import official_yaml
 from vocalis.model_dir.loaded import (
     QWEN_DIR,
     LoadedModel,
@@ -29,17 +30,6 @@ from vocalis.model_dir.loaded import (
     official_tokenizer,
     official_voices,
     speaker_encoder_of,
-)
-from vocalis.model_dir.official_yaml import (
-    cfm_config,
-    check_llm_input_size,
-    flow_fields,
-    hift_fields,
-    read_official_yaml,
-    read_qwen_config,
-    sampling_config,
-    speech_lm_fields,
-    top_fields,
 )
 from vocalis.models.cv3.flow import CausalMaskedDiffWithDiT
 from vocalis.models.cv3.hift import CausalHiFTGenerator, SourceTables
@@ -66,17 +56,17 @@ def cosyvoice3_config_from_official(yaml_data: dict[str, Any], qwen: QwenConfig)
         llm, flow, hift = yaml_data["llm"], yaml_data["flow"], yaml_data["hift"]
         pre, cfm = flow["pre_lookahead_layer"], flow["decoder"]
         est = cfm["estimator"]
-        check_llm_input_size(yaml_data, qwen)
+        official_yaml.check_llm_input_size(yaml_data, qwen)
         lookahead = int(flow.get("pre_lookahead_len", 3))
         if int(pre.get("pre_lookahead_len", lookahead)) != lookahead:
             raise ModelLoadError("flow.pre_lookahead_len differs from flow.pre_lookahead_layer.pre_lookahead_len")
         if int(pre["in_channels"]) != int(flow["input_size"]):
             raise ModelLoadError("flow.pre_lookahead_layer.in_channels differs from flow.input_size")
         return CosyVoice3Config(
-            llm=CV3SpeechLMConfig(**speech_lm_fields(llm, qwen)),
-            sampling=sampling_config(llm),
+            llm=CV3SpeechLMConfig(**official_yaml.speech_lm_fields(llm, qwen)),
+            sampling=official_yaml.sampling_config(llm),
             flow=CV3FlowConfig(
-                **flow_fields(flow),
+                **official_yaml.flow_fields(flow),
                 pre_lookahead_len=lookahead,
                 pre_lookahead_channels=int(pre["channels"]),
                 estimator=DiTConfig(
@@ -93,10 +83,11 @@ def cosyvoice3_config_from_official(yaml_data: dict[str, Any], qwen: QwenConfig)
                     static_chunk_size=int(est.get("static_chunk_size", 50)),
                     num_decoding_left_chunks=int(est.get("num_decoding_left_chunks", -1)),
                 ),
-                cfm=cfm_config(cfm),
+                cfm=official_yaml.cfm_config(cfm),
             ),
-            hift=CausalHiFTConfig(**hift_fields(hift), conv_pre_look_right=int(hift.get("conv_pre_look_right", 4))),
-            **top_fields(yaml_data),
+            hift=CausalHiFTConfig(**official_yaml.hift_fields(hift),
+                                  conv_pre_look_right=int(hift.get("conv_pre_look_right", 4))),
+            **official_yaml.top_fields(yaml_data),
             chunk_size=int(yaml_data.get("chunk_size", 25)),
         )
     except (KeyError, TypeError, ValueError) as exc:
@@ -104,8 +95,8 @@ def cosyvoice3_config_from_official(yaml_data: dict[str, Any], qwen: QwenConfig)
 
 
 def read_cosyvoice3_config(directory: Path) -> CosyVoice3Config:
-    qwen = read_qwen_config(directory / QWEN_DIR / "config.json")
-    return cosyvoice3_config_from_official(read_official_yaml(directory / CV3_YAML), qwen)
+    qwen = official_yaml.read_qwen_config(directory / QWEN_DIR / "config.json")
+    return cosyvoice3_config_from_official(official_yaml.read_official_yaml(directory / CV3_YAML), qwen)
 
 
 def load_cosyvoice3(directory: Path) -> LoadedModel:
@@ -118,7 +109,8 @@ def load_cosyvoice3(directory: Path) -> LoadedModel:
     tokenizer = official_tokenizer(directory, CV3_KIND)
     if tokenizer is not None and tokenizer.endofprompt_id != config.llm.endofprompt_id:
         # the LM splits prompts where the frontend ends them
-        config = dataclasses.replace(config, llm=dataclasses.replace(config.llm, endofprompt_id=tokenizer.endofprompt_id))
+        llm = dataclasses.replace(config.llm, endofprompt_id=tokenizer.endofprompt_id)
+        config = dataclasses.replace(config, llm=llm)
     llm, flow, hift = build_cv3_modules(config)
     load_official_weights(directory, llm, flow, hift)
     onnx = directory / CV3_SPEECH_TOKENIZER_ONNX  # the v2 file's interface: feats (1, 128, T), lengths

@@ -73,7 +73,8 @@ def solve_chunk(
     for r, (s, m) in enumerate(zip(starts, lens)):
         if s + m > noise.shape[-1]:
             raise InputError(
-                f"{s + m} mel frames exceed the fixed flow noise ({noise.shape[-1]} frames); synthesise shorter segments"
+                f"{s + m} mel frames exceed the fixed flow noise ({noise.shape[-1]} frames); "
+                "synthesise shorter segments"
             )
         z[r, :, :m] = noise[0, :, s : s + m].to(device=dev, dtype=dtype)
         mask[r, :, :m] = 1
