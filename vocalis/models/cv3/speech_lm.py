@@ -23,6 +23,7 @@ from vocalis.models.speech_lm import IdsLike, Qwen2Encoder, SpeechLMBody, id_row
 
 __all__ = ["CosyVoice3LM", "IdsLike", "prepare_official_state_dict"]
 
+
 class CosyVoice3LM(SpeechLMBody):
     config: CV3SpeechLMConfig
 
@@ -41,7 +42,7 @@ class CosyVoice3LM(SpeechLMBody):
     def task_embedding(self) -> torch.Tensor:
         return self.embed_speech([self.config.task_id_token])
 
-    def prefillid_row(
+    def prefill_ids(
         self, text_ids: IdsLike, prompt_text_ids: IdsLike = (), prompt_speech_ids: IdsLike = ()
     ) -> list[tuple[int, int]]:
         """Source of every prefill row as (table, row): table 0 = `speech_embedding`, 1 = Qwen `embed_tokens`.
