@@ -171,11 +171,7 @@ class Token2WavEngine:
     # ---- the step -------------------------------------------------------------------------------------
     def step(self, states: Sequence[StreamState], *, hold_new: bool = False) -> list[Token2WavChunk]:
         """One batched pass over every state with work (at most `max_batch`); returns their chunks in order.
-
-        With `wait_for_cache`, a stream's first cached chunk starts only while the cache budget has room for it
-        next to what the started streams hold and their next hops (`CacheRoom`); the others wait, first come first
-        served. With nothing else to do in the step the first waiting stream starts anyway, unless `hold_new`: the
-        caller has other work that goes on (LLM steps) and will call again."""
+        Which new streams start their caches (`wait_for_cache`, `hold_new`): `budget.CacheBudget.admit`."""
         ready = ((s, kind == "final") for s in states if (kind := self.next_work(s)) is not None)
         work = self.budget.admit(ready, self.max_batch, hold_new)
         if not work:
@@ -242,7 +238,7 @@ class Token2WavEngine:
                 mels.update(self._flow_incremental(inc, [starts[id(s)] for s, _ in inc]))
             if full:
                 mels.update(self._flow_full(full))
-            return self.vocoder.vocode(items, [mels[id(s)] for s, _ in items])
+            return self._vocode(items, [mels[id(s)] for s, _ in items])
 
     def _needs_full_pass(self, s: StreamState, final: bool) -> bool:
         return final and (not s.streaming or self.config.final_attention == "full")
@@ -446,3 +442,7 @@ class Token2WavEngine:
         if prefix and not self.has_voice_prefix(s.prompt):  # its voice's prefix is computed with it
             need += prefix * per_token + per_stream
         return need
+
+    # ---- HiFT ---------------------------------------------------------------------------------------------
+    def _vocode(self, items: list[tuple[StreamState, bool]], mels: list[torch.Tensor]) -> list[np.ndarray]:
+        return self.vocoder.vocode(items, mels)
