@@ -1,4 +1,4 @@
-"""CosyVoice 3's causal HiFT in a stream: the windowed decoder (`token2wav.cv3_vocoder`) against the official
+"""CosyVoice 3's causal HiFT in a stream: the windowed decoder (`token2wav.cv3.vocoder`) against the official
 re-run over all mel so far, on the calls of the official streaming schedule.
 
 Random weights at the released HiFT shapes (or `--base-channels`), a mel of `--seconds` of audio after a prompt of
@@ -18,10 +18,10 @@ import time
 import torch
 
 from vocalis.config import StreamConfig
-from vocalis.config_cv3 import CausalHiFTConfig
+from vocalis.config.cv3 import CausalHiFTConfig
 from vocalis.models.cv3.hift import CausalHiFTGenerator
-from vocalis.token2wav.cv3_schedule import schedule_calls
-from vocalis.token2wav.cv3_vocoder import VocoderRow, left_context_frames, vocode
+from vocalis.token2wav.cv3.schedule import schedule_calls
+from vocalis.token2wav.cv3.vocoder import VocoderRow, left_context_frames, vocode
 
 TOKEN_MEL_RATIO = 2  # mel frames per speech token (50 Hz mel, 25 Hz tokens)
 

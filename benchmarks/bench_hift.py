@@ -1,4 +1,4 @@
-"""HiFT's conv body alone (`token2wav.hift.hift_body`) at a preset's shapes (random weights): the module's NCL fp32
+"""HiFT's conv body alone (`token2wav.cv2.hift.hift_body`) at a preset's shapes (random weights): the module's NCL fp32
 convs against the same convs time-major (`CastConv(time_major=True)`, what bf16 and int8 run on CPUs without AMX),
 and their largest difference. Rows x mel frames per call: one stream's chunk, two streams' first chunks (50 frames
 plus the 8-frame seam), four streams' chunks.
@@ -21,7 +21,7 @@ from vocalis.config import PRESETS
 from vocalis.kernels.heap import cap_mmap_threshold
 from vocalis.models.hift.generator import HiFTGenerator
 from vocalis.precision.layers import cast_hift_convs
-from vocalis.token2wav.hift import hift_body
+from vocalis.token2wav.cv2.hift import hift_body
 
 SHAPES = ((1, 50), (2, 58), (4, 50))  # (rows, mel frames)
 

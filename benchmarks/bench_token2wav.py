@@ -9,7 +9,7 @@ sides run with the serving engine's allocator settings (`kernels.heap.cap_mmap_t
 
   reference: `vocalis.reference.token2wav.Token2Wav`, one stream (its streaming loop re-runs the flow over the
              whole prefix at every chunk); S streams are served one after another, so S x that time.
-  engine:    `vocalis.token2wav.engine.Token2WavEngine` at each precision: one stream, then S streams stepped
+  engine:    `vocalis.token2wav.cv2.engine.Token2WavEngine` at each precision: one stream, then S streams stepped
              together; plus the mel/waveform error against an fp32 model on the same inputs.
 
     python benchmarks/bench_token2wav.py --seconds 10 --streams 8 --precisions fp32,bf16,int8 --json t2w.json
@@ -52,7 +52,7 @@ from vocalis.models.flow.flow import CausalMaskedDiffWithXvec
 from vocalis.models.hift.generator import HiFTGenerator
 from vocalis.reference.token2wav import FlowPrompt, Token2Wav
 from vocalis.token2wav.config import Token2WavConfig
-from vocalis.token2wav.engine import Token2WavEngine
+from vocalis.token2wav.cv2.engine import Token2WavEngine
 
 log = logging.getLogger("bench_token2wav")
 

@@ -77,7 +77,7 @@ def reference_audio(tts, request, stream: bool, pieces: list[str] | None = None)
     with `pieces` (the text as it arrived) one `reference.cv3.generate_bistream` over the pieces' ids instead.
     The chunks in order."""
     from vocalis.reference.cv3 import generate, generate_bistream, stream_token2wav
-    from vocalis.token2wav.cv3_schedule import keep_token
+    from vocalis.token2wav.cv3.schedule import keep_token
 
     fe, model = tts.frontend, tts.model
     llm_gen, _ = fe.generators(request.seed)

@@ -97,12 +97,8 @@ def serve(tts: object, backend_opts: dict | None = None, **config: object) -> Se
 
 def reference_backend(tts: object, **backend_opts: object) -> object:
     """The one-job-at-a-time reference backend over `tts`'s model (its queue is what queue-timeout tests need)."""
-    try:
-        from vocalis.reference.threaded_backend import ReferenceTTS, ThreadedBackend
-    except ImportError:  # before the reference backend moved out of vocalis.serve
-        from vocalis.serve.backend import ThreadedBackend
+    from vocalis.reference.threaded_backend import ReferenceTTS, ThreadedBackend
 
-        return ThreadedBackend(tts, **backend_opts)
     return ThreadedBackend(ReferenceTTS(tts.model), **backend_opts)  # type: ignore[attr-defined]
 
 

@@ -8,7 +8,7 @@ Bounds (tiny preset, random weights, fixed inputs; measured values in brackets, 
   per-tensor weights]; waveform rel RMS <= 1e-3 [3.5e-5]. With the estimator's conv-block convs int8 too
   (`Int8Conv1d`, the default for an int8 estimator): mel max rel <= 2e-2 [1.1e-2; random weights give the convs
   badly scaled inputs: on the trained built-in model 6.5-9.3e-3 against 4.9-9.4e-3 for the Linears alone with
-  VNNI, 8.9-14.0e-3 against 6.6-12.1e-3 at the AVX2 level: scripts/measure_int8_convs.py, docs/benchmarks.md];
+  VNNI, 8.9-14.0e-3 against 6.6-12.1e-3 at the AVX2 level: docs/benchmarks.md];
   waveform rel RMS [1.6e-4].
 - one `Int8Conv1d` (k = 3 causal and k = 1) on 2 x 100 random frames: max abs error <= 3e-2 of the output's
   range [1.2-1.4e-2 with VNNI, 1.4e-2 on AVX2].
@@ -46,8 +46,8 @@ from vocalis.precision.int8_linear import available as int8_available
 from vocalis.precision.layers import CastConv, CastLinear, cast_hift_convs
 from vocalis.reference.token2wav import FlowPrompt
 from vocalis.token2wav.config import Token2WavConfig
-from vocalis.token2wav.engine import Token2WavEngine
-from vocalis.token2wav.hift import hift_body
+from vocalis.token2wav.cv2.engine import Token2WavEngine
+from vocalis.token2wav.cv2.hift import hift_body
 from vocalis.tts import TTS
 
 

@@ -87,7 +87,7 @@ def test_key_pieces_equal_one_sequence(kernel: str) -> None:
 def test_native_false_takes_torchs_kernel() -> None:
     """The estimator's `attend` with native=False (`Token2WavConfig.native_kernels` off) runs torch's CPU attention
     kernel on the same bf16 inputs, not ours; by default ours."""
-    from vocalis.token2wav.attention import attend
+    from vocalis.token2wav.cv2.attention import attend
 
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 4, 10, 64, generator=g).bfloat16() for _ in range(3))

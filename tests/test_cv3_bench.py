@@ -10,7 +10,7 @@ import pytest
 
 from vocalis.bench.cli import add_arguments, config_from_args
 from vocalis.bench.cv3 import cv3_summary, run_cv3
-from vocalis.model_dir_cv3 import read_cosyvoice3_config
+from vocalis.model_dir import read_cosyvoice3_config
 
 
 def test_cv3_bench_runs_every_part(cv3_dir: Path) -> None:

@@ -11,13 +11,12 @@ import pytest
 import torch
 
 from vocalis.config import QwenConfig
-from vocalis.config_cv3 import CV3_PRESETS, CosyVoice3Config
+from vocalis.config.cv3 import CV3_PRESETS, CosyVoice3Config
 from vocalis.errors import ModelLoadError
-from vocalis.model_dir import load_model
+from vocalis.model_dir import cosyvoice3_config_from_official, load_model, read_official_yaml
 from vocalis.models.cv3.flow import CausalMaskedDiffWithDiT
 from vocalis.models.cv3.hift import CausalHiFTGenerator
 from vocalis.models.cv3.speech_lm import CosyVoice3LM
-from vocalis.official_yaml import cosyvoice3_config_from_official, read_official_yaml
 
 # The fixture's yaml is the released one with these values made tiny (its README): put the released ones back.
 _RELEASED = {
@@ -70,7 +69,7 @@ def test_a_wrong_checkpoint_is_named(cv3_dir: Path, tmp_path: Path) -> None:
 
 def test_released_preset_builds_on_the_meta_device() -> None:
     """The `cosyvoice3-0.5b` preset at the released shapes (built on meta: no memory), as `bench` will need it."""
-    from vocalis.model_dir_cv3 import build_cv3_modules
+    from vocalis.model_dir import build_cv3_modules
 
     config = CV3_PRESETS["cosyvoice3-0.5b"]
     with torch.device("meta"):

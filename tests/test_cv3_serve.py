@@ -27,7 +27,7 @@ from tiny_assets import write_voice_like_wav
 
 from vocalis.frontend.audio import load_wav, mel_spectrogram
 from vocalis.frontend.voice import Voice
-from vocalis.official_yaml import read_official_yaml
+from vocalis.model_dir import read_official_yaml
 from vocalis.tts import TTS
 
 PCM_ATOL = 1e-4  # int16 on the wire: 1.5e-5 of rounding on top of the engine == reference margin

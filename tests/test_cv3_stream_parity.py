@@ -13,9 +13,9 @@ import torch
 from cv3_support import ATOL, cv3_reference, max_diff
 
 from vocalis.config import StreamConfig
-from vocalis.config_cv3 import CV3_SILENT_TOKEN_IDS
+from vocalis.config.cv3 import CV3_SILENT_TOKEN_IDS
 from vocalis.reference.cv3 import stream_token2wav
-from vocalis.token2wav.cv3_schedule import FlowCall, StreamSchedule, keep_token, schedule_calls
+from vocalis.token2wav.cv3.schedule import FlowCall, StreamSchedule, keep_token, schedule_calls
 
 
 @pytest.fixture(scope="module")

@@ -15,14 +15,14 @@ import torch
 from cv3_support import ATOL, cv3_reference, max_diff
 
 from vocalis.config import StreamConfig
-from vocalis.config_cv3 import CV3_SILENT_TOKEN_IDS
+from vocalis.config.cv3 import CV3_SILENT_TOKEN_IDS
 from vocalis.frontend.prompt import FlowPrompt
 from vocalis.reference.cv3 import stream_token2wav
 from vocalis.token2wav.config import Token2WavConfig
 from vocalis.token2wav.cv3 import CV3StreamState, CV3Token2WavEngine
-from vocalis.token2wav.cv3_dit import cache_bytes_per_frame, cache_bytes_per_stream
-from vocalis.token2wav.cv3_schedule import schedule_calls
-from vocalis.token2wav.cv3_vocoder import left_context_frames
+from vocalis.token2wav.cv3.dit import cache_bytes_per_frame, cache_bytes_per_stream
+from vocalis.token2wav.cv3.schedule import schedule_calls
+from vocalis.token2wav.cv3.vocoder import left_context_frames
 
 OFFICIAL = Token2WavConfig(final_attention="full")  # the official last call (full attention), as `TTS` runs it
 
@@ -241,7 +241,7 @@ def test_vocoder_decodes_a_window_with_the_full_rerun_samples(cv3_model, ref, mo
     total = 2 * (prompt.speech_ids.shape[1] + n)  # all mel frames of the utterance, prompt included
     assert win_frames <= total + len(win) * (context + hift.conv_pre_look_right + 1) < full_frames
 
-    monkeypatch.setattr("vocalis.token2wav.cv3_vocoder.left_context_frames", lambda config: 4)
+    monkeypatch.setattr("vocalis.token2wav.cv3.vocoder.left_context_frames", lambda config: 4)
     eng = CV3Token2WavEngine(cv3_model.flow, cv3_model.hift, OFFICIAL)
     short = _run(eng, [eng.new_stream("short", prompt)], {"short": tokens})["short"]
     assert max(float(np.abs(a - b).max()) for a, b in zip(short, full)) > 1e-4

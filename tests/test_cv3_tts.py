@@ -27,7 +27,7 @@ from vocalis.frontend.voice import Voice
 from vocalis.reference.cv3 import generate, stream_token2wav
 from vocalis.reference.sampling import make_sampler
 from vocalis.runtime.async_engine import AsyncEngine
-from vocalis.token2wav.cv3_schedule import keep_token
+from vocalis.token2wav.cv3.schedule import keep_token
 from vocalis.tts import TTS
 
 TEXT = "Hello there, how are you?"

@@ -13,8 +13,8 @@ from vocalis.models.flow.flow import CausalMaskedDiffWithXvec
 from vocalis.models.hift.generator import HiFTGenerator
 from vocalis.reference.token2wav import FlowPrompt, Token2Wav
 from vocalis.token2wav.config import Token2WavConfig
-from vocalis.token2wav.engine import Token2WavEngine
-from vocalis.token2wav.state import StreamState
+from vocalis.token2wav.cv2.engine import Token2WavEngine
+from vocalis.token2wav.cv2.state import StreamState
 
 ATOL = 1e-5  # audio samples in [-1, 1]; measured ~1e-7 (float summation order only)
 EXACT = Token2WavConfig(cache_dtype=None)  # fp32 caches: equal to the reference up to summation order
@@ -404,7 +404,7 @@ def test_native_bf16_batched_equals_one_at_a_time(modules, monkeypatch: pytest.M
         assert eng.compute is not None and eng.compute.native
         return eng
 
-    from vocalis.token2wav.chunk_run import ChunkRun
+    from vocalis.token2wav.cv2.chunk_run import ChunkRun
 
     attention_batched, mixed = ChunkRun._attention_batched, []
 

@@ -8,10 +8,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from vocalis.token2wav.chunk_run import ChunkRun
-from vocalis.token2wav.compute import ComputeWeights
-from vocalis.token2wav.estimator_cache import EstimatorCache
 from vocalis.models.flow.transformer import SelfAttention
+from vocalis.token2wav.cv2.chunk_run import ChunkRun
+from vocalis.token2wav.cv2.compute import ComputeWeights
+from vocalis.token2wav.cv2.estimator_cache import EstimatorCache
 
 D, H, E, CHUNK = 16, 2, 8, 4  # width, heads, head width, block-causal block (frames)
 ATOL = 1e-5

@@ -21,8 +21,8 @@ from vocalis.models.flow.flow import CausalMaskedDiffWithXvec
 from vocalis.models.hift.generator import HiFTGenerator
 from vocalis.reference.token2wav import FlowPrompt
 from vocalis.token2wav.config import Token2WavConfig
-from vocalis.token2wav.cv3 import CV3Token2WavEngine
-from vocalis.token2wav.engine import Token2WavEngine
+from vocalis.token2wav.cv2.engine import Token2WavEngine
+from vocalis.token2wav.cv3.engine import CV3Token2WavEngine
 from vocalis.tts import TTS
 
 P, N = 35, 60  # prompt tokens, generated tokens: a first chunk of 40, then the final 20

@@ -90,7 +90,7 @@ def test_the_estimators_attend_takes_it_for_fp32() -> None:
     """The estimator's `attend` runs fp32 inputs on this kernel (the bias as limits); with
     native=False (`Token2WavConfig.native_kernels` off), torch's fused kernel, within the same bound."""
     from vocalis.kernels import bf16_attention
-    from vocalis.token2wav.attention import attend, runs_native
+    from vocalis.token2wav.cv2.attention import attend, runs_native
 
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 4, 60, 64, generator=g) for _ in range(3))

@@ -21,7 +21,7 @@ from vocalis.models.hift.generator import HiFTGenerator
 from vocalis.precision.dynamic_int8 import quantize_estimator_int8
 from vocalis.reference.token2wav import FlowPrompt
 from vocalis.token2wav.config import Token2WavConfig
-from vocalis.token2wav.engine import Token2WavEngine
+from vocalis.token2wav.cv2.engine import Token2WavEngine
 
 pytestmark = pytest.mark.usefixtures("native_level")
 

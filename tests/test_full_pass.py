@@ -9,8 +9,8 @@ import torch
 
 from vocalis.config import PRESETS
 from vocalis.models.flow.flow import CausalMaskedDiffWithXvec
-from vocalis.token2wav.compute import ComputeWeights
-from vocalis.token2wav.solver import solve_chunk
+from vocalis.token2wav.cv2.compute import ComputeWeights
+from vocalis.token2wav.cv2.solver import solve_chunk
 
 STEPS = 4
 
@@ -72,7 +72,7 @@ def test_engine_full_pass_on_reduced_compute_matches_its_module_path() -> None:
     from vocalis.precision.layers import cast_linears
     from vocalis.reference.token2wav import FlowPrompt
     from vocalis.token2wav.config import Token2WavConfig
-    from vocalis.token2wav.engine import Token2WavEngine
+    from vocalis.token2wav.cv2.engine import Token2WavEngine
 
     g = torch.Generator().manual_seed(3)
     prompt = FlowPrompt(torch.randint(0, 6561, (1, 30), generator=g, dtype=torch.int32),

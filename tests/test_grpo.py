@@ -137,7 +137,7 @@ def test_audio_rewards_run_through_token2wav(tmp_path: Path) -> None:
     pytest.importorskip("pocketsphinx")
     from tiny_assets import make_tiny_model_dir, write_voice_like_wav
 
-    from vocalis.frontend.prompt_cv3 import frontend_for
+    from vocalis.frontend.family import frontend_for
     from vocalis.model_dir import load_model
 
     model = make_tiny_model_dir(tmp_path / "model")

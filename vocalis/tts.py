@@ -21,8 +21,8 @@ from vocalis.config import MAX_PROMPT_SECONDS, PROMPT_SAMPLE_RATE_16K
 from vocalis.engine.config import EngineConfig
 from vocalis.errors import InputError
 from vocalis.frontend import audio as audio_fe
+from vocalis.frontend.family import frontend_for
 from vocalis.frontend.prompt import AudioSource
-from vocalis.frontend.prompt_cv3 import frontend_for
 from vocalis.frontend.request import AudioChunk, Mode, SynthesisRequest
 from vocalis.frontend.voice import Voice, check_voice_name
 from vocalis.kernels.config import KernelConfig

@@ -57,7 +57,7 @@ from vocalis.kernels.config import KernelConfig
 from vocalis.precision import int8_linear
 from vocalis.precision.dynamic_int8 import quantize_estimator_int8
 from vocalis.precision.layers import cast_hift_convs, cast_linears, quantize_linears_int8
-from vocalis.token2wav.compute import ComputeWeights
+from vocalis.token2wav.cv2.compute import ComputeWeights
 
 if TYPE_CHECKING:
     from vocalis.engine.config import EngineConfig

@@ -32,7 +32,7 @@ from vocalis.kernels import cpu
 from vocalis.models.flow.estimator import CausalConditionalDecoder
 from vocalis.models.flow.flow import CausalMaskedDiffWithXvec
 from vocalis.models.hift.generator import HiFTGenerator
-from vocalis.token2wav.hift import decode_with_body, hift_body
+from vocalis.token2wav.cv2.hift import decode_with_body, hift_body
 
 log = logging.getLogger(__name__)
 

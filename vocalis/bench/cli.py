@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from vocalis.config import PRESETS
-from vocalis.config_cv3 import CV3_PRESETS
+from vocalis.config.cv3 import CV3_PRESETS
 from vocalis.errors import InputError
 
 log = logging.getLogger(__name__)

@@ -21,7 +21,7 @@ import torch
 from vocalis.backends.choice import apply_backend
 from vocalis.bench.scenario import BenchConfig, peak_rss_mib
 from vocalis.config import TOKEN_RATE, StreamConfig
-from vocalis.config_cv3 import CV3_PRESETS, CosyVoice3Config
+from vocalis.config.cv3 import CV3_PRESETS, CosyVoice3Config
 from vocalis.engine.config import EngineConfig
 from vocalis.engine.llm_engine import LLMEngine
 from vocalis.engine.request import SamplingParams
@@ -29,8 +29,7 @@ from vocalis.frontend.prompt import FlowPrompt
 from vocalis.frontend.request import Mode, SynthesisRequest
 from vocalis.frontend.tokenizer import TextTokenizer
 from vocalis.frontend.voice import Voice
-from vocalis.model_dir import BUNDLED_TOKENIZER, LoadedModel
-from vocalis.model_dir_cv3 import CV3_KIND, build_cv3_modules
+from vocalis.model_dir import BUNDLED_TOKENIZER, CV3_KIND, LoadedModel, build_cv3_modules
 from vocalis.reference.cv3 import generate, stream_token2wav
 from vocalis.runtime.async_engine import AsyncEngine
 from vocalis.token2wav.cv3 import CV3Token2WavEngine

@@ -40,7 +40,7 @@ from vocalis.frontend.voice import Voice
 from vocalis.model_dir import LoadedModel
 from vocalis.reference.synthesizer import Synthesizer
 from vocalis.token2wav.config import Token2WavConfig
-from vocalis.token2wav.engine import Token2WavEngine
+from vocalis.token2wav.cv2.engine import Token2WavEngine
 
 if TYPE_CHECKING:
     from vocalis.backends.choice import Runtime

@@ -12,15 +12,14 @@ import torch
 from vocalis.config import SamplingConfig
 from vocalis.engine.id_space import IdSpace
 from vocalis.engine.label_path import LabelPath
+from vocalis.engine.lm_family import SpeechLM
 from vocalis.engine.request import Request, SamplingParams, TokenSink
-from vocalis.models.cv3.speech_lm import CosyVoice3LM
-from vocalis.models.speech_lm import Qwen2LM
 
 
 class EngineFront:
     """Base of the LLM engines; a subclass sets `llm` and `ids` and implements the three methods below."""
 
-    llm: Qwen2LM | CosyVoice3LM
+    llm: SpeechLM
     ids: IdSpace
 
     def add_request(self, request: Request) -> None:

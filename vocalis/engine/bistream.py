@@ -20,21 +20,19 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 
-from vocalis.config import SpeechLMConfig
-from vocalis.config_cv3 import CV3SpeechLMConfig
+from vocalis.config import SpeechLMShape
 from vocalis.engine.id_space import IdSpace
-from vocalis.errors import InputError
 
 
 class BistreamInput:
-    def __init__(self, config: SpeechLMConfig | CV3SpeechLMConfig, prompt_text_ids: Sequence[int] = (),
+    def __init__(self, config: SpeechLMShape, prompt_text_ids: Sequence[int] = (),
                  prompt_speech_ids: Sequence[int] = (), max_len: int | None = None) -> None:
         self.ids = IdSpace.for_config(config)
         self.config = config
         self.n_text, self.n_speech = config.mix_ratio
         self.pieces: deque[list[int]] = deque()  # arrived, not yet taken (text ids)
         self.ended = False
-        system, prompt_text = _split_system(config, prompt_text_ids)
+        system, prompt_text = config.split_prompt_text(prompt_text_ids)
         self.text_cache = self.ids.text(prompt_text)  # engine ids not yet fed
         self.prompt_speech = list(prompt_speech_ids)  # not yet laid out
         self.lm_input = [self.ids.sos, *self.ids.text(system)]  # the last input decided on (fed or about to be)
@@ -125,16 +123,3 @@ class BistreamInput:
     def over_limit(self) -> bool:
         """The final phase may start with the limit already reached (nothing more to decode)."""
         return self.final and self.num_yielded >= self.limit
-
-
-def _split_system(config: SpeechLMConfig | CV3SpeechLMConfig, prompt_text_ids: Sequence[int]
-                  ) -> tuple[list[int], list[int]]:
-    """(fed right after sos, text like any other): CosyVoice 3 splits after `<|endofprompt|>` (InputError when it
-    is missing, where the official loop asserts), CosyVoice 2 feeds nothing before the text."""
-    ids = [int(i) for i in prompt_text_ids]
-    if not isinstance(config, CV3SpeechLMConfig):
-        return [], ids
-    if config.endofprompt_id not in ids:
-        raise InputError("CosyVoice 3 bi-streaming needs <|endofprompt|> in the prompt text (the system part)")
-    k = ids.index(config.endofprompt_id) + 1
-    return ids[:k], ids[k:]

@@ -48,11 +48,11 @@ import torch
 from torch import nn
 
 from vocalis.engine.config import FUSED_DECODE_KINDS
-from vocalis.precision import int8_linear as int8_gemv
-from vocalis.precision.layers import CastLinear
-from vocalis.precision.int8_linear import Int8Linear, Int8Weight
+from vocalis.engine.lm_family import SpeechLM
 from vocalis.engine.packed_weights import PackedLayer
-from vocalis.models.speech_lm import Qwen2LM
+from vocalis.precision import int8_linear as int8_gemv
+from vocalis.precision.int8_linear import Int8Linear, Int8Weight
+from vocalis.precision.layers import CastLinear
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +100,7 @@ class FusedDecodeStack:
 Int8DecodeStack = FusedDecodeStack  # the name before fp32 weights had the step too
 
 
-def decode_stack(llm: Qwen2LM, packed: Sequence[PackedLayer | None], cache_dtype: torch.dtype,
+def decode_stack(llm: SpeechLM, packed: Sequence[PackedLayer | None], cache_dtype: torch.dtype,
                  kinds: Collection[str] = FUSED_DECODE_KINDS) -> FusedDecodeStack | None:
     """The fused stack for `llm` (int8, fp32 or bf16 weights), or None where it does not apply or its kind is
     not in `kinds` (see the module doc; logged at debug)."""
@@ -133,7 +133,7 @@ def decode_stack(llm: Qwen2LM, packed: Sequence[PackedLayer | None], cache_dtype
     return stack
 
 
-def _with_head(stack: FusedDecodeStack, llm: Qwen2LM) -> FusedDecodeStack:
+def _with_head(stack: FusedDecodeStack, llm: SpeechLM) -> FusedDecodeStack:
     """Bind the final norm and the speech head where the stack can run them (an int8 head packed for the kernel
     on an int8 stack; an fp32 or bf16 head in its (out, in) rows on a stack of its kind); else the step leaves
     them to torch."""
@@ -164,7 +164,7 @@ def _kind(packed: Sequence[PackedLayer | None]) -> str:
     return "int8"
 
 
-def _dense_stack(llm: Qwen2LM, packed: Sequence[PackedLayer | None], ext: object, kind: str) -> FusedDecodeStack:
+def _dense_stack(llm: SpeechLM, packed: Sequence[PackedLayer | None], ext: object, kind: str) -> FusedDecodeStack:
     """fp32 or bf16 layers: norm1, qkv (Dq + 2 Dkv, D) + bias (fp32), o (D, Dq), norm2, gate_up (2 I, D),
     down (D, I), all (out, in) row-major, read from `packed_weights`' storage (the per-op path reads the same
     tensors: no copy)."""
@@ -190,7 +190,7 @@ def _dense_stack(llm: Qwen2LM, packed: Sequence[PackedLayer | None], ext: object
     return fused
 
 
-def _unsupported(llm: Qwen2LM, packed: Sequence[PackedLayer | None], cache_dtype: torch.dtype,
+def _unsupported(llm: SpeechLM, packed: Sequence[PackedLayer | None], cache_dtype: torch.dtype,
                  kind: str) -> str | None:
     dense = kind != "int8"  # fp32 or bf16: what the fp32 step needs, the bf16 one needs too
     if not dense and (not packed or any(pk is None or not isinstance(pk.qkv_t, Int8Weight) for pk in packed)):

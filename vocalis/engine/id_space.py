@@ -1,6 +1,7 @@
 """One integer id space for everything the speech LM reads, so the engine speaks plain ints.
 
-The LLM reads up to three embedding tables; the engine numbers their rows consecutively.
+The LLM reads up to three embedding tables; the engine numbers their rows consecutively. Where sos and the task id
+live is the family's (its LM config: `sos_id`, `task_id`, `num_special_rows`):
 
 CosyVoice 2 (`Qwen2LM`):
 
@@ -23,8 +24,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from vocalis.config import SpeechLMConfig
-from vocalis.config_cv3 import CV3SpeechLMConfig
+from vocalis.config import SpeechLMShape
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,11 +36,10 @@ class IdSpace:
     text_offset: int  # first text id; num_speech + the special (llm_embedding) rows
 
     @classmethod
-    def for_config(cls, config: SpeechLMConfig | CV3SpeechLMConfig) -> IdSpace:
-        s, v = config.num_speech_rows, config.qwen.vocab_size
-        if isinstance(config, CV3SpeechLMConfig):
-            return cls(s, v, sos=config.sos_token, task=config.task_id_token, text_offset=s)
-        return cls(s, v, sos=s, task=s + 1, text_offset=s + 2)
+    def for_config(cls, config: SpeechLMShape) -> IdSpace:
+        s = config.num_speech_rows
+        return cls(s, config.qwen.vocab_size, sos=config.sos_id, task=config.task_id,
+                   text_offset=s + config.num_special_rows)
 
     @property
     def size(self) -> int:

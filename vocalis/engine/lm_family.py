@@ -1,7 +1,8 @@
 """Per-family adapter of the LLM engine: what differs between the speech LMs it drives, in one place.
 
 The engine (scheduler, block manager, model runner, sampler) speaks integer engine ids (`IdSpace`) and calls the
-Qwen2 body, the final norm and `llm_decoder` the same way for every family. What a family decides:
+Qwen2 body, the final norm and `llm_decoder` the same way for every family. What a family decides (declared by
+its LM config, `vocalis.config.SpeechLMShape`, and read here only):
 
 - the id space (where sos / task id live, where text starts) and so the prefill layout;
 - the embedding of engine ids (which table each row comes from);
@@ -59,13 +60,16 @@ class LMFamily:
         return out
 
 
+# The speech LMs the engine drives, by module type (tried in order): a new family is one entry here and an LM config
+# declaring its id layout and stop rule (`vocalis.config.SpeechLMShape`).
+LM_FAMILIES: tuple[tuple[type[nn.Module], str], ...] = ((CosyVoice3LM, "cosyvoice3"), (Qwen2LM, "cosyvoice2"))
+
+
 def family_of(llm: nn.Module) -> LMFamily:
     """The adapter for a speech LM module; InputError for a module the engine cannot drive."""
-    if isinstance(llm, CosyVoice3LM):
-        c = llm.config
-        return LMFamily("cosyvoice3", IdSpace.for_config(c), c.stop_token_ids, llm.min_len_mask_id(), bistream=True)
-    if isinstance(llm, Qwen2LM):
-        c2 = llm.config
-        return LMFamily("cosyvoice2", IdSpace.for_config(c2), c2.stop_token_ids, c2.eos_token, bistream=True)
+    for module_type, name in LM_FAMILIES:
+        if isinstance(llm, module_type):
+            c = llm.config
+            return LMFamily(name, IdSpace.for_config(c), c.stop_token_ids, c.min_len_mask_id, bistream=True)
     raise InputError(f"the LLM engine drives CosyVoice 2 (Qwen2LM) and CosyVoice 3 (CosyVoice3LM) speech LMs, "
                      f"not {type(llm).__name__}")

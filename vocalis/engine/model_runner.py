@@ -7,8 +7,10 @@ gathering its live context by block table (B, Lmax) with padded slots masked; mu
 attend, one request at a time, to their cached prefix plus themselves with a causal mask. Grouped-query
 attention reshapes queries into their key/value groups instead of repeating keys.
 
-The weights are the speech LM's own modules (`Qwen2LM` or `CosyVoice3LM`; what differs is in `lm_family`), called as modules (so a precision backend may swap a Linear for a
-quantised one); Qwen's 151,936-way lm_head is never computed, only `llm_decoder` on rows that sample.
+The weights are the speech LM's own modules (`Qwen2LM` or `CosyVoice3LM`; what differs is in `lm_family`), called
+as modules (so a precision backend may swap a Linear for a quantised one) through the model's own layer maths
+(`models.qwen2`: rotary, residual structure); Qwen's 151,936-way lm_head is never computed, only `llm_decoder` on
+rows that sample.
 Everything is plain device-agnostic torch, so it runs on CUDA as is (no flash/paged CUDA kernel); on CUDA,
 decode steps replay captured graphs (`decode_graphs`), which write their padding rows to one scratch slot past
 the last block.
@@ -23,20 +25,21 @@ import dataclasses
 import logging
 from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 import torch.nn.functional as F
 
 from vocalis.engine.config import FUSED_DECODE_KINDS
 from vocalis.engine.decode_graphs import DecodeGraphs
-from vocalis.kernels.huge_pages import to_huge_pages
+from vocalis.engine.decode_stack import decode_stack
 from vocalis.engine.id_space import IdSpace
 from vocalis.engine.lm_family import SpeechLM, family_of
-from vocalis.engine.decode_stack import decode_stack
-from vocalis.precision.int8_linear import Int8Linear
 from vocalis.engine.packed_weights import PackedLayer, gemm
 from vocalis.engine.request import Request
-from vocalis.models.qwen2 import Qwen2RMSNorm, rotary_cos_sin
+from vocalis.kernels.huge_pages import to_huge_pages
+from vocalis.models.qwen2 import Qwen2DecoderLayer, Qwen2RMSNorm, apply_rotary, rotary_tables
+from vocalis.precision.int8_linear import Int8Linear
 
 log = logging.getLogger(__name__)
 
@@ -110,10 +113,8 @@ class ModelRunner:
             cache[:, self.scratch_slot:].zero_()
         self._offsets = torch.arange(block_size, device=self.device)
         # rotary tables for every position, from the same function as the dense path (identical values)
-        self._cos, sin = rotary_cos_sin(torch.arange(max_positions, device=self.device), q.head_dim,
-                                        q.rope_theta, self.dtype)  # (max_positions, Dh)
-        half = q.head_dim // 2
-        self._sin_signed = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)  # see _rope
+        self._cos, self._sin_signed = rotary_tables(torch.arange(max_positions, device=self.device), q.head_dim,
+                                                    q.rope_theta, self.dtype)  # (max_positions, Dh)
         # int8, fp32 or bf16 decode steps of a few rows: the whole layer stack in one native call, else None
         self.fused_decode = decode_stack(llm, self.packed, self.dtype, fused_decode)
         self.graphs = DecodeGraphs(self) if cuda_graphs and self.device.type == "cuda" else None
@@ -247,33 +248,41 @@ class ModelRunner:
 
     def _layers(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inp: StepInputs,
                 mask: torch.Tensor | None) -> torch.Tensor:
-        """Hidden states (N, D) through every decoder layer, writing each position's K/V."""
-        n_tok = x.shape[0]
-        h_q, h_kv, dh = self.num_heads, self.num_kv_heads, self.head_dim
+        """Hidden states (N, D) through every decoder layer (the model's residual structure, `Qwen2DecoderLayer`),
+        writing each position's K/V."""
         for layer_idx, layer in enumerate(self.llm.qwen.layers):
-            attn, pk = layer.self_attn, self.packed[layer_idx]
-            h = self._norm(layer.input_layernorm, x)
-            if pk is not None:  # one GEMM for q, k, v; rotary over q and k in one pass
-                qkv = gemm(h, pk.qkv_t, pk.qkv_bias)  # (N, Dq + 2 Dkv)
-                qk = _rope(qkv[:, :pk.q_dim + pk.kv_dim].view(n_tok, h_q + h_kv, dh), cos, sin)
-                q, k = qk[:, :h_q], qk[:, h_q:]  # (N, H, Dh), (N, Hkv, Dh)
-                v = qkv[:, pk.q_dim + pk.kv_dim:].view(n_tok, h_kv, dh)
-            else:
-                q = _rope(attn.q_proj(h).view(n_tok, h_q, dh), cos, sin)  # (N, H, Dh)
-                k = _rope(attn.k_proj(h).view(n_tok, h_kv, dh), cos, sin)  # (N, Hkv, Dh)
-                v = attn.v_proj(h).view(n_tok, h_kv, dh)
-            k_cache, v_cache = self.k_cache[layer_idx], self.v_cache[layer_idx]  # (slots, Hkv, Dh)
-            k_cache.index_copy_(0, inp.write_slots, k.to(self.dtype))
-            v_cache.index_copy_(0, inp.write_slots, v.to(self.dtype))
-            o = self._attention(q, k_cache, v_cache, inp, mask)  # (N, H*Dh)
-            x = x + (gemm(o, pk.o_t) if pk is not None else attn.o_proj(o))
-            h = self._norm(layer.post_attention_layernorm, x)
-            if pk is not None:  # one GEMM for gate and up
-                gate, up = gemm(h, pk.gate_up_t).chunk(2, dim=-1)  # (N, I) each
-                x = x + gemm(F.silu(gate) * up, pk.down_t)
-            else:
-                x = x + layer.mlp(h)
+            pk = self.packed[layer_idx]
+
+            def attend(h: torch.Tensor, i: int = layer_idx, layer: Qwen2DecoderLayer = layer,
+                       pk: PackedLayer | None = pk) -> torch.Tensor:
+                return self._self_attention(i, layer, pk, h, cos, sin, inp, mask)
+
+            mlp = layer.mlp if pk is None else partial(_packed_mlp, pk)  # one GEMM for gate and up
+            x = layer.residual(x, attend, mlp, self._norm)
         return x
+
+    def _self_attention(self, layer_idx: int, layer: Qwen2DecoderLayer, pk: PackedLayer | None, h: torch.Tensor,
+                        cos: torch.Tensor, sin: torch.Tensor, inp: StepInputs, mask: torch.Tensor | None
+                        ) -> torch.Tensor:
+        """Normed hidden states h (N, D) -> the layer's attention output (N, D) over the paged cache, after
+        writing the new positions' K/V."""
+        n_tok = h.shape[0]
+        h_q, h_kv, dh = self.num_heads, self.num_kv_heads, self.head_dim
+        attn = layer.self_attn
+        if pk is not None:  # one GEMM for q, k, v; rotary over q and k in one pass
+            qkv = gemm(h, pk.qkv_t, pk.qkv_bias)  # (N, Dq + 2 Dkv)
+            qk = apply_rotary(qkv[:, :pk.q_dim + pk.kv_dim].view(n_tok, h_q + h_kv, dh), cos, sin)
+            q, k = qk[:, :h_q], qk[:, h_q:]  # (N, H, Dh), (N, Hkv, Dh)
+            v = qkv[:, pk.q_dim + pk.kv_dim:].view(n_tok, h_kv, dh)
+        else:
+            q = apply_rotary(attn.q_proj(h).view(n_tok, h_q, dh), cos, sin)  # (N, H, Dh)
+            k = apply_rotary(attn.k_proj(h).view(n_tok, h_kv, dh), cos, sin)  # (N, Hkv, Dh)
+            v = attn.v_proj(h).view(n_tok, h_kv, dh)
+        k_cache, v_cache = self.k_cache[layer_idx], self.v_cache[layer_idx]  # (slots, Hkv, Dh)
+        k_cache.index_copy_(0, inp.write_slots, k.to(self.dtype))
+        v_cache.index_copy_(0, inp.write_slots, v.to(self.dtype))
+        o = self._attention(q, k_cache, v_cache, inp, mask)  # (N, H*Dh)
+        return gemm(o, pk.o_t) if pk is not None else attn.o_proj(o)
 
     def _head(self, x: torch.Tensor, inp: StepInputs) -> torch.Tensor:
         """Final hidden states (N, D) -> log-probs (R, V) of the sampled rows."""
@@ -330,8 +339,6 @@ class ModelRunner:
         return out
 
 
-def _rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
-    """x: (N, heads, Dh); cos/sin_signed: (N, 1, Dh). Half-split rotary as qwen2._apply_rotary, whose
-    cat(-x2, x1) * sin is cat(x2, x1) * sin_signed with the first half of sin negated (the same products)."""
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat((x[..., half:], x[..., :half]), dim=-1) * sin_signed
+def _packed_mlp(pk: PackedLayer, h: torch.Tensor) -> torch.Tensor:
+    gate, up = gemm(h, pk.gate_up_t).chunk(2, dim=-1)  # (N, I) each
+    return gemm(F.silu(gate) * up, pk.down_t)

@@ -31,11 +31,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vocalis.engine.lm_family import SpeechLM
 from vocalis.kernels.cpu import has_amx
-from vocalis.precision.layers import CastLinear
-from vocalis.precision.int8_linear import AMX_MIN_ROWS, Int8Linear, Int8Weight, amx_linear, fuse, int8_linear, with_amx_copy
 from vocalis.models.qwen2 import Qwen2DecoderLayer
-from vocalis.models.speech_lm import Qwen2LM
+from vocalis.precision.int8_linear import (
+    AMX_MIN_ROWS,
+    Int8Linear,
+    Int8Weight,
+    amx_linear,
+    fuse,
+    int8_linear,
+    with_amx_copy,
+)
+from vocalis.precision.layers import CastLinear
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +147,6 @@ def pack_layer(layer: Qwen2DecoderLayer) -> PackedLayer | None:
     return packed
 
 
-def pack_llm(llm: Qwen2LM) -> list[PackedLayer | None]:
+def pack_llm(llm: SpeechLM) -> list[PackedLayer | None]:
     """Pack every decoder layer (None where a layer cannot be). In place, once."""
     return [pack_layer(layer) for layer in llm.qwen.layers]

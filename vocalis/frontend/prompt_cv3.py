@@ -46,8 +46,3 @@ class CV3Frontend(Frontend):
         if request.mode is Mode.VC:
             return [], []
         return self.system_ids(), []  # cross-lingual, sft
-
-
-def frontend_for(model) -> Frontend:  # model: vocalis.model_dir.LoadedModel
-    """The request preparation of the model's family."""
-    return CV3Frontend(model) if model.kind == "cosyvoice3" else Frontend(model)

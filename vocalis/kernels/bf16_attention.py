@@ -9,7 +9,7 @@ a tile's limits are skipped and the rest weighted exactly 0.
 
 Math: scores q k^T in fp32, scaled, softmax in fp32 (exp to ~1e-7 relative), weights rounded to bf16 before
 p v (fp32 accumulation), normalized by the sum of the rounded weights, output rounded to bf16; the log-sum-exp
-of the scaled scores (for `token2wav.attention.merge`). A query with no visible key: zeros, log-sum-exp -1e10.
+of the scaled scores (for `token2wav.cv2.attention.merge`). A query with no visible key: zeros, log-sum-exp -1e10.
 "tile" runs where `bf16_gemm.available()` (same kernel, same conditions), "dot" wherever the CPU has AVX512-BF16
 at an AVX-512 level; "dot" is the default where "tile" does not run (no AMX, or an AMX CPU forced below it with
 `VOCALIS_CPU_ISA=avx512_vnni`). Either needs an even head size of at most 64.

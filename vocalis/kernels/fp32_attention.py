@@ -4,11 +4,11 @@ bf16 arithmetic (AVX2, AVX-512 without BF16) and for fp32 compute anywhere.
 
 Why: torch's fused CPU attention runs the estimator's small products (a first chunk: 2 x 8 heads of 100 queries
 over 200 keys of 64) well under the CPU's FMA rate, and under a mask it works on every key. Here both products
-run in register-blocked FMA loops and keys past a tile's limits are skipped (`python scripts/bench_attention.py`
+run in register-blocked FMA loops and keys past a tile's limits are skipped (`python benchmarks/bench_attention.py`
 prints both).
 
 Math: scores q k^T in fp32, scaled, softmax in fp32 (exp to ~1e-7 relative), p v in fp32, normalized by the sum of
-the weights; the log-sum-exp of the scaled scores (for `token2wav.attention.merge`). A query with no visible key:
+the weights; the log-sum-exp of the scaled scores (for `token2wav.cv2.attention.merge`). A query with no visible key:
 zeros, log-sum-exp -1e10. Runs wherever the native extension is built (the CPU probe's level is avx2 or above);
 head sizes up to 128.
 Legend: B batch rows, H heads, n queries, L keys, E head size.

@@ -3,7 +3,7 @@
 
 Why: where the estimator's GEMMs run in int8 (CPUs without the bf16 block kernels), torch's four passes for it
 (LayerNorm, softplus, tanh, product) are a visible share of a token2wav step at its small sizes; the kernel reads
-each frame's channels from L1 and writes every value once (`python scripts/bench_pointwise.py` prints both).
+each frame's channels from L1 and writes every value once (`python benchmarks/bench_pointwise.py` prints both).
 
 Math: LayerNorm as torch's (biased variance, eps inside the square root), then Mish(y) = y * m / (m + 2) with
 m = e^y (e^y + 2), y itself past 20. Results equal torch's within a few fp32 ulps of the output's scale.

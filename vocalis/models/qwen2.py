@@ -1,7 +1,9 @@
 """Qwen2 decoder body in plain torch, with Hugging Face parameter names (`embed_tokens`, `layers.N.*`, `norm`).
 
 Pre-norm blocks: RMSNorm -> GQA self-attention (rotary positions, bias on q/k/v, none on o_proj) -> residual,
-RMSNorm -> SiLU-gated MLP -> residual; a final RMSNorm. Attention runs through torch SDPA.
+RMSNorm -> SiLU-gated MLP -> residual; a final RMSNorm. Attention runs through torch SDPA. The LLM engine
+(`vocalis.engine.model_runner`) runs the same layer maths over its paged KV cache: it calls the rotary
+(`rotary_tables`, `apply_rotary`) and the residual structure (`Qwen2DecoderLayer.residual`) from here.
 
 Two entry points:
 - `Qwen2Model.forward(inputs_embeds, attention_mask)`: one causal pass over a (right-)padded batch (training,
@@ -17,6 +19,7 @@ Dh head width.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -72,11 +75,24 @@ def rotary_cos_sin(
     return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
-def _apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: (B, heads, T, Dh); cos/sin: (T, Dh)."""
+def rotary_tables(
+    positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and signed sin (T, Dh) for `apply_rotary`: the first half of sin negated."""
+    cos, sin = rotary_cos_sin(positions, head_dim, theta, dtype)
+    half = head_dim // 2
+    return cos, torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+    """Half-split rotary: x (..., Dh) with cos / sin_signed (`rotary_tables`) broadcast to it. The usual
+    cat(-x2, x1) * sin, written as cat(x2, x1) * sin_signed (the same products, bit for bit), one op fewer."""
     half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+    return x * cos + torch.cat((x[..., half:], x[..., :half]), dim=-1) * sin_signed
+
+
+def module_norm(norm: Qwen2RMSNorm, x: torch.Tensor) -> torch.Tensor:
+    return norm(x)
 
 
 class Qwen2Attention(nn.Module):
@@ -100,13 +116,14 @@ class Qwen2Attention(nn.Module):
         is_causal: bool,
         past: tuple[torch.Tensor, torch.Tensor] | None,
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-        """x: (B, T, D) -> (B, T, D) and this layer's keys/values (B, Hkv, S, Dh) including `past`."""
+        """x: (B, T, D) -> (B, T, D) and this layer's keys/values (B, Hkv, S, Dh) including `past`; cos / sin:
+        (T, Dh) from `rotary_tables`."""
         b, t, _ = x.shape
         q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, T, Dh)
         k = self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, Dh)
         v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, Dh)
-        q = _apply_rotary(q, cos, sin)
-        k = _apply_rotary(k, cos, sin)
+        q = apply_rotary(q, cos, sin)
+        k = apply_rotary(k, cos, sin)
         if past is not None:
             k = torch.cat((past[0], k), dim=2)  # (B, Hkv, S, Dh)
             v = torch.cat((past[1], v), dim=2)
@@ -149,12 +166,26 @@ class Qwen2DecoderLayer(nn.Module):
         past: tuple[torch.Tensor, torch.Tensor] | None,
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         """x: (B, T, D) -> (B, T, D) and the layer's keys/values."""
-        attn, kv = self.self_attn(self.input_layernorm(x), cos, sin, attn_mask, is_causal, past)
+        kvs: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+        def attend(h: torch.Tensor) -> torch.Tensor:
+            out, kv = self.self_attn(h, cos, sin, attn_mask, is_causal, past)
+            kvs.append(kv)
+            return out
+
+        return self.residual(x, attend, self.mlp, module_norm), kvs[0]
+
+    def residual(self, x: torch.Tensor, attend: Callable[[torch.Tensor], torch.Tensor],
+                 mlp: Callable[[torch.Tensor], torch.Tensor],
+                 norm: Callable[[Qwen2RMSNorm, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """The layer's pre-norm residual structure over hidden states x (..., D): x + attend(norm(x)), then
+        + mlp(norm(x)), each norm this layer's; dropout on both outputs in training mode. Callers give the
+        attention (theirs holds the keys/values), the MLP and the norm as they compute them."""
         p = self.residual_dropout if self.training else 0.0
+        attn = attend(norm(self.input_layernorm, x))
         x = x + (F.dropout(attn, p, True) if p > 0 else attn)
-        mlp = self.mlp(self.post_attention_layernorm(x))
-        x = x + (F.dropout(mlp, p, True) if p > 0 else mlp)
-        return x, kv
+        out = mlp(norm(self.post_attention_layernorm, x))
+        return x + (F.dropout(out, p, True) if p > 0 else out)
 
 
 class Qwen2Model(nn.Module):
@@ -218,7 +249,7 @@ class Qwen2Model(nn.Module):
         is_causal: bool,
         pasts: list[tuple[torch.Tensor, torch.Tensor]] | None,
     ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
-        cos, sin = rotary_cos_sin(positions, self.config.head_dim, self.config.rope_theta, x.dtype)
+        cos, sin = rotary_tables(positions, self.config.head_dim, self.config.rope_theta, x.dtype)
         kvs: list[tuple[torch.Tensor, torch.Tensor]] = []
         for i, layer in enumerate(self.layers):
             x, kv = layer(x, cos, sin, mask, is_causal, pasts[i] if pasts is not None else None)

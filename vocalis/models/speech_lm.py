@@ -6,7 +6,8 @@ The head `llm_decoder` scores the speech_token_size + 3 speech ids.
 
 Prefill layout (unistream): [sos] + text(prompt_text + text) + [task_id] + speech(prompt_speech).
 
-The module is maths only and stateless: the KV cache, decoded ids and the RNG live with the caller (the engine,
+What both families compute alike is `SpeechLMBody` (CosyVoice 3's `CosyVoice3LM` is the other subclass). The module
+is maths only and stateless: the KV cache, decoded ids and the RNG live with the caller (the engine,
 or the reference decode loops in `vocalis.reference.decode`). Training lives in `speech_lm_train.py`.
 
 Legend: B batch, T positions, D hidden, V = speech_token_size + 3.
@@ -20,7 +21,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from vocalis.config import QwenConfig, SpeechLMConfig
+from vocalis.config import QwenConfig, SpeechLMConfig, SpeechLMShape
 from vocalis.errors import ModelLoadError
 from vocalis.models.qwen2 import KVCache, Qwen2Model
 
@@ -67,51 +68,51 @@ def prepare_official_state_dict(sd: dict[str, torch.Tensor]) -> dict[str, torch.
     return out
 
 
-def _ids(ids: IdsLike, device: torch.device) -> torch.Tensor:
+def id_row(ids: IdsLike, device: torch.device) -> torch.Tensor:
     """Any id list, (N,) or (1, N) tensor -> (1, N) int64 on `device`."""
     return torch.as_tensor(ids, dtype=torch.long, device=device).reshape(1, -1)
 
 
-class Qwen2LM(nn.Module):
-    def __init__(self, config: SpeechLMConfig) -> None:
-        super().__init__()
-        self.config = config
-        d = config.qwen.hidden_size
-        self.llm_embedding = nn.Embedding(2, d)
-        self.llm = Qwen2Encoder(config.qwen)
-        self.llm_decoder = nn.Linear(d, config.num_speech_rows)
-        self.speech_embedding = nn.Embedding(config.num_speech_rows, d)
+class SpeechLMBody(nn.Module):
+    """What both families' speech LMs compute alike over a Qwen2 body (`qwen`), a speech table
+    (`speech_embedding`) and a speech head (`llm_decoder`); a family's subclass makes those and says where its sos
+    and task id rows live (`sos_embedding`, `task_embedding`). Maths only: the caller owns caches and sampling."""
+
+    config: SpeechLMShape
+    llm: Qwen2Encoder
+    llm_decoder: nn.Linear
+    speech_embedding: nn.Embedding
 
     @property
     def qwen(self) -> Qwen2Model:
         return self.llm.model.model
 
     # ---- embeddings --------------------------------------------------------------------------------------
+    def sos_embedding(self) -> torch.Tensor:
+        """sos as (1, 1, D)."""
+        raise NotImplementedError
+
+    def task_embedding(self) -> torch.Tensor:
+        """The task id as (1, 1, D)."""
+        raise NotImplementedError
+
     def embed_text(self, ids: IdsLike) -> torch.Tensor:
         """Text ids -> (1, N, D) from Qwen's token table."""
-        return self.qwen.embed_tokens(_ids(ids, self.speech_embedding.weight.device))
+        return self.qwen.embed_tokens(id_row(ids, self.speech_embedding.weight.device))
 
     def embed_speech(self, ids: IdsLike) -> torch.Tensor:
-        """Speech ids -> (1, N, D)."""
-        return self.speech_embedding(_ids(ids, self.speech_embedding.weight.device))
-
-    def special_embedding(self, row: int) -> torch.Tensor:
-        """`llm_embedding` row (SOS_ROW or TASK_ID_ROW) as (1, 1, D)."""
-        return self.llm_embedding.weight[row].reshape(1, 1, -1)
+        """Speech ids (codes or the extra ids) -> (1, N, D)."""
+        return self.speech_embedding(id_row(ids, self.speech_embedding.weight.device))
 
     def prefill_embeddings(
         self, text_ids: IdsLike, prompt_text_ids: IdsLike = (), prompt_speech_ids: IdsLike = ()
     ) -> torch.Tensor:
         """[sos] + embed(prompt_text + text) + [task_id] + speech_embedding(prompt_speech): (1, L, D)."""
         device = self.speech_embedding.weight.device
-        text = torch.cat((_ids(prompt_text_ids, device), _ids(text_ids, device)), dim=1)  # (1, Nt)
+        text = torch.cat((id_row(prompt_text_ids, device), id_row(text_ids, device)), dim=1)  # (1, Nt)
         return torch.cat(
-            (
-                self.special_embedding(SOS_ROW),
-                self.qwen.embed_tokens(text),
-                self.special_embedding(TASK_ID_ROW),
-                self.embed_speech(prompt_speech_ids),
-            ),
+            (self.sos_embedding(), self.qwen.embed_tokens(text), self.task_embedding(),
+             self.embed_speech(prompt_speech_ids)),
             dim=1,
         )
 
@@ -122,8 +123,8 @@ class Qwen2LM(nn.Module):
         return self.llm_decoder(self.qwen(inputs_embeds, attention_mask))
 
     def step(self, inputs_embeds: torch.Tensor, cache: KVCache | None) -> tuple[torch.Tensor, KVCache]:
-        """Feed inputs_embeds (B, T, D) after `cache`; return log-probs of the last position (B, V) (nothing
-        masked) and the new cache. The caller owns both caches."""
+        """Feed inputs_embeds (B, T, D) after `cache`; return log-probs of the last position (B, V), nothing
+        masked, and the new cache. The caller owns both caches and masks what it must (`min_len_mask_id`)."""
         hidden, cache = self.qwen.forward_cached(inputs_embeds, cache)
         return self.llm_decoder(hidden[:, -1]).log_softmax(dim=-1), cache
 
@@ -131,3 +132,30 @@ class Qwen2LM(nn.Module):
         """(min_len, max_len) speech tokens for a text of that many tokens (prompt text excluded)."""
         c = self.config
         return int(num_text_tokens * c.min_token_text_ratio), int(num_text_tokens * c.max_token_text_ratio)
+
+    def min_len_mask_id(self) -> int:
+        """The one id masked while fewer than min_len ids were produced (the family's rule: its config)."""
+        return self.config.min_len_mask_id
+
+
+class Qwen2LM(SpeechLMBody):
+    config: SpeechLMConfig
+
+    def __init__(self, config: SpeechLMConfig) -> None:
+        super().__init__()
+        self.config = config
+        d = config.qwen.hidden_size
+        self.llm_embedding = nn.Embedding(2, d)
+        self.llm = Qwen2Encoder(config.qwen)
+        self.llm_decoder = nn.Linear(d, config.num_speech_rows)
+        self.speech_embedding = nn.Embedding(config.num_speech_rows, d)
+
+    def special_embedding(self, row: int) -> torch.Tensor:
+        """`llm_embedding` row (SOS_ROW or TASK_ID_ROW) as (1, 1, D)."""
+        return self.llm_embedding.weight[row].reshape(1, 1, -1)
+
+    def sos_embedding(self) -> torch.Tensor:
+        return self.special_embedding(SOS_ROW)
+
+    def task_embedding(self) -> torch.Tensor:
+        return self.special_embedding(TASK_ID_ROW)

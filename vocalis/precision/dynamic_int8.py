@@ -167,8 +167,7 @@ def quantize_estimator_int8(estimator: nn.Module, convs: bool = False) -> int:
     As int8 GEMMs over their shifted inputs the convs run faster than oneDNN's fp32 convs. Only the blocks' convs: the
     LayerNorm after each rescales every frame, so the error of one activation scale per call mostly stays small
     there, while the resnets' residual convs and the down/up-sampling convs add straight into the unnormalised
-    residual stream, whose few large channels one scale serves badly (scripts/measure_int8_convs.py --each:
-    docs/benchmarks.md)."""
+    residual stream, whose few large channels one scale serves badly (docs/benchmarks.md)."""
     count = swap_modules(estimator, lambda m: type(m) is nn.Linear, Int8Linear.from_linear)
     if convs:
         for block in estimator.modules():

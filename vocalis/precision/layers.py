@@ -36,7 +36,7 @@ class CastConv(nn.Module):
     height-1 image, so oneDNN takes its channels-last kernels and returns the output time-major ((B, C, T) with
     channel stride 1); elementwise ops keep that layout, so the next such conv reads it as it lies. At HiFT's
     shapes (64-128 channels over thousands of samples) those kernels are faster on AVX2
-    (`python scripts/bench_hift.py`); values equal the NCL conv's up to summation order."""
+    (`python benchmarks/bench_hift.py`); values equal the NCL conv's up to summation order."""
 
     def __init__(self, conv: nn.Conv1d | nn.ConvTranspose1d, dtype: torch.dtype, time_major: bool = False) -> None:
         super().__init__()
@@ -71,7 +71,7 @@ class CastConv(nn.Module):
 
 
 def cast_hift_convs(hift: nn.Module, dtype: torch.dtype, time_major: bool = False) -> int:
-    """Replace every conv of HiFT's body (`vocalis.token2wav.hift.hift_body`: pre/post convs, upsampling,
+    """Replace every conv of HiFT's body (`vocalis.token2wav.cv2.hift.hift_body`: pre/post convs, upsampling,
     resblocks, source downsampling) by a `CastConv` in `dtype`, time-major or not (in place); the F0 predictor and
     the source stay as they are. Returns how many."""
     for name in ("conv_pre", "conv_post"):

@@ -1,20 +1,20 @@
-"""The reference LLM decode loops: one request, the official order of work (prefill, then one id per step with
-the module's own KV cache). The engine's batched decoding is checked against these.
+"""The reference LLM decode loops of both model families: one request, the official order of work (prefill, then
+one id per step with the module's own KV cache). The engine's batched decoding is checked against these.
 
-Legend: D hidden, V = speech_token_size + 3.
+Legend: D hidden, V speech rows (speech_token_size + 3 for CosyVoice 2, + 200 for CosyVoice 3).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Iterator
-from typing import Any
 
 import torch
 
 from vocalis.config import SamplingConfig
+from vocalis.models.cv3.speech_lm import CosyVoice3LM
 from vocalis.models.qwen2 import KVCache
-from vocalis.models.speech_lm import SOS_ROW, TASK_ID_ROW, IdsLike, Qwen2LM
+from vocalis.models.speech_lm import IdsLike, Qwen2LM
 from vocalis.reference.sampling import SampleFn, make_sampler
 
 log = logging.getLogger(__name__)
@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 
 @torch.inference_mode()
 def generate(
-    lm: Qwen2LM,
+    lm: Qwen2LM | CosyVoice3LM,
     text_ids: IdsLike,
     prompt_text_ids: IdsLike = (),
     prompt_speech_ids: IdsLike = (),
@@ -33,9 +33,10 @@ def generate(
     max_len: int | None = None,
     sample_fn: SampleFn | None = None,
 ) -> Iterator[int]:
-    """Yield speech ids one by one (unistream, the official `Qwen2LM.inference`).
+    """Yield speech ids one by one (unistream, the official `Qwen2LM.inference` / `CosyVoice3LM.inference`).
 
-    Stops at any stop id or after `max_len` ids; eos alone is masked during the first `min_len` steps. With
+    Stops at any stop id or after `max_len` ids; during the first `min_len` steps only the family's
+    `min_len_mask_id` is masked (CosyVoice 2: eos; CosyVoice 3: sos, so any other extra id still ends). With
     `sampling.follow_phones` (a phone model) only labels that continue the text's phones are drawn
     (`vocalis.engine.label_path`).
     The bounds default to `length_bounds(len(text_ids))`. `sample_fn` replaces RAS (then `sampling` and
@@ -46,7 +47,7 @@ def generate(
     min_len = default_min if min_len is None else min_len
     max_len = default_max if max_len is None else max_len
     choose = sample_fn or make_sampler(sampling or SamplingConfig(), generator)
-    eos, stops = lm.config.eos_token, lm.config.stop_token_ids
+    eos, stops, masked = lm.config.eos_token, frozenset(lm.config.stop_token_ids), lm.min_len_mask_id()
     path = None
     if sampling is not None and sampling.follow_phones and sample_fn is None:
         from vocalis.engine.label_path import LabelPath
@@ -58,7 +59,7 @@ def generate(
     for i in range(max_len):
         logp, cache = lm.step(lm_input, cache)  # (1, V)
         if i < min_len:
-            logp[0, eos] = float("-inf")
+            logp[0, masked] = float("-inf")
         if path is not None:
             logp[0, path.masked_ids(out)] = float("-inf")
         top = choose(logp[0], out)
@@ -70,7 +71,7 @@ def generate(
 
 @torch.inference_mode()
 def generate_bistream(
-    lm: Qwen2LM,
+    lm: Qwen2LM | CosyVoice3LM,
     text_pieces: Iterable[IdsLike],
     prompt_text_ids: IdsLike = (),
     prompt_speech_ids: IdsLike = (),
@@ -80,27 +81,33 @@ def generate_bistream(
     max_len: int | None = None,
     sample_fn: SampleFn | None = None,
 ) -> Iterator[int]:
-    """Text-in streaming (the official `Qwen2LM.inference_bistream`): yields speech ids while text pieces arrive.
+    """Text-in streaming (the official `inference_bistream`): yields speech ids while text pieces arrive.
 
     Text and speech are interleaved `mix_ratio` (5:15): the prompt speech is laid out in blocks of 5 text
     + 15 speech embeddings; afterwards each run of 15 generated speech ids ends in a fill id (forced by
     position, or sampled), after which the next 5 text embeddings are fed. Fill ids are never yielded.
-    While text arrives eos is masked; once the pieces are exhausted, the rest of the text and the task id
-    are fed and decoding runs to eos. `max_len` bounds the yielded ids (default: max_token_text_ratio x
-    the non-prompt text tokens received); the official code has no bound there.
+    While text arrives every extra id but fill is masked (eos must wait for the end of the text; the official code
+    raises on the others, masking them keeps a user's stream alive); once the pieces are exhausted, the rest of
+    the text and the task id are fed and decoding runs to eos, every extra id but eos masked. `max_len` bounds
+    the yielded ids (default: max_token_text_ratio x the non-prompt text tokens received); the official code has
+    no bound there. The families differ in what follows sos before the text (`split_prompt_text`: CosyVoice 3's
+    system part; see `reference.cv3`) and in where sos and the task id live (`sos_embedding`, `task_embedding`).
     """
     c = lm.config
+    extra = list(range(c.speech_token_size, c.num_speech_rows))
     choose = sample_fn or make_sampler(sampling or SamplingConfig(), generator)
-    # eos must wait for the end of the text, and the unused special id is never valid; masking them (where the
-    # official code raises on the latter) keeps a user's stream alive. After the task id only speech or eos.
-    yield from bistream_loop(lm, lm.special_embedding(SOS_ROW), prompt_text_ids, prompt_speech_ids, text_pieces,
-                             choose, masked_while_text=[c.eos_token, c.speech_token_size + 1],
-                             masked_after_text=list(range(c.speech_token_size + 1, c.num_speech_rows)),
-                             task=lm.special_embedding(TASK_ID_ROW), max_len=max_len)
+    system, transcript = c.split_prompt_text(torch.as_tensor(prompt_text_ids).reshape(-1).tolist())
+    start = lm.sos_embedding()  # (1, T, D)
+    if system:
+        start = torch.cat((start, lm.embed_text(system)), dim=1)
+    yield from bistream_loop(lm, start, transcript, prompt_speech_ids, text_pieces, choose,
+                             masked_while_text=[i for i in extra if i != c.fill_token],
+                             masked_after_text=[i for i in extra if i != c.eos_token],
+                             task=lm.task_embedding(), max_len=max_len)
 
 
 def bistream_loop(
-    lm: Any,
+    lm: Qwen2LM | CosyVoice3LM,
     start: torch.Tensor,
     transcript_ids: IdsLike,
     prompt_speech_ids: IdsLike,
@@ -112,9 +119,8 @@ def bistream_loop(
     task: torch.Tensor,
     max_len: int | None,
 ) -> Iterator[int]:
-    """The official `inference_bistream` loop, shared by both model families (`lm`: a `Qwen2LM` or a
-    `CosyVoice3LM`; they differ only in the start input `start` (1, T, D), the task embedding `task` (1, 1, D)
-    and which extra ids are masked while text arrives and after the task id)."""
+    """The official `inference_bistream` loop (`generate_bistream`), from the start input `start` (1, T, D), with
+    the task embedding `task` (1, 1, D) and the extra ids masked while text arrives and after the task id."""
     c = lm.config
     n_text, n_speech = c.mix_ratio
     fill, eos = c.fill_token, c.eos_token

@@ -1,5 +1,5 @@
 """The reference server backend: ONE worker thread runs one job at a time on the reference path, fed by a
-bounded queue. The baseline the engine backend is measured against (`scripts/serve_bench.py`) and an oracle in
+bounded queue. The baseline the engine backend is measured against (`benchmarks/serve_bench.py`) and an oracle in
 tests; the server itself runs `vocalis.serve.engine_backend.EngineBackend`.
 
 Threads: handles are created and consumed on the event loop; the worker only calls `JobHandle._put`, which

@@ -43,8 +43,8 @@ from vocalis.engine.config import EngineConfig
 from vocalis.engine.llm_engine import LLMEngine
 from vocalis.engine.request import SamplingParams
 from vocalis.errors import InputError
+from vocalis.frontend.family import frontend_for
 from vocalis.frontend.notices import collect_notices
-from vocalis.frontend.prompt_cv3 import frontend_for
 from vocalis.frontend.request import AudioChunk, SynthesisRequest
 from vocalis.kernels.heap import HeapWatch, cap_mmap_threshold
 from vocalis.kernels.threads import release_openmp_pool
@@ -56,10 +56,7 @@ from vocalis.runtime.rate import RateMeter
 from vocalis.runtime.readiness import readiness, vocodable
 from vocalis.runtime.step_grouping import StepGrouping, plan_token2wav_step
 from vocalis.runtime.text_pump import TextPump, route_text, start_segment
-from vocalis.token2wav.config import Token2WavConfig
-from vocalis.token2wav.cv3 import CV3Token2WavEngine, token2wav_for
-from vocalis.token2wav.engine import Token2WavEngine
-from vocalis.token2wav.state import StreamState, Token2WavChunk
+from vocalis.token2wav import Token2Wav, Token2WavChunk, Token2WavConfig, Token2WavStream, token2wav_for
 
 if TYPE_CHECKING:
     from vocalis.backends.vllm.engine import VLLMEngine
@@ -73,7 +70,7 @@ class AsyncEngine:
     """Batched synthesis for many concurrent requests. Use as a context manager, or `start()` / `close()`."""
 
     def __init__(self, model: LoadedModel, llm: LLMEngine | VLLMEngine,
-                 token2wav: Token2WavEngine | CV3Token2WavEngine,
+                 token2wav: Token2Wav[Token2WavStream],
                  grouping: StepGrouping | None = None, release_heap_when_idle: bool = True,
                  heap_release_delay_s: float = HEAP_RELEASE_DELAY_S) -> None:
         if not heap_release_delay_s >= 0:
@@ -317,7 +314,7 @@ class AsyncEngine:
             job.ready_since = None
             self._deliver(job, chunk)
 
-    def _grouped_ready(self) -> list[tuple[Job, StreamState]]:
+    def _grouped_ready(self) -> list[tuple[Job, Token2WavStream]]:
         """The jobs (with their emitting stream) to vocode now: [] while none is ready, or while the grouping
         policy holds the ready ones for a job a few LLM steps from its own chunk."""
         views, ready = readiness(list(self._jobs.values()), self.llm, self.token2wav, self.num_llm_steps,

@@ -22,7 +22,7 @@ from vocalis.frontend.request import AudioChunk
 if TYPE_CHECKING:
     from vocalis.engine.request import Request
     from vocalis.runtime.async_engine import AsyncEngine
-    from vocalis.token2wav.state import StreamState
+    from vocalis.token2wav.protocol import Token2WavStream
 
 END = object()  # the end of a request's output
 _job_ids = itertools.count(1)
@@ -44,7 +44,7 @@ class Job:
     handle: StreamHandle
     segments: list[list[int]]  # text ids per sentence; [] for voice conversion and bi-streams
     llm_prompt: tuple[list[int], list[int]]  # (prompt text ids, prompt speech ids)
-    states: list[StreamState]  # one per sentence, created as its LLM request starts
+    states: list[Token2WavStream]  # one per sentence, created as its LLM request starts
     llm_gen: torch.Generator
     text: Any = None  # a bi-stream's pieces (an iterable or async iterable of str), read by `_pump`
     llm_request: Request | None = None
@@ -57,14 +57,14 @@ class Job:
     early_text: list[Any] = field(default_factory=list)
     cut: bool = False  # a bi-stream's running LLM request had its text ended at a sentence (text_pump)
     text_closed: bool = False  # a bi-stream's text ended after a cut: the cut sentence was its last
-    new_state: Callable[[int], StreamState] | None = None  # a bi-stream's token2wav stream for its sentence i
+    new_state: Callable[[int], Token2WavStream] | None = None  # a bi-stream's token2wav stream for its sentence i
 
     @property
     def seq(self) -> int:
         """Its submission number: the admission queue's order."""
         return self.handle.seq
 
-    def token_sink(self, state: StreamState) -> Callable[[Request, int | None, bool], None]:
+    def token_sink(self, state: Token2WavStream) -> Callable[[Request, int | None, bool], None]:
         """Where the LLM engine puts one sentence's speech ids: its token2wav stream (and the job's start time)."""
 
         def sink(req: Request, token: int | None, finished: bool) -> None:

@@ -11,12 +11,10 @@ from vocalis.frontend.request import Mode, SynthesisRequest
 from vocalis.runtime.handle import Job, StreamHandle
 
 if TYPE_CHECKING:
-    from vocalis.token2wav.cv3 import CV3Token2WavEngine
-    from vocalis.token2wav.engine import Token2WavEngine
-    from vocalis.token2wav.state import StreamState
+    from vocalis.token2wav.protocol import Token2Wav, Token2WavStream
 
 
-def prepare_job(frontend: Frontend, token2wav: Token2WavEngine | CV3Token2WavEngine, request: SynthesisRequest,
+def prepare_job(frontend: Frontend, token2wav: Token2Wav[Token2WavStream], request: SynthesisRequest,
                 stream: bool, handle: StreamHandle) -> Job:
     """The job for `request`, under `handle`'s id; `stream`: chunk by chunk (False: each sentence in one piece)."""
     llm_gen, voc_gen = frontend.generators(request.seed)
@@ -31,7 +29,7 @@ def prepare_job(frontend: Frontend, token2wav: Token2WavEngine | CV3Token2WavEng
         segments = frontend.segments(request)
         llm_prompt = frontend.llm_prompt(request)
 
-    def new_state(i: int) -> StreamState:
+    def new_state(i: int) -> Token2WavStream:
         return token2wav.new_stream(f"{handle.request_id}/{i}", prompt, streaming=stream, speed=request.speed,
                                     generator=voc_gen)
 

@@ -9,16 +9,14 @@ from typing import TYPE_CHECKING
 from vocalis.engine.request import RequestStatus
 from vocalis.runtime.handle import Job
 from vocalis.runtime.step_grouping import StreamReadiness
-from vocalis.token2wav.state import StreamState
+from vocalis.token2wav.protocol import Token2Wav, Token2WavStream
 
 if TYPE_CHECKING:
     from vocalis.backends.vllm.engine import VLLMEngine
     from vocalis.engine.llm_engine import LLMEngine
-    from vocalis.token2wav.cv3 import CV3Token2WavEngine
-    from vocalis.token2wav.engine import Token2WavEngine
 
 
-def vocodable(token2wav: Token2WavEngine | CV3Token2WavEngine, job: Job) -> StreamState | None:
+def vocodable(token2wav: Token2Wav[Token2WavStream], job: Job) -> Token2WavStream | None:
     """The job's emitting stream when the token2wav engine has work for it now, else None."""
     if job.emitting >= len(job.states):
         return None  # a bi-stream waiting for its next sentence's text
@@ -26,7 +24,7 @@ def vocodable(token2wav: Token2WavEngine | CV3Token2WavEngine, job: Job) -> Stre
     return s if token2wav.next_work(s) is not None else None
 
 
-def steps_to_ready(job: Job, llm: LLMEngine | VLLMEngine, token2wav: Token2WavEngine | CV3Token2WavEngine
+def steps_to_ready(job: Job, llm: LLMEngine | VLLMEngine, token2wav: Token2Wav[Token2WavStream]
                    ) -> int | None:
     """About how many LLM steps until the job's emitting stream has a chunk ready (None: unknown)."""
     if job.emitting >= len(job.states):
@@ -46,13 +44,13 @@ def steps_to_ready(job: Job, llm: LLMEngine | VLLMEngine, token2wav: Token2WavEn
     return prefill_steps + max(1, min(token2wav.tokens_short(s), to_end))
 
 
-def readiness(jobs: list[Job], llm: LLMEngine | VLLMEngine, token2wav: Token2WavEngine | CV3Token2WavEngine,
-              num_llm_steps: int, now: float) -> tuple[list[StreamReadiness], dict[str, tuple[Job, StreamState]]]:
+def readiness(jobs: list[Job], llm: LLMEngine | VLLMEngine, token2wav: Token2Wav[Token2WavStream],
+              num_llm_steps: int, now: float) -> tuple[list[StreamReadiness], dict[str, tuple[Job, Token2WavStream]]]:
     """One record per job, and the jobs (with their emitting stream) that could be vocoded now, by job id. A job
     becoming ready is stamped with the LLM step count and `now` (`Job.ready_since`), which its wait is counted
     from."""
     views: list[StreamReadiness] = []
-    ready: dict[str, tuple[Job, StreamState]] = {}
+    ready: dict[str, tuple[Job, Token2WavStream]] = {}
     for job in jobs:
         s = vocodable(token2wav, job)
         if s is not None:

@@ -55,7 +55,7 @@ class Token2WavConfig:
     Off by default: with 2 s utterances recomputing is cheap, and at 32 streams (0.5B shapes, 2 CPU cores) the
     waits cost more (first chunk p95 334 s against 152 s, 7 % less throughput); with 16 s utterances (tiny
     shapes, 8 streams, 8 MiB) it gave 11 % more throughput, the recomputing being quadratic in the utterance.
-    Both engines (CosyVoice 3: `token2wav.cv3_budget`).
+    One policy for every family (`token2wav.budget`).
     max_streams: most requests with token2wav work in flight at once (from their LLM's start to their last
     chunk); a request beyond it waits, before its LLM starts, for one to finish (first come, first served). None:
     no cap. Every stream in flight holds flow caches and widens every token2wav step, and the later chunks of
@@ -63,7 +63,7 @@ class Token2WavConfig:
     by letting requests queue than by starting them all (figures in docs/benchmarks.md).
     compute: "auto" runs the incremental estimator's GEMMs, convs and attention in the dtype its Linear weights
     were reduced to by a backend (bf16/fp16: `CastLinear`), with bf16/fp16 activations into them and fp32
-    norms, residual stream and Euler state (`token2wav.compute.ComputeWeights`); at fp32 and int8 the modules run
+    norms, residual stream and Euler state (`token2wav.cv2.compute.ComputeWeights`); at fp32 and int8 the modules run
     as they are, except that int8 attention's q/k/v run as one GEMM (`dynamic_int8.FusedQKV`, the same values).
     "modules" always calls the modules as they are (fp32 activations between the reduced-weight GEMMs).
     flow_steps: Euler steps of every flow solve (streaming chunks, voice prefixes, whole passes), a speed/quality
@@ -80,7 +80,7 @@ class Token2WavConfig:
     GEMMs' per-call activation scale, which spans the requests of a call as batching does (docs/benchmarks.md, "A
     step's requests on per-core workers").
     vocoder_window: CosyVoice 3's causal HiFT decodes, per streaming call, only the new samples' frames and the
-    frames that can reach them (`token2wav.cv3_vocoder`): linear in the stream's length, the same samples to float
+    frames that can reach them (`token2wav.cv3.vocoder`): linear in the stream's length, the same samples to float
     rounding. False re-runs it over all mel so far, as the official pipeline does (quadratic).
     """
 

@@ -79,7 +79,7 @@ class GRPOObjective(PolicyObjective):
             return RolloutPrompt(p.text, SpeechSequence(p.text_ids, (), p.prompt_text_ids, p.prompt_speech_ids))
         if self.model is None:
             raise InputError(f"prompt {index + 1}: text and voices need model.init_from (a model directory)")
-        from vocalis.frontend.prompt_cv3 import frontend_for
+        from vocalis.frontend.family import frontend_for
         from vocalis.frontend.request import Mode, SynthesisRequest
 
         frontend = frontend_for(self.model)

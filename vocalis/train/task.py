@@ -20,6 +20,7 @@ import random
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
 from dataclasses import replace
+from pathlib import Path
 from typing import Any, Protocol
 
 import torch

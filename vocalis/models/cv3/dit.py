@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vocalis.config_cv3 import DiTConfig
+from vocalis.config.cv3 import DiTConfig
 from vocalis.models.flow.encoder import chunk_attention_mask
 
 _NORM_EPS = 1e-6

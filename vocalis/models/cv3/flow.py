@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vocalis.config_cv3 import CV3FlowConfig
+from vocalis.config.cv3 import CV3FlowConfig
 from vocalis.errors import InputError
 from vocalis.models.cv3.dit import DiT
 from vocalis.models.flow.cfm import CausalConditionalCFM

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.parametrizations import weight_norm
 
-from vocalis.config_cv3 import CausalHiFTConfig
+from vocalis.config.cv3 import CausalHiFTConfig
 from vocalis.errors import InputError
 from vocalis.models.cv3.source import (
     CausalConv1d,

@@ -24,7 +24,7 @@ from torch import nn
 from torch.func import functional_call
 from torch.nn.utils.parametrizations import weight_norm
 
-from vocalis.config_cv3 import CausalHiFTConfig
+from vocalis.config.cv3 import CausalHiFTConfig
 from vocalis.errors import InputError
 
 _NUM_CONV_LAYERS = 5

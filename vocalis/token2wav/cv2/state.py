@@ -1,23 +1,23 @@
-"""One request's token2wav progress (`StreamState`: its tokens, schedule and caches, owned by the caller)
-and the audio a step gives it back (`Token2WavChunk`)."""
+"""One CosyVoice 2 request's token2wav progress (`StreamState`: its tokens, schedule and caches, owned by the
+caller; a `protocol.Token2WavStream`)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 
 from vocalis.frontend.prompt import FlowPrompt
-from vocalis.token2wav.encoder import EncoderCache
-from vocalis.token2wav.estimator_cache import EstimatorCache
-from vocalis.token2wav.voice_cache import VoicePrefix
+from vocalis.token2wav.cv2.encoder import EncoderCache
+from vocalis.token2wav.cv2.estimator_cache import EstimatorCache
+from vocalis.token2wav.cv2.voice_prefix import VoicePrefix
+from vocalis.token2wav.protocol import StreamInput
 
 
 @dataclass(eq=False)
-class StreamState:
-    """One request's token2wav progress: tokens so far, schedule, flow caches, HiFT caches."""
+class StreamState(StreamInput):
+    """One request's token2wav progress: tokens so far, schedule, flow caches, HiFT caches. The LLM's ids and
+    voice conversion's alike are taken as they are (`StreamInput`)."""
 
     request_id: str
     prompt: FlowPrompt
@@ -41,22 +41,6 @@ class StreamState:
     cache_source: torch.Tensor | None = None  # (1, 1, source_cache_len)
     cache_speech: torch.Tensor | None = None  # (source_cache_len,)
 
-    def add_tokens(self, ids: Iterable[int]) -> None:
-        if self.input_done:
-            raise RuntimeError(f"request {self.request_id}: tokens added after end_input()")
-        self.tokens.extend(int(i) for i in ids)
-
-    def add_source_tokens(self, ids: Iterable[int]) -> None:
-        """Given ids (voice conversion): as `add_tokens` here (CosyVoice 3's state filters LLM ids, not these)."""
-        self.add_tokens(ids)
-
-    def end_input(self) -> None:
-        self.input_done = True
-
-    @property
-    def num_prompt_tokens(self) -> int:
-        return int(self.prompt.speech_ids.shape[1])
-
     def release(self) -> None:
         """Drop every cache (finish or abort) and the reference to the voice prefix."""
         self.drop_flow_caches()
@@ -72,14 +56,3 @@ class StreamState:
         """Bytes of this request's own flow caches (the shared voice prefix not counted)."""
         n = self.enc_cache.nbytes() if self.enc_cache is not None else 0
         return n + sum(c.nbytes() for c in self.est_caches)
-
-
-@dataclass(frozen=True)
-class Token2WavChunk:
-    """Audio for one request from one step: samples (N,) float32 at 24 kHz; final = the request is done."""
-
-    request_id: str
-    samples: np.ndarray
-    final: bool
-    index: int
-

@@ -7,8 +7,8 @@ frames [A, B) arrive, A on a block boundary, the trajectory of frames [0, A) at 
 final, and the new frames need from it only, per step and guidance row:
 - the keys/values of every transformer block over [0, A);
 - the last `kernel - 1` input frames of every causal conv.
-`EstimatorCache` (`token2wav.estimator_cache`) holds exactly that, one per Euler step, and `ChunkRun`
-(`token2wav.chunk_run`) reads and extends it for each conv and attention of one call.
+`EstimatorCache` (`token2wav.cv2.estimator_cache`) holds exactly that, one per Euler step, and `ChunkRun`
+(`token2wav.cv2.chunk_run`) reads and extends it for each conv and attention of one call.
 
 Batching: rows are [conditional, unconditional] of request 0, then of request 1, ... (the reference solver puts
 all conditional rows first; the order of rows changes nothing in a row's arithmetic); new
@@ -27,7 +27,7 @@ from torch import nn
 
 from vocalis.kernels import fp32_pointwise
 from vocalis.models.flow.estimator import CausalBlock1D, CausalConditionalDecoder, CausalResnetBlock1D
-from vocalis.token2wav.chunk_run import ChunkRun
+from vocalis.token2wav.cv2.chunk_run import ChunkRun
 
 
 def _masked(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -62,7 +62,7 @@ def _resnet(run: ChunkRun, resnet: CausalResnetBlock1D, x: torch.Tensor, mask: t
 
 def _res_conv(conv: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """A resnet's 1x1 residual conv on x (2R, C, n). Stored time-major (a transformer stack's output), as a GEMM
-    over its frames, which that layout already is: oneDNN's conv reorders it first (`scripts/bench_pointwise.py`)."""
+    over its frames, which that layout already is: oneDNN's conv reorders it first (`benchmarks/bench_pointwise.py`)."""
     if (type(conv) is nn.Conv1d and conv.kernel_size == (1,) and not x.is_contiguous()
             and x.transpose(1, 2).is_contiguous()):
         return F.linear(x.transpose(1, 2), conv.weight[:, :, 0], conv.bias).transpose(1, 2)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from vocalis.config_cv3 import CausalHiFTConfig
+from vocalis.config.cv3 import CausalHiFTConfig
 from vocalis.models.cv3.hift import CausalHiFTGenerator
 
 

@@ -1,76 +1,31 @@
-"""Architecture and runtime configuration: frozen dataclasses, presets, named constants.
-
-Defaults equal the released CosyVoice2-0.5B model. Derived values are computed by properties or
-returned by functions; nothing here is mutated after construction.
-"""
+"""CosyVoice 2 (CosyVoice2-0.5B) architecture: frozen dataclasses whose defaults equal the released model, and the
+smaller presets built on it (tiny, built-in, phone-reading). Derived values are properties or functions; nothing
+here is mutated after construction."""
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
 
-# Audio rates shared by every stage.
-SAMPLE_RATE = 24000  # HiFT output rate
-TOKEN_RATE = 25  # speech tokens per second
-MEL_RATE = 50  # mel frames per second
-TOKEN_MEL_RATIO = 2  # mel frames per speech token
-SAMPLES_PER_MEL_FRAME = SAMPLE_RATE // MEL_RATE  # 480
-PROMPT_SAMPLE_RATE_16K = 16000  # speech tokenizer and speaker encoder input rate
-MAX_PROMPT_SECONDS = 30.0  # speech tokenizer limit
-ENDOFPROMPT_TOKEN = "<|endofprompt|>"
-ENDOFSYSTEM_TOKEN = "<|endofsystem|>"  # CosyVoice 3 only
-# The frontend models of a released model directory (ONNX): speech tokenizer (CosyVoice 2, CosyVoice 3: the same
-# interface) and the CAM++ speaker encoder.
-SPEECH_TOKENIZER_ONNX = "speech_tokenizer_v2.onnx"
-CV3_SPEECH_TOKENIZER_ONNX = "speech_tokenizer_v3.onnx"
-CAMPPLUS_ONNX = "campplus.onnx"
-# What the LLM reads text as: Qwen2 BPE ids (the official model) or the built-in model's phone ids.
-TEXT_FRONTENDS = ("bpe", "phones")
-# Where a prompt's x-vector comes from: the directory's speaker encoder (CAM++), or zeros for a flow trained with
-# zero x-vectors (the phone model: a cloned voice is its prompt mel alone and needs no encoder).
-SPEAKER_EMBEDDINGS = ("encoder", "zeros")
-# The phone frontend's vocabularies (`vocalis.frontend.phones`: NUM_TEXT_IDS, NUM_LABELS; a test checks they agree).
-PHONE_TEXT_IDS = 67
-PHONE_LABELS = 114  # 25 Hz phone-state labels: the phone-based model's speech ids
+from vocalis.config.shared import (
+    PHONE_LABELS,
+    PHONE_TEXT_IDS,
+    SAMPLE_RATE,
+    TEXT_FRONTENDS,
+    TOKEN_MEL_RATIO,
+    CFMConfig,
+    ConfigIO,
+    HiFTConfig,
+    QwenConfig,
+    SamplingConfig,
+    SpeechLMShape,
+    check_speaker_embedding,
+)
 
 
 @dataclass(frozen=True, slots=True)
-class QwenConfig:
-    """Qwen2 decoder body (Qwen2.5-0.5B shapes by default)."""
-
-    vocab_size: int = 151936
-    hidden_size: int = 896
-    intermediate_size: int = 4864
-    num_hidden_layers: int = 24
-    num_attention_heads: int = 14
-    num_key_value_heads: int = 2
-    rms_norm_eps: float = 1e-6
-    rope_theta: float = 1e6
-    max_position_embeddings: int = 32768
-    tie_word_embeddings: bool = True
-
-    def __post_init__(self) -> None:
-        if self.hidden_size % self.num_attention_heads:
-            raise ValueError("hidden_size must be divisible by num_attention_heads")
-        if self.num_attention_heads % self.num_key_value_heads:
-            raise ValueError("num_attention_heads must be divisible by num_key_value_heads")
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
-
-
-@dataclass(frozen=True, slots=True)
-class SpeechLMConfig:
+class SpeechLMConfig(SpeechLMShape):
     """CosyVoice 2 text-speech LM (`Qwen2LM`): Qwen2 body + speech embedding + speech head."""
-
-    qwen: QwenConfig = field(default_factory=QwenConfig)
-    speech_token_size: int = 6561
-    mix_ratio: tuple[int, int] = (5, 15)  # text:speech interleaving for bi-streaming
-    min_token_text_ratio: float = 2.0
-    max_token_text_ratio: float = 20.0
-    lsm_weight: float = 0.0
 
     @property
     def eos_token(self) -> int:
@@ -89,19 +44,22 @@ class SpeechLMConfig:
     def num_speech_rows(self) -> int:
         return self.speech_token_size + 3
 
+    @property
+    def min_len_mask_id(self) -> int:
+        """Masked while fewer than min_len ids were produced: eos (the other stop ids may still end)."""
+        return self.eos_token
 
-@dataclass(frozen=True, slots=True)
-class SamplingConfig:
-    """Repetition-aware sampling (RAS) defaults of the released model."""
+    @property
+    def num_special_rows(self) -> int:
+        return 2  # sos, task id: `llm_embedding` rows 0 and 1
 
-    top_p: float = 0.8
-    top_k: int = 25
-    win_size: int = 10
-    tau_r: float = 0.1
-    temperature: float = 1.0
-    # A phone model's labels spell its text's phones in order: draw only labels that continue the spelling
-    # (`vocalis.engine.label_path`), so that the model chooses durations and pauses, never skips or repeats words
-    follow_phones: bool = False
+    @property
+    def sos_id(self) -> int:
+        return self.num_speech_rows
+
+    @property
+    def task_id(self) -> int:
+        return self.num_speech_rows + 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,18 +97,6 @@ class EstimatorConfig:
 
 
 @dataclass(frozen=True, slots=True)
-class CFMConfig:
-    """Conditional flow matching: Euler solver, cosine schedule, classifier-free guidance."""
-
-    n_timesteps: int = 10
-    sigma_min: float = 1e-6
-    training_cfg_rate: float = 0.2
-    inference_cfg_rate: float = 0.7
-    noise_frames: int = 15000  # fixed start noise, 5 minutes of mel
-    noise_seed: int = 0
-
-
-@dataclass(frozen=True, slots=True)
 class FlowConfig:
     """`CausalMaskedDiffWithXvec`: speech tokens -> 80-bin mel at 50 Hz."""
 
@@ -166,52 +112,7 @@ class FlowConfig:
 
 
 @dataclass(frozen=True, slots=True)
-class HiFTConfig:
-    """`HiFTGenerator`: NSF source + iSTFT HiFi-GAN vocoder."""
-
-    in_channels: int = 80
-    base_channels: int = 512
-    nb_harmonics: int = 8
-    sampling_rate: int = SAMPLE_RATE
-    nsf_alpha: float = 0.1
-    nsf_sigma: float = 0.003
-    nsf_voiced_threshold: float = 10.0
-    upsample_rates: tuple[int, ...] = (8, 5, 3)
-    upsample_kernel_sizes: tuple[int, ...] = (16, 11, 7)
-    istft_n_fft: int = 16
-    istft_hop_len: int = 4
-    resblock_kernel_sizes: tuple[int, ...] = (3, 7, 11)
-    resblock_dilation_sizes: tuple[tuple[int, ...], ...] = ((1, 3, 5), (1, 3, 5), (1, 3, 5))
-    source_resblock_kernel_sizes: tuple[int, ...] = (7, 7, 11)
-    source_resblock_dilation_sizes: tuple[tuple[int, ...], ...] = ((1, 3, 5), (1, 3, 5), (1, 3, 5))
-    lrelu_slope: float = 0.1
-    audio_limit: float = 0.99
-    f0_num_class: int = 1
-    f0_cond_channels: int = 512
-
-    @property
-    def hop_samples(self) -> int:
-        """Output samples per input mel frame."""
-        n = self.istft_hop_len
-        for r in self.upsample_rates:
-            n *= r
-        return n
-
-
-@dataclass(frozen=True, slots=True)
-class StreamConfig:
-    """Streaming token2wav schedule and caches (per request; never written back)."""
-
-    token_hop_len: int = 25
-    token_max_hop_len: int = 100
-    stream_scale_factor: int = 2
-    pre_lookahead_len: int = 3
-    mel_cache_len: int = 8
-    source_cache_len: int = 8 * SAMPLES_PER_MEL_FRAME
-
-
-@dataclass(frozen=True, slots=True)
-class ModelConfig:
+class ModelConfig(ConfigIO):
     """Whole-model architecture; saved as JSON beside the weights."""
 
     llm: SpeechLMConfig = field(default_factory=SpeechLMConfig)
@@ -230,37 +131,6 @@ class ModelConfig:
         if self.text_frontend == "phones" and self.llm.qwen.vocab_size < PHONE_TEXT_IDS:
             raise ValueError(f"a phones model needs a text vocabulary of >= {PHONE_TEXT_IDS} ids, "
                              f"this one has {self.llm.qwen.vocab_size}")
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> ModelConfig:
-        return config_from_dict(cls, data)
-
-
-def check_speaker_embedding(value: str) -> None:
-    if value not in SPEAKER_EMBEDDINGS:
-        raise ValueError(f"speaker_embedding must be one of {', '.join(SPEAKER_EMBEDDINGS)}, not {value!r}")
-
-
-def config_from_dict(cls: type, data: dict[str, Any]) -> Any:
-    """Rebuild a (nested) frozen dataclass from plain data; unknown keys are an error."""
-    names = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = set(data) - set(names)
-    if unknown:
-        raise ValueError(f"unknown {cls.__name__} fields: {sorted(unknown)}")
-    kwargs: dict[str, Any] = {}
-    for name, value in data.items():
-        default = names[name].default_factory if names[name].default_factory is not dataclasses.MISSING else None
-        proto = default() if default is not None else names[name].default
-        if dataclasses.is_dataclass(proto) and isinstance(value, dict):
-            kwargs[name] = config_from_dict(type(proto), value)
-        elif isinstance(value, list):
-            kwargs[name] = tuple(tuple(v) if isinstance(v, list) else v for v in value)
-        else:
-            kwargs[name] = value
-    return cls(**kwargs)
 
 
 def tiny_config() -> ModelConfig:
@@ -290,9 +160,10 @@ def tiny_config() -> ModelConfig:
 
 
 def builtin_config() -> ModelConfig:
-    """The built-in model shipped in `vocalis/assets/model` (trained on CPU by scripts/train_builtin.sh).
+    """The built-in model shipped in `vocalis/assets/model` (trained by recipes/builtin/train_builtin.py).
 
-    ~50 MB of fp32 weights in all (with the speech tokenizer): a 729-id speech vocabulary (our FSQ tokenizer's 3^6 "builtin" preset),
+    ~50 MB of fp32 weights in all (with the speech tokenizer): a 729-id speech vocabulary (our FSQ tokenizer's 3^6
+    "builtin" preset),
     256-d resemblyzer speaker embeddings, the bundled 4096-id BPE.
     """
     speech_vocab, spk_dim = 729, 256

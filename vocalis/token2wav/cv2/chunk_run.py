@@ -26,9 +26,9 @@ from torch import nn
 from vocalis.kernels import bf16_attention, bf16_gemm, fp32_attention
 from vocalis.models.flow.transformer import SelfAttention
 from vocalis.precision.dynamic_int8 import FusedQKV, Int8Conv1d
-from vocalis.token2wav.attention import attend, merge, runs_native
-from vocalis.token2wav.compute import ComputeWeights
-from vocalis.token2wav.estimator_cache import EstimatorCache
+from vocalis.token2wav.cv2.attention import attend, merge, runs_native
+from vocalis.token2wav.cv2.compute import ComputeWeights
+from vocalis.token2wav.cv2.estimator_cache import EstimatorCache
 
 _MASK_BIAS = -1.0e10  # the estimator's additive mask value
 

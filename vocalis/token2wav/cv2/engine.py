@@ -1,8 +1,4 @@
-"""Batched, cached token2wav for many concurrent requests: speech tokens -> 24 kHz audio chunks.
-
-The caller (the engine loop) owns one `StreamState` per request, appends the LLM's tokens to it
-(`add_tokens`, then `end_input`), and calls `Token2WavEngine.step(states)`; each call runs one batched flow
-pass and one batched HiFT pass over every request that has a chunk ready, and returns those chunks.
+"""CosyVoice 2's batched, cached token2wav (a `protocol.Token2Wav`): speech tokens -> 24 kHz audio chunks.
 
 Schedule (the reference `vocalis.reference.token2wav`'s, per request): the first hop is 25 tokens plus the
 padding that ends the prompt and the first chunk on a 25-token block, later hops grow 25 -> 50 -> 100; a chunk
@@ -11,20 +7,13 @@ final chunk. HiFT holds back 8 mel frames / 3840 samples and cross-fades the sea
 
 Cost. Non-final chunks use the streaming (block-causal) flow incrementally: only the new tokens go through the
 encoder and only the new frames through the Euler steps (`flow_steps`, default 10), reading earlier chunks'
-keys/values from caches (`token2wav.encoder`, `token2wav.estimator`), so a request's flow work is linear in its
-length. A voice's prompt prefix (its first 25 * floor((P - 3) / 25) tokens, which neither look ahead into nor share
-an attention block with generated tokens) is computed once per voice and shared: every request of that voice reads
-the same read-only keys/values (`EstimatorCache.prefix`, `EncoderCache.prefix`) and stores only its own frames.
-A prefix is reference-counted by the live requests using it: it stays while one does, and once idle it is kept
-only among the `voice_cache_size` most recently used (a saved voice's next request skips it again).
+keys/values from caches (`cv2.encoder`, `cv2.estimator`), so a request's flow work is linear in its length. A
+voice's prompt prefix (its first 25 * floor((P - 3) / 25) tokens) is computed once per voice and shared
+(`voice_cache.VoiceCache`, `cv2.voice_prefix`).
 
 Memory. The caches cost ~4.4 MiB per token (2 mel frames) at the 0.5B shapes with the default bf16 storage
 (twice that exact, `cache_dtype=None`): per request, only its own tokens (the prompt's last P - prefix tokens
-and its generated ones), plus each voice's prefix once. `max_cache_mib` bounds the total: over it, the largest
-fall back to recomputing their chunks (the reference path's cost, same output) instead of running out of memory.
-With `wait_for_cache`, a new stream instead starts its caches only while the budget has room for its first chunk
-next to the caches held and the started streams' next hops, and otherwise waits (first come, first served) until
-streams that end make room (the trade-off: `Token2WavConfig`).
+and its generated ones), plus each voice's prefix once; `max_cache_mib` bounds the total (`budget.CacheBudget`).
 
 The final chunk: `Token2WavConfig.final_attention` (`token2wav.config`) chooses "causal" (linear cost,
 the default) or "full" (the reference's full-attention last call, exactly).
@@ -38,9 +27,7 @@ import logging
 import math
 import os
 import weakref
-from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -52,16 +39,18 @@ from vocalis.kernels.threads import CoreWorkers
 from vocalis.models.flow.flow import CausalMaskedDiffWithXvec
 from vocalis.models.hift.generator import HiFTGenerator
 from vocalis.precision.dynamic_int8 import FusedQKV, Int8Conv1d, weight_count
-from vocalis.token2wav.cache_room import CacheRoom
-from vocalis.token2wav.compute import ComputeWeights
+from vocalis.token2wav.budget import CacheBudget
 from vocalis.token2wav.config import CACHE_DTYPES, Token2WavConfig
-from vocalis.token2wav.encoder import EncoderCache, EncoderRow, EncoderStreamer
-from vocalis.token2wav.estimator_cache import EstimatorCache
-from vocalis.token2wav.hift import HiftBody
-from vocalis.token2wav.hift_stream import HiftStreamer
-from vocalis.token2wav.solver import TimeTerms, solve_chunk
-from vocalis.token2wav.state import StreamState, Token2WavChunk
-from vocalis.token2wav.voice_cache import VoicePrefix, start_caches, voice_key
+from vocalis.token2wav.cv2.compute import ComputeWeights
+from vocalis.token2wav.cv2.encoder import EncoderCache, EncoderRow, EncoderStreamer
+from vocalis.token2wav.cv2.estimator_cache import EstimatorCache
+from vocalis.token2wav.cv2.hift import HiftBody
+from vocalis.token2wav.cv2.hift_stream import HiftStreamer
+from vocalis.token2wav.cv2.solver import TimeTerms, solve_chunk
+from vocalis.token2wav.cv2.state import StreamState
+from vocalis.token2wav.cv2.voice_prefix import VoicePrefix, start_caches
+from vocalis.token2wav.protocol import Token2WavChunk, Token2WavStats, Work
+from vocalis.token2wav.voice_cache import VoiceCache, voice_key
 
 log = logging.getLogger(__name__)
 
@@ -69,19 +58,9 @@ log = logging.getLogger(__name__)
 _Start = tuple[EncoderCache, list[EstimatorCache], bool]
 
 
-@dataclass
-class Token2WavStats:
-    steps: int = 0
-    rows: int = 0
-    estimator_frames: int = 0  # frames x Euler steps, all requests, voice prefixes included
-    voice_cache_hits: int = 0
-    voice_cache_misses: int = 0
-    cache_fallbacks: int = 0  # requests that dropped their caches to stay within max_cache_mib
-    held_steps: int = 0  # steps a ready stream waited for cache room before its first chunk (summed over streams)
-
-
 class Token2WavEngine:
-    """Shared flow + HiFT modules driven for many requests; all per-request data lives on `StreamState`."""
+    """Shared flow + HiFT modules driven for many requests; all per-request data lives on `StreamState`
+    (a `protocol.Token2Wav`)."""
 
     def __init__(
         self,
@@ -114,8 +93,9 @@ class Token2WavEngine:
         self.ratio = flow.config.token_mel_ratio
         self.vocoder = HiftStreamer(hift, self.hift_body, self.stream)
         self.stats = Token2WavStats()
-        self._voices: OrderedDict[str, VoicePrefix] = OrderedDict()
         self._live: weakref.WeakSet[StreamState] = weakref.WeakSet()
+        self._voices: VoiceCache[VoicePrefix] = VoiceCache(self.config.voice_cache_size, self.stats,
+                                                           lambda: [s.voice for s in list(self._live)])
         device = flow.input_embedding.weight.device
         self.cache_budget = self.config.cache_budget_bytes(device)
         # requests of one step run in this many parts side by side, one core each (`CoreWorkers`, made on first use)
@@ -128,6 +108,7 @@ class Token2WavEngine:
         if self.workers > 1:
             log.info("token2wav: a step's requests run in up to %d parts side by side, one core each", self.workers)
         self.held = 0  # streams waiting for cache room after the last step
+        self.budget = CacheBudget(self)
 
     def _compute_weights(self) -> ComputeWeights | None:
         """Reduced-dtype compute for the incremental estimator when a backend reduced its Linear weights."""
@@ -164,9 +145,7 @@ class Token2WavEngine:
     def _release(self, state: StreamState) -> None:
         voice = state.voice
         state.release()
-        if voice is not None and self._voices.get(voice.key) is voice:
-            self._voices.move_to_end(voice.key)  # last used now
-        self._trim_voices()
+        self._voices.released(voice)
 
     def this_hop(self, state: StreamState) -> int:
         if state.chunks_done == 0:
@@ -179,7 +158,7 @@ class Token2WavEngine:
         look-ahead); <= 0 when the chunk is ready."""
         return self.this_hop(state) + self.stream.pre_lookahead_len - (len(state.tokens) - state.token_offset)
 
-    def next_work(self, state: StreamState) -> str | None:
+    def next_work(self, state: StreamState) -> Work | None:
         """"chunk" (a non-final streaming chunk is ready), "final", or None (waiting for tokens)."""
         if state.finished:
             return None
@@ -192,28 +171,9 @@ class Token2WavEngine:
     # ---- the step -------------------------------------------------------------------------------------
     def step(self, states: Sequence[StreamState], *, hold_new: bool = False) -> list[Token2WavChunk]:
         """One batched pass over every state with work (at most `max_batch`); returns their chunks in order.
-
-        With `wait_for_cache`, a stream's first cached chunk starts only while the cache budget has room for it
-        next to what the started streams hold and their next hops (`CacheRoom`); the others wait, first come first
-        served. With nothing else to do in the step the first waiting stream starts anyway, unless `hold_new`: the
-        caller has other work that goes on (LLM steps) and will call again."""
-        work: list[tuple[StreamState, bool]] = []
-        held: list[StreamState] = []
-        room = CacheRoom(self)
-        for s in states:
-            kind = self.next_work(s)
-            if kind is None:
-                continue
-            if kind == "chunk" and self._starts_cache(s) and (held or not room.take(s)):
-                held.append(s)  # [order] once one waits, later new streams wait behind it
-                continue
-            work.append((s, kind == "final"))
-            if len(work) == self.max_batch:
-                break
-        if held and not work and not hold_new:
-            work.append((held.pop(0), False))
-        self.held = len(held)
-        self.stats.held_steps += len(held)
+        Which new streams start their caches (`wait_for_cache`, `hold_new`): `budget.CacheBudget.admit`."""
+        ready = ((s, kind == "final") for s in states if (kind := self.next_work(s)) is not None)
+        work = self.budget.admit(ready, self.max_batch, hold_new)
         if not work:
             return []
         chunks: dict[int, Token2WavChunk] = {}
@@ -308,7 +268,7 @@ class Token2WavEngine:
     def _start_incremental(self, items: list[tuple[StreamState, bool]]) -> dict[int, _Start]:
         """The caches each request's incremental chunk starts from, by id(state): the cache budget enforced, and a
         new request's voice prefix looked up or computed (shared engine state: the calling thread's work)."""
-        self._enforce_budget(items)
+        self.budget.enforce([s for s, final in items if s.cached and not final])
         starts: dict[int, _Start] = {}
         for s, final in items:
             if s.cached:
@@ -397,26 +357,7 @@ class Token2WavEngine:
         if pc == 0 or self.config.voice_cache_size == 0:
             return None
         key = voice_key(s.prompt)
-        entry = self._voices.get(key)
-        if entry is None:
-            self.stats.voice_cache_misses += 1
-            entry = self._compute_prefix(key, s.prompt, pc)
-            self._voices[key] = entry
-        else:
-            self.stats.voice_cache_hits += 1
-            self._voices.move_to_end(key)
-        self._trim_voices(keep=entry)
-        return entry
-
-    def _trim_voices(self, keep: VoicePrefix | None = None) -> None:
-        """Forget the least recently used idle prefixes beyond `voice_cache_size` idle ones; a prefix some live
-        request uses stays (that request references its tensors anyway, and the voice's next request shares it)."""
-        if len(self._voices) <= self.config.voice_cache_size:
-            return
-        in_use = {id(s.voice) for s in list(self._live) if s.voice is not None}
-        idle = [key for key, entry in self._voices.items() if entry is not keep and id(entry) not in in_use]
-        for key in idle[: max(0, len(idle) - self.config.voice_cache_size)]:  # oldest first
-            del self._voices[key]
+        return self._voices.lookup(key, lambda: self._compute_prefix(key, s.prompt, pc))
 
     def voice_users(self) -> dict[str, int]:
         """Live requests per held voice prefix (key -> count): the prefixes' reference counts."""
@@ -474,11 +415,12 @@ class Token2WavEngine:
         voices.update({id(s.voice): s.voice for s in live if s.voice is not None})
         return sum(s.cache_bytes() for s in live) + sum(v.nbytes() for v in voices.values())
 
-    def _starts_cache(self, s: StreamState) -> bool:
-        """Its next (non-final) chunk would be the first to store flow caches."""
-        return self.config.wait_for_cache and s.cached and s.enc_cache is None and self.cache_budget > 0
+    def starts_cache(self, s: StreamState) -> bool:
+        """Its next chunk is non-final and would be the first to store flow caches (`wait_for_cache`)."""
+        return (self.config.wait_for_cache and s.cached and s.enc_cache is None and self.cache_budget > 0
+                and self.next_work(s) == "chunk")
 
-    def growth(self, s: StreamState, per_token: int, per_stream: int) -> int:
+    def _growth(self, s: StreamState, per_token: int, per_stream: int) -> int:
         """Cache bytes its next non-final chunk adds."""
         if s.enc_cache is not None:
             start, fixed = s.enc_cache.num_tokens, 0
@@ -487,22 +429,19 @@ class Token2WavEngine:
             fixed = per_stream
         return (s.num_prompt_tokens + s.token_offset + self.this_hop(s) - start) * per_token + fixed
 
-    def _enforce_budget(self, items: list[tuple[StreamState, bool]]) -> None:
-        """Make the growing requests with the largest caches recompute instead, until the step fits."""
-        growing = [s for s, final in items if s.cached and not final]
-        if not growing:
-            return
+    def next_growth(self, s: StreamState) -> int:
+        if self.next_work(s) == "final":  # a final chunk keeps no cache
+            return 0
+        return self._growth(s, self.cache_bytes_per_token(), self.cache_bytes_per_stream())
+
+    def start_need(self, s: StreamState) -> int:
         per_token, per_stream = self.cache_bytes_per_token(), self.cache_bytes_per_stream()
-        total = self.live_cache_bytes() + sum(self.growth(s, per_token, per_stream) for s in growing)
-        for s in sorted(growing, key=lambda s: s.cache_bytes(), reverse=True):
-            if total <= self.cache_budget:
-                return
-            total -= self.growth(s, per_token, per_stream) + s.cache_bytes()
-            s.cached = False
-            s.drop_flow_caches()
-            self.stats.cache_fallbacks += 1
-            log.warning("token2wav cache budget (%d MiB) reached: request %s recomputes its chunks from now on",
-                        self.cache_budget // 2**20, s.request_id)
+        after = min(self.stream.token_max_hop_len, s.hop * self.stream.stream_scale_factor)
+        need = self._growth(s, per_token, per_stream) + after * per_token
+        prefix = self.cacheable_prefix(s.num_prompt_tokens) if self.config.voice_cache_size else 0
+        if prefix and not self.has_voice_prefix(s.prompt):  # its voice's prefix is computed with it
+            need += prefix * per_token + per_stream
+        return need
 
     # ---- HiFT ---------------------------------------------------------------------------------------------
     def _vocode(self, items: list[tuple[StreamState, bool]], mels: list[torch.Tensor]) -> list[np.ndarray]:

@@ -9,10 +9,10 @@ from vocalis.errors import InputError
 from vocalis.models.flow.cfm import CausalConditionalCFM, cosine_time_grid
 from vocalis.models.flow.estimator import CausalConditionalDecoder
 from vocalis.precision.dynamic_int8 import FusedQKV
-from vocalis.token2wav.chunk_run import ChunkRun
-from vocalis.token2wav.compute import ComputeWeights
-from vocalis.token2wav.estimator import estimator_chunk
-from vocalis.token2wav.estimator_cache import EstimatorCache
+from vocalis.token2wav.cv2.chunk_run import ChunkRun
+from vocalis.token2wav.cv2.compute import ComputeWeights
+from vocalis.token2wav.cv2.estimator import estimator_chunk
+from vocalis.token2wav.cv2.estimator_cache import EstimatorCache
 
 
 def time_terms(est: CausalConditionalDecoder, t: torch.Tensor) -> list[torch.Tensor]:
@@ -73,7 +73,8 @@ def solve_chunk(
     for r, (s, m) in enumerate(zip(starts, lens)):
         if s + m > noise.shape[-1]:
             raise InputError(
-                f"{s + m} mel frames exceed the fixed flow noise ({noise.shape[-1]} frames); synthesise shorter segments"
+                f"{s + m} mel frames exceed the fixed flow noise ({noise.shape[-1]} frames); "
+                "synthesise shorter segments"
             )
         z[r, :, :m] = noise[0, :, s : s + m].to(device=dev, dtype=dtype)
         mask[r, :, :m] = 1

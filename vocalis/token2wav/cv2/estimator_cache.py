@@ -1,6 +1,6 @@
 """What a request keeps per Euler step of the incremental estimator (`EstimatorCache`): the keys/values of every
 transformer block and the input tails of every causal conv over its frames so far (why exactly these:
-`token2wav.estimator`). Memory per cached frame, at the 0.5B shapes:
+`token2wav.cv2.estimator`). Memory per cached frame, at the 0.5B shapes:
 56 blocks x (K + V = 2 x 512) x 2 guidance rows x 10 steps = 1.15 M values (4.6 MB in fp32); a request's
 cache is dropped when it finishes, and a voice's prompt prefix is shared (`EstimatorCache.prefix`), never copied.
 """

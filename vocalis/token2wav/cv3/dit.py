@@ -94,7 +94,8 @@ def dit_new_frames(
 ) -> torch.Tensor:
     """Velocity of every row's new frames. x, mu, cond (2R, n_max, C) rows [0, R) conditional, [R, 2R)
     unconditional; spks (2R, C_spk); t scalar; lens[i] new frames of request i (whole blocks unless it is a final
-    call, starting at caches[i].num_frames); caches: request i's cache at this Euler step, extended when keep[i] -> (2R, n_max, C)."""
+    call, starting at caches[i].num_frames); caches: request i's cache at this Euler step, extended when keep[i]
+    -> (2R, n_max, C)."""
     cfg = dit.config
     r2, n_max, _ = x.shape
     r = r2 // 2

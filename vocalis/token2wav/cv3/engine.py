@@ -1,11 +1,11 @@
 """Batched streaming token2wav for CosyVoice 3 (DiT flow + causal HiFT): speech tokens -> 24 kHz audio chunks.
 
-The same face as `token2wav.engine.Token2WavEngine` (`new_stream`, `next_work`, `tokens_short`, `step`, `abort`),
-so `runtime.async_engine.AsyncEngine` drives either. The caller owns one `CV3StreamState` per request, appends the
+A `protocol.Token2Wav` (`new_stream`, `next_work`, `tokens_short`, `step`, `abort`), as CosyVoice 2's
+(`token2wav.cv2`), so the runtime drives either. The caller owns one `CV3StreamState` per request, appends the
 LLM's ids (`add_tokens`: the silent-token filter applies; `add_source_tokens`: voice conversion's ids, unfiltered),
 calls `end_input`, and calls `step(states)`.
 
-Schedule (`cv3_schedule.StreamSchedule`, per request): the official CosyVoice 3 one. A call k re-runs the flow over
+Schedule (`cv3.schedule.StreamSchedule`, per request): the official CosyVoice 3 one. A call k re-runs the flow over
 prompt + the first n_k tokens (block-causal DiT attention, the last 3 tokens only look-ahead; the final call:
 full attention over all tokens, finalize) and keeps its mel from frame 2 * offset_k on; the causal HiFT re-runs over
 all mel kept so far and the chunk is its output past the samples already yielded (here: the same samples, decoded
@@ -20,13 +20,13 @@ STFT, iSTFT and look-right convs see the end of the signal, so a padded row woul
 equal length and finalize flag (lock-step requests of one voice) share a call; others run one call each.
 
 Cost. A non-final call runs the DiT over its new frames only, reading the keys/values and position-conv tails
-earlier calls left (`token2wav.cv3_dit`: why that is exact). The final call is a full pass (full attention, as
+earlier calls left (`token2wav.cv3.dit`: why that is exact). The final call is a full pass (full attention, as
 officially) unless `Token2WavConfig.final_attention` is "causal": then it too runs block-causally over its new
 frames (keeping nothing), and a streaming request's flow work is linear in its length. One-shot requests are
 full passes. The caches are bounded by `Token2WavConfig.max_cache_mib` (over it, the largest drop theirs and
 later calls recompute their prefix, the official cost, same output; 0 never caches) and kept exact unless
 `dit_cache_dtype` says otherwise. The causal HiFT decodes only the frames a call's new samples depend on
-(`token2wav.cv3_vocoder`; `Token2WavConfig.vocoder_window`), so its work too is linear in the stream's length.
+(`token2wav.cv3.vocoder`; `Token2WavConfig.vocoder_window`), so its work too is linear in the stream's length.
 
 Legend: R requests in a step, P prompt tokens, n tokens of a call, T = 2 (P + n) mel frames (fewer 3 look-ahead
 tokens when not final), Tmax the longest row, C = 80 mel channels.
@@ -36,90 +36,33 @@ from __future__ import annotations
 
 import logging
 import weakref
-from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
 
 from vocalis.config import StreamConfig
-from vocalis.errors import InputError
 from vocalis.frontend.prompt import FlowPrompt
 from vocalis.models.cv3.dit import dit_attention_mask
 from vocalis.models.cv3.flow import CausalMaskedDiffWithDiT
 from vocalis.models.cv3.hift import CausalHiFTGenerator
 from vocalis.models.flow.cfm import cosine_time_grid
-from vocalis.models.flow.flow import CausalMaskedDiffWithXvec
-from vocalis.models.hift.generator import HiFTGenerator
 from vocalis.precision.dynamic_int8 import weight_count
+from vocalis.token2wav.budget import CacheBudget
 from vocalis.token2wav.config import CACHE_DTYPES, Token2WavConfig
-from vocalis.token2wav.cv3_budget import CV3CacheBudget, Room
-from vocalis.token2wav.cv3_dit import DiTCache, dit_new_frames
-from vocalis.token2wav.cv3_schedule import FlowCall, StreamSchedule, keep_token
-from vocalis.token2wav.cv3_vocoder import VocoderRow, stretch, vocode
-from vocalis.token2wav.engine import Token2WavEngine
-from vocalis.token2wav.state import Token2WavChunk
-from vocalis.token2wav.voice_cache import voice_key
+from vocalis.token2wav.cv3.dit import DiTCache, cache_bytes_per_frame, cache_bytes_per_stream, dit_new_frames
+from vocalis.token2wav.cv3.schedule import FlowCall, StreamSchedule
+from vocalis.token2wav.cv3.state import CV3StreamState
+from vocalis.token2wav.cv3.vocoder import VocoderRow, stretch, vocode
+from vocalis.token2wav.protocol import Token2WavChunk, Token2WavStats, Work
+from vocalis.token2wav.voice_cache import VoiceCache, voice_key
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(eq=False)
-class CV3StreamState:
-    """One request's CosyVoice 3 token2wav progress: its tokens, schedule and the vocoder's mel so far."""
-
-    request_id: str
-    prompt: FlowPrompt
-    schedule: StreamSchedule
-    streaming: bool = True
-    speed: float = 1.0
-    tokens: list[int] = field(default_factory=list)
-    input_done: bool = False
-    chunks_done: int = 0
-    finished: bool = False
-    silent_run: int = 0  # consecutive silent LLM ids so far (the filter's state)
-    mel: torch.Tensor | None = None  # (C, T_kept) the vocoder input so far
-    num_yielded: int = 0  # samples already emitted
-    estimator_frames: int = 0  # frames x Euler steps put through the estimator (cost counter)
-    vocoder_frames: int = 0  # mel frames put through the HiFT decoder (cost counter)
-    dit: list[DiTCache] = field(default_factory=list)  # per Euler step, after its streaming calls so far
-    cached: bool = True  # False once the cache budget made it recompute its calls
-
-    def add_tokens(self, ids: Iterable[int]) -> None:
-        """LLM ids: the official silent-token filter drops a silent id from the 6th in a row on."""
-        self._check_open()
-        for t in ids:
-            keep, self.silent_run = keep_token(int(t), self.silent_run)
-            if keep:
-                self.tokens.append(int(t))
-
-    def add_source_tokens(self, ids: Iterable[int]) -> None:
-        """Given ids (voice conversion): unfiltered, as officially."""
-        self._check_open()
-        self.tokens.extend(int(i) for i in ids)
-
-    def _check_open(self) -> None:
-        if self.input_done:
-            raise RuntimeError(f"request {self.request_id}: tokens added after end_input()")
-
-    def end_input(self) -> None:
-        self.input_done = True
-
-    @property
-    def num_prompt_tokens(self) -> int:
-        return int(self.prompt.speech_ids.shape[1])
-
-    def release(self) -> None:
-        self.mel = None
-        self.dit = []
-
-    def cache_bytes(self) -> int:
-        return sum(c.nbytes() for c in self.dit)
-
-
 class CV3Token2WavEngine:
-    """Shared DiT flow + causal HiFT modules driven for many requests; per-request data lives on the states."""
+    """Shared DiT flow + causal HiFT modules driven for many requests; per-request data lives on the states
+    (a `protocol.Token2Wav`)."""
 
     def __init__(self, flow: CausalMaskedDiffWithDiT, hift: CausalHiFTGenerator,
                  config: Token2WavConfig | None = None, stream: StreamConfig | None = None) -> None:
@@ -136,10 +79,13 @@ class CV3Token2WavEngine:
         self.cache_dtype = CACHE_DTYPES[self.config.dit_cache_dtype]
         self.cache_budget = self.config.cache_budget_bytes(flow.input_embedding.weight.device)
         self.max_batch = self.config.step_batch(flow.input_embedding.weight.device, weight_count(flow.estimator))
+        self.stats = Token2WavStats()
         self._live: weakref.WeakSet[CV3StreamState] = weakref.WeakSet()
-        self._voices: OrderedDict[str, list[DiTCache]] = OrderedDict()  # voice key -> prefix caches per Euler step
+        # voice key -> prefix caches per Euler step
+        self._voices: VoiceCache[list[DiTCache]] = VoiceCache(self.config.voice_cache_size, self.stats,
+                                                              lambda: [s.voice for s in list(self._live)])
         self.held = 0  # streams waiting for cache room after the last step (`wait_for_cache`)
-        self.budget = CV3CacheBudget(self)
+        self.budget = CacheBudget(self)
 
     # ---- requests -----------------------------------------------------------------------------------
     def new_stream(self, request_id: str, prompt: FlowPrompt, *, streaming: bool = True, speed: float = 1.0,
@@ -157,7 +103,12 @@ class CV3Token2WavEngine:
 
     def abort(self, state: CV3StreamState) -> None:
         state.finished = True
+        self._release(state)
+
+    def _release(self, state: CV3StreamState) -> None:
+        voice = state.voice
         state.release()
+        self._voices.released(voice)
 
     def _next_call(self, s: CV3StreamState) -> tuple[FlowCall | None, StreamSchedule]:
         if s.finished:
@@ -172,7 +123,7 @@ class CV3Token2WavEngine:
         """Tokens a streaming request still needs for its next non-final chunk; <= 0 when it is ready."""
         return state.schedule.tokens_needed(self.stream) - len(state.tokens)
 
-    def next_work(self, state: CV3StreamState) -> str | None:
+    def next_work(self, state: CV3StreamState) -> Work | None:
         """"chunk" (a non-final chunk is ready), "final", or None (waiting for tokens)."""
         call, _ = self._next_call(state)
         if call is None:
@@ -184,27 +135,14 @@ class CV3Token2WavEngine:
         """One batched flow solve and the vocoder calls for every given state with work (at most `max_batch`,
         in the given order); returns their chunks in that order.
 
-        Over the cache budget, streams recompute their calls (`CV3CacheBudget.enforce`), unless `wait_for_cache`: then a
+        Over the cache budget, streams recompute their calls (`CacheBudget.enforce`), unless `wait_for_cache`: then a
         stream's first cached call starts only while the budget has room for it and its next hop beside the caches
         held and the started streams' next calls; the others wait, first come first served. With nothing else to do
         in the step the first waiting stream starts anyway, unless `hold_new` (the caller has LLM steps to run and
         will call again)."""
-        work: list[tuple[CV3StreamState, FlowCall, StreamSchedule]] = []
-        held: list[tuple[CV3StreamState, FlowCall, StreamSchedule]] = []
-        room = Room()  # what the budget leaves for streams starting their caches in this step
-        for s in states:
-            call, after = self._next_call(s)
-            if call is None:
-                continue
-            if self.budget.starts_cache(s, call) and (held or not self.budget.take_room(s, call, room)):
-                held.append((s, call, after))  # once one waits, later new streams wait behind it
-                continue
-            work.append((s, call, after))
-            if len(work) == self.max_batch:
-                break
-        if held and not work and not hold_new:
-            work.append(held.pop(0))
-        self.held = len(held)
+        ready = ((s, plan) for s in states if (plan := self._next_call(s))[0] is not None)
+        work = [(s, call, after) for s, (call, after) in self.budget.admit(ready, self.max_batch, hold_new)
+                if call is not None]
         chunks: dict[int, Token2WavChunk] = {}
         todo = []
         for s, call, after in work:
@@ -218,6 +156,9 @@ class CV3Token2WavEngine:
                 audio = self._vocode([(s, c) for s, c, _ in todo], mels)
             for (s, call, after), wav in zip(todo, audio):
                 chunks[id(s)] = self._emit(s, wav, call, after)
+        if work:
+            self.stats.steps += 1
+            self.stats.rows += len(todo)
         return [chunks[id(s)] for s, _, _ in work]
 
     def _emit(self, s: CV3StreamState, wav: np.ndarray, call: FlowCall, after: StreamSchedule) -> Token2WavChunk:
@@ -226,7 +167,7 @@ class CV3Token2WavEngine:
         s.chunks_done += 1
         if call.finalize:
             s.finished = True
-            s.release()
+            self._release(s)
         return Token2WavChunk(s.request_id, wav, call.finalize, index)
 
     # ---- flow -------------------------------------------------------------------------------------------
@@ -235,7 +176,7 @@ class CV3Token2WavEngine:
         `final_attention="causal"` streaming requests' final calls) over their new frames, the rest as full
         passes."""
         inc = [i for i, (s, call) in enumerate(items) if self._incremental(s, call)]
-        self.budget.enforce([items[i] for i in inc if not items[i][1].finalize])
+        self.budget.enforce([items[i][0] for i in inc if not items[i][1].finalize])
         inc = [i for i in inc if items[i][0].cached or items[i][1].finalize]
         full = [i for i in range(len(items)) if i not in inc]
         out: dict[int, torch.Tensor] = {}
@@ -263,7 +204,7 @@ class CV3Token2WavEngine:
             lens = torch.tensor([ids.numel()], device=dev)
             mu = flow.encode(ids[None].to(dev), lens, finalize=call.finalize)[0]  # (T, C)
             if not s.dit:
-                s.dit = self._start_caches(s.prompt)
+                s.voice, s.dit = self._start_caches(s.prompt)
             start = s.dit[0].num_frames
             if start % self.chunk_frames or (mu.shape[0] % self.chunk_frames and not call.finalize):
                 raise RuntimeError(f"request {s.request_id}: a streaming call off the attention blocks "
@@ -315,25 +256,22 @@ class CV3Token2WavEngine:
         look = self.ratio * (num_prompt_tokens - self.stream.pre_lookahead_len)
         return self.chunk_frames * (look // self.chunk_frames) if look > 0 else 0
 
-    def _start_caches(self, prompt: FlowPrompt) -> list[DiTCache]:
-        """A request's first caches: continuing its voice's prefix (computed on the voice's first use, kept among
-        the `voice_cache_size` most recently used; read in place by every request of the voice), or empty."""
+    def _start_caches(self, prompt: FlowPrompt) -> tuple[list[DiTCache] | None, list[DiTCache]]:
+        """A request's first caches: continuing its voice's prefix (computed on the voice's first use, shared by
+        every request of the voice: `VoiceCache`), or empty; and the prefix they continue."""
         num = self.prefix_frames(int(prompt.speech_ids.shape[1]))
         if num == 0 or self.config.voice_cache_size == 0 or self.cache_budget == 0:
-            return [DiTCache() for _ in range(self.n_timesteps)]
-        key = voice_key(prompt)
-        entry = self._voices.get(key)
-        if entry is None:
-            dev = self.flow.input_embedding.weight.device
-            ids = prompt.speech_ids.reshape(1, -1).long().to(dev)
-            mu = self.flow.encode(ids, torch.tensor([ids.shape[1]], device=dev), finalize=False)[0, :num]
-            entry = [DiTCache() for _ in range(self.n_timesteps)]
-            self._solve_new([(prompt, mu, entry)], [True])
-            self._voices[key] = entry
-            while len(self._voices) > self.config.voice_cache_size:
-                self._voices.popitem(last=False)
-        self._voices.move_to_end(key)
-        return [DiTCache.continuing(c) for c in entry]
+            return None, [DiTCache() for _ in range(self.n_timesteps)]
+        entry = self._voices.lookup(voice_key(prompt), lambda: self._compute_prefix(prompt, num))
+        return entry, [DiTCache.continuing(c) for c in entry]
+
+    def _compute_prefix(self, prompt: FlowPrompt, num: int) -> list[DiTCache]:
+        dev = self.flow.input_embedding.weight.device
+        ids = prompt.speech_ids.reshape(1, -1).long().to(dev)
+        mu = self.flow.encode(ids, torch.tensor([ids.shape[1]], device=dev), finalize=False)[0, :num]
+        entry = [DiTCache() for _ in range(self.n_timesteps)]
+        self._solve_new([(prompt, mu, entry)], [True])
+        return entry
 
     def _flow_full(self, items: list[tuple[CV3StreamState, FlowCall]]) -> list[torch.Tensor]:
         """One padded solve over every row -> each row's mel (C, T_i - 2 (P + offset)), earlier frames removed."""
@@ -367,7 +305,7 @@ class CV3Token2WavEngine:
             out.append(mel[i, :, num_prompt_frames + call.token_offset * self.ratio : num_frames[i]])
         return out
 
-    # ---- cache memory budget --------------------------------------------------------------------------------
+    # ---- cache memory budget (`budget.CacheBudget` reads these) ---------------------------------------------
     def live_cache_bytes(self) -> int:
         """Requests' own caches and the voice prefixes held, each once (also one dropped from the voice cache
         while a request still reads it)."""
@@ -375,6 +313,41 @@ class CV3Token2WavEngine:
         prefixes = {id(c): c for entry in self._voices.values() for c in entry}
         prefixes.update((id(c.prefix), c.prefix) for s in states for c in s.dit if c.prefix is not None)
         return sum(s.cache_bytes() for s in states) + sum(c.nbytes() for c in prefixes.values())
+
+    def frame_bytes(self) -> int:
+        """Cache bytes of one frame over every Euler step."""
+        dtype = self.cache_dtype or self.flow.input_embedding.weight.dtype
+        return cache_bytes_per_frame(self.flow.estimator, dtype) * self.n_timesteps
+
+    def growth(self, s: CV3StreamState, call: FlowCall) -> int:
+        """Bytes a non-final cached call adds to the stream's caches (its new frames; the position-conv tails
+        on its first call)."""
+        cached = s.dit[0].num_frames if s.dit else 0
+        frames = (s.num_prompt_tokens + call.num_tokens - self.stream.pre_lookahead_len) * self.ratio
+        tails = 0 if s.dit else cache_bytes_per_stream(self.flow.estimator) * self.n_timesteps
+        return (frames - cached) * self.frame_bytes() + tails
+
+    def next_growth(self, s: CV3StreamState) -> int:
+        call = self._next_call(s)[0]
+        return 0 if call is None or call.finalize else self.growth(s, call)
+
+    def started_streams(self) -> list[CV3StreamState]:
+        return [t for t in list(self._live) if t.dit and not t.finished]
+
+    def starts_cache(self, s: CV3StreamState) -> bool:
+        call = self._next_call(s)[0]
+        return (self.config.wait_for_cache and not s.dit and s.chunks_done == 0 and call is not None
+                and not call.finalize and self._incremental(s, call))
+
+    def start_need(self, s: CV3StreamState) -> int:
+        call = self._next_call(s)[0]
+        assert call is not None, "start_need of a stream with no call ready"
+        hop = min(self.stream.token_max_hop_len, s.schedule.hop * self.stream.stream_scale_factor)
+        need = self.growth(s, FlowCall(call.num_tokens + hop, call.num_tokens, streaming=True, finalize=False))
+        prefix = self.prefix_frames(s.num_prompt_tokens)
+        if prefix and self.config.voice_cache_size and voice_key(s.prompt) not in self._voices:
+            need += prefix * self.frame_bytes()  # its voice's prefix, computed with its first call
+        return need
 
     def _solve(self, mu: torch.Tensor, mask: torch.Tensor, spks: torch.Tensor, cond: torch.Tensor,
                attn: torch.Tensor) -> torch.Tensor:
@@ -415,7 +388,7 @@ class CV3Token2WavEngine:
 
     # ---- vocoder ----------------------------------------------------------------------------------------
     def _vocode(self, items: list[tuple[CV3StreamState, FlowCall]], mels: list[torch.Tensor]) -> list[np.ndarray]:
-        """Append each row's new mel to its kept mel; the causal HiFT's new samples (`cv3_vocoder`)."""
+        """Append each row's new mel to its kept mel; the causal HiFT's new samples (`cv3.vocoder`)."""
         rows = []
         for (s, call), mel in zip(items, mels):
             new = mel.float()
@@ -428,15 +401,3 @@ class CV3Token2WavEngine:
             s.vocoder_frames += row.decoded_frames
             out.append(chunk.numpy())
         return out
-
-
-def token2wav_for(flow: object, hift: object, config: Token2WavConfig | None = None,
-                  stream: StreamConfig | None = None) -> Token2WavEngine | CV3Token2WavEngine:
-    """The batched token2wav engine of the model's family (by its flow module); InputError for a flow neither
-    engine runs, at load rather than at the first request."""
-    if isinstance(flow, CausalMaskedDiffWithDiT) and isinstance(hift, CausalHiFTGenerator):
-        return CV3Token2WavEngine(flow, hift, config, stream)
-    if isinstance(flow, CausalMaskedDiffWithXvec) and isinstance(hift, HiFTGenerator):
-        return Token2WavEngine(flow, hift, config, stream)
-    raise InputError(f"the token2wav engine runs CosyVoice 2 and CosyVoice 3 flows and vocoders, not "
-                     f"{type(flow).__name__} + {type(hift).__name__}")

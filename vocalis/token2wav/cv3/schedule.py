@@ -6,7 +6,7 @@ the silent-token filter (the official pipeline's, `CosyVoice3Model.tts` / `llm_j
   chunk is made while at least hop + pre_lookahead_len tokens remain after the offset; it passes the tokens up to
   offset + hop + lookahead to the flow (streaming=True, finalize=False). The last call passes every token with
   streaming=False, finalize=True.
-- Vocoder (CosyVoice 3's own; see `token2wav/cv3.py` and `reference/cv3.py`): call k's flow mel is cut from frame
+- Vocoder (CosyVoice 3's own; see `token2wav/cv3/engine.py` and `reference/cv3.py`): call k's flow mel is cut from frame
   token_mel_ratio * offset on and appended to all mel kept so far; the causal HiFT re-runs over that whole mel
   with the call's finalize flag, and the chunk is its output past the samples already yielded.
 - Silence filter: from the (max_run + 1)-th consecutive silent LLM token on, tokens are dropped before token2wav
@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass, replace
 
 from vocalis.config import StreamConfig
-from vocalis.config_cv3 import CV3_MAX_SILENT_RUN, CV3_SILENT_TOKEN_IDS
+from vocalis.config.cv3 import CV3_MAX_SILENT_RUN, CV3_SILENT_TOKEN_IDS
 
 
 @dataclass(frozen=True, slots=True)

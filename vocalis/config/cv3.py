@@ -1,22 +1,22 @@
 """CosyVoice 3 (Fun-CosyVoice3-0.5B) architecture: frozen dataclasses whose field names follow its checkpoints and
-yaml, next to the CosyVoice 2 ones in `vocalis.config`."""
+yaml, built from the pieces both families share (`vocalis.config.shared`)."""
 
 from __future__ import annotations
 
-import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
-from vocalis.config import (
+from vocalis.config.shared import (
     SAMPLE_RATE,
     TOKEN_MEL_RATIO,
     CFMConfig,
+    ConfigIO,
     HiFTConfig,
-    QwenConfig,
     SamplingConfig,
+    SpeechLMShape,
     check_speaker_embedding,
-    config_from_dict,
 )
+from vocalis.errors import InputError
 
 # Extra LLM output rows after the speech codes (sos, eos, task id, fill, then unused); every one of them stops decoding.
 CV3_NUM_EXTRA_SPEECH_IDS = 200
@@ -27,16 +27,10 @@ CV3_SOURCE_NOISE_SAMPLES = 300 * SAMPLE_RATE  # the causal HiFT's fixed source n
 
 
 @dataclass(frozen=True, slots=True)
-class CV3SpeechLMConfig:
+class CV3SpeechLMConfig(SpeechLMShape):
     """`CosyVoice3LM`: Qwen2 body; sos/eos/task/fill are rows of `speech_embedding`, not a separate table."""
 
-    qwen: QwenConfig = field(default_factory=QwenConfig)
-    speech_token_size: int = 6561
     num_extra_ids: int = CV3_NUM_EXTRA_SPEECH_IDS
-    mix_ratio: tuple[int, int] = (5, 15)
-    min_token_text_ratio: float = 2.0
-    max_token_text_ratio: float = 20.0
-    lsm_weight: float = 0.0
     # `<|endofprompt|>` (the official tokenizer's id, hard-coded in `CosyVoice3LM`): bi-streaming feeds the prompt
     # text up to it right after sos; a directory whose tokenizer numbers it otherwise sets this at load
     endofprompt_id: int = 151646
@@ -71,6 +65,29 @@ class CV3SpeechLMConfig:
         """Every id past the speech codes ends decoding (sos included)."""
         return tuple(range(self.speech_token_size, self.num_speech_rows))
 
+    @property
+    def min_len_mask_id(self) -> int:
+        """[official] Before min_len the official decoder masks only row V (sos in this layout), not eos: any
+        other stop id still ends decoding early."""
+        return self.sos_token
+
+    @property
+    def sos_id(self) -> int:
+        return self.sos_token
+
+    @property
+    def task_id(self) -> int:
+        return self.task_id_token
+
+    def split_prompt_text(self, prompt_text_ids: Sequence[int]) -> tuple[list[int], list[int]]:
+        """The system part up to and including `<|endofprompt|>`, then the rest (a transcript or nothing);
+        InputError when the marker is missing (the official loop asserts it)."""
+        ids = [int(i) for i in prompt_text_ids]
+        if self.endofprompt_id not in ids:
+            raise InputError("CosyVoice 3 bi-streaming needs <|endofprompt|> in the prompt text (the system part)")
+        k = ids.index(self.endofprompt_id) + 1
+        return ids[:k], ids[k:]
+
 
 @dataclass(frozen=True, slots=True)
 class DiTConfig:
@@ -94,7 +111,8 @@ class DiTConfig:
 
     def __post_init__(self) -> None:
         if self.dim % self.conv_pos_groups:
-            raise ValueError(f"DiT dim {self.dim} must be a multiple of {self.conv_pos_groups} (grouped position convs)")
+            raise ValueError(f"DiT dim {self.dim} must be a multiple of {self.conv_pos_groups} "
+                             "(grouped position convs)")
         if self.dim_head % 2:
             raise ValueError("DiT dim_head must be even (rotary pairs)")
 
@@ -128,7 +146,7 @@ class CausalHiFTConfig(HiFTConfig):
 
 
 @dataclass(frozen=True, slots=True)
-class CosyVoice3Config:
+class CosyVoice3Config(ConfigIO):
     """Whole CosyVoice 3 architecture (Fun-CosyVoice3-0.5B shapes by default)."""
 
     llm: CV3SpeechLMConfig = field(default_factory=CV3SpeechLMConfig)
@@ -142,13 +160,6 @@ class CosyVoice3Config:
 
     def __post_init__(self) -> None:
         check_speaker_embedding(self.speaker_embedding)
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> CosyVoice3Config:
-        return config_from_dict(cls, data)
 
 
 CV3_PRESETS: dict[str, CosyVoice3Config] = {

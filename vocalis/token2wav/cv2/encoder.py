@@ -204,7 +204,8 @@ class EncoderStreamer:
         starts = [row.start for row in rows]
         for row in rows:
             if row.cache.num_tokens != row.start:
-                raise ValueError(f"encoder cache holds {row.cache.num_tokens} positions, the chunk starts at {row.start}")
+                raise ValueError(f"encoder cache holds {row.cache.num_tokens} positions, "
+                                 f"the chunk starts at {row.start}")
             if row.start % self.chunk:
                 raise ValueError(f"a chunk must start on a {self.chunk}-token block boundary, got {row.start}")
             if row.keep and row.end % self.chunk:

@@ -10,8 +10,8 @@ import torch.nn.functional as F
 
 from vocalis.config import StreamConfig
 from vocalis.models.hift.generator import HiFTGenerator
-from vocalis.token2wav.hift import HiftBody, vocode_batch
-from vocalis.token2wav.state import StreamState
+from vocalis.token2wav.cv2.hift import HiftBody, vocode_batch
+from vocalis.token2wav.cv2.state import StreamState
 
 
 class HiftStreamer:

@@ -1,0 +1,91 @@
+"""The token2wav cache budget (`Token2WavConfig.max_cache_mib`), one policy for every family: who recomputes when a
+step would go over, and, with `wait_for_cache`, which new streams start their caches in a step.
+
+Over the budget by default the growing streams with the largest caches drop them and compute their later chunks
+from the voice prefix (the reference path's cost, the same audio). With `wait_for_cache` a new stream instead
+waits for its first cached chunk until the budget has room for that chunk and its next hop beside the caches held
+and every started stream's next chunk (reserved, so that starting streams does not push the started ones into
+recomputing); first come, first served. The byte counts are the family's (`protocol.Budgeted`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import Generic, TypeVar
+
+from vocalis.token2wav.protocol import Budgeted, S
+
+log = logging.getLogger(__name__)
+
+P = TypeVar("P")  # what the engine plans for a stream in a step (its kind of chunk, its flow call)
+
+
+class CacheBudget(Generic[S]):
+    def __init__(self, engine: Budgeted[S]) -> None:
+        self.engine = engine
+
+    def enforce(self, growing: list[S]) -> None:
+        """Make the streams with the largest caches recompute instead, until this step's growth fits; `growing`:
+        the step's streams whose chunk extends their caches."""
+        if not growing:
+            return
+        e = self.engine
+        total = e.live_cache_bytes() + sum(e.next_growth(s) for s in growing)
+        for s in sorted(growing, key=lambda s: s.cache_bytes(), reverse=True):
+            if total <= e.cache_budget:
+                return
+            total -= e.next_growth(s) + s.cache_bytes()
+            s.cached = False
+            s.drop_flow_caches()
+            e.stats.cache_fallbacks += 1
+            log.warning("token2wav cache budget (%d MiB) reached: request %s recomputes its chunks from now on",
+                        e.cache_budget // 2**20, s.request_id)
+
+    def admit(self, ready: Iterable[tuple[S, P]], max_batch: int, hold_new: bool) -> list[tuple[S, P]]:
+        """The step's work among `ready` (streams with a chunk ready and the engine's plan for it, in order):
+        at most `max_batch`; a stream starting its caches goes only while `Room` has room for it, and once one
+        waits, later new streams wait behind it. With nothing else to do in the step the first waiting stream
+        starts anyway, unless `hold_new`: the caller has other work that goes on (LLM steps) and will call again.
+        Sets the engine's `held` and counts `held_steps`."""
+        e = self.engine
+        work: list[tuple[S, P]] = []
+        held: list[tuple[S, P]] = []
+        room = Room(e)
+        for s, plan in ready:
+            if e.starts_cache(s) and (held or not room.take(s)):
+                held.append((s, plan))
+                continue
+            work.append((s, plan))
+            if len(work) == max_batch:
+                break
+        if held and not work and not hold_new:
+            work.append(held.pop(0))
+        e.held = len(held)
+        e.stats.held_steps += len(held)
+        return work
+
+
+class Room(Generic[S]):
+    """What the cache budget leaves for streams starting their caches in one step: the budget minus the caches
+    held and every started stream's next chunk. Computed on first use."""
+
+    def __init__(self, engine: Budgeted[S]) -> None:
+        self.engine = engine
+        self.free: int | None = None
+        self.started = False
+
+    def take(self, s: S) -> bool:
+        """Reserve room for `s`'s first chunk; True if it starts now. A stream always starts when no other
+        stream holds caches (then none that ends would make room for it)."""
+        e = self.engine
+        if self.free is None:
+            started = e.started_streams()
+            self.started = bool(started)
+            self.free = e.cache_budget - e.live_cache_bytes() - sum(e.next_growth(t) for t in started)
+        need = e.start_need(s)
+        if self.started and need > self.free:
+            return False
+        self.free -= need
+        self.started = True
+        return True
