@@ -11,15 +11,13 @@ A probe is a streaming read of a buffer 8x the 32 MiB LLC (`READ_MIB`): torch's 
 OpenMP threads, `READ_PASSES` times. It counts the bytes read over the wall time of all passes (a sustained
 figure, like the decode's; no best-of). Why native threads: the probe used to be numpy's byte max split over
 `threads` Python threads, 2 passes; each thread's pass over its 128 MiB took a few ms, so thread start-up skew was
-a real share of it. Interleaved on this machine (training paused, medians of 8): that probe read 27.3 / 28.3 GB/s,
-the same with 8 passes 31.6, this one 34.0 / 34.7, and a C++ AVX-512 read loop on 2 OpenMP threads ~34 in such
-windows (57 in a window where the host was fast). The old probe set a limit ~20-25 % too low. The
+a real share of it, and it set the limit too low (a native read loop on the same threads agrees with this
+probe). The
 STREAM-style copy (bytes read + written, numpy copyto) is probed too and reported for context.
 
 Page size: numpy asks for transparent huge pages on large buffers (madvise), so the probe reads from 2 MiB pages;
 the engine moves its decoder weights and KV cache onto them too (`engine.huge_pages`, unless
-VOCALIS_HUGE_PAGES=0). In one quiet run the probe on 4 KiB pages read 19-24 GB/s against 26-31 on huge pages. The
-limit keeps the huge-page figure: it is what the memory delivers (the report records VOCALIS_HUGE_PAGES and
+VOCALIS_HUGE_PAGES=0), and 4 KiB pages read slower. The limit keeps the huge-page figure: it is what the memory delivers (the report records VOCALIS_HUGE_PAGES and
 THP_MEM_ALLOC_ENABLE).
 
 The probes run in a separate process (`BandwidthProbe`, spawned before the caller builds its model), so their

@@ -1,7 +1,7 @@
 """The LLM's decoder stack for decode steps of a few rows as one native call (int8_decode.cpp): int8, fp32 or bf16.
 
-Why: with the VNNI kernel reading weights as fast as a copy, a batch-1 int8 decode step still spent ~7 ms of
-~25 ms outside the GEMVs, in ~20 small torch ops per layer x 24 layers (RMSNorm, rotary, K/V writes, gathering
+Why: with the VNNI kernel reading weights as fast as a copy, a batch-1 int8 decode step still spent a large share
+of its time outside the GEMVs, in ~20 small torch ops per layer x 24 layers (RMSNorm, rotary, K/V writes, gathering
 the context, SDPA, residual adds, SiLU * mul, quantising activations per GEMV, one thread-pool wake per op).
 `FusedDecodeStack` runs every layer of a step (1..`max_rows` single-query rows, no prefill chunk) inside one
 OpenMP parallel region: the threads split each GEMV by 64-channel panels (so the small q/k/v and o projections,
@@ -29,9 +29,8 @@ Leaving "fp32" out of `fused_decode` (VOCALIS_FP32_FUSED=0) turns the fp32 step 
 
 bf16 weights (the bf16 backend's `CastLinear` layers, packed by `packed_weights` in bf16) get it too
 (`BF16DecodeStack`): the same panels at half the bytes, each weight widened to fp32 in registers, the input rows
-rounded to bf16 first as `CastLinear` rounds them; fp32 sums. Why: op by op, a bf16 batch-1 step decoded at
-~0.34 of its bandwidth limit (11 tok/s, slower than fp32's fused 16), every Linear costing two casts and a GEMM
-call. Leaving "bf16" out of `fused_decode` (VOCALIS_BF16_FUSED=0) turns it off.
+rounded to bf16 first as `CastLinear` rounds them; fp32 sums. Why: op by op, a bf16 batch-1 step decoded slower than
+fp32's fused step, every Linear costing two casts and a GEMM call. Leaving "bf16" out of `fused_decode` (VOCALIS_BF16_FUSED=0) turns it off.
 
 Every step also runs the final RMSNorm and the speech head (`forward_logits`) where the head is the stack's
 kind: int8 packed for the kernel, or fp32 / bf16 (out, in) rows.
@@ -65,8 +64,7 @@ class FusedDecodeStack:
     def __init__(self, native: object) -> None:
         self._native = native
         # every decode step of up to the kernel's row count runs fused (16: row tiles of 4 (AVX2) or 6 (AVX-512) over
-        # weights streamed once per step, where the per-op path pays a GEMM call per layer and weight; 1.3-2.2x its
-        # tok/s at 8 and 16 rows, fp32 and int8, on AVX2)
+        # weights streamed once per step, where the per-op path pays a GEMM call per layer and weight)
         self.max_rows = int(native.max_rows())  # type: ignore[attr-defined]
         self.has_head = False  # whether `forward_logits` applies (the final norm and the speech head are bound)
 

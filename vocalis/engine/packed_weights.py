@@ -2,14 +2,14 @@
 
 Decoding multiplies a few rows by every weight, so the step is a string of skinny GEMMs whose speed depends on
 their count: fewer, wider GEMMs (3 projections -> 1, gate + up -> 1) cut the per-call costs. `gemm` picks the
-kernel by row count: MKL for a few rows, oneDNN from `ONEDNN_MIN_ROWS` rows (1.7x faster than MKL at 16 rows).
+kernel by row count: MKL for a few rows, oneDNN from `ONEDNN_MIN_ROWS` rows (faster there).
 
 One layout for both decode paths: every weight stays (out, in) row-major, q/k/v and gate/up concatenated along
 `out` into one contiguous (sum out, in) tensor. The fused decode step (int8_decode) streams 64-channel panels of
 these rows from this very storage, and the per-op path (prefill, > 4 rows, or the fused step off) multiplies by
-their transposed views. Why not the (in, out) layout this module used before: at batch 1 MKL's NN GEMM over
-(in, out) columns had run the wide projections 1.3-1.9x faster, but batch-1..4 decode steps now run fused, and
-keeping (in, out) for the per-op path forced the fp32 fused step to hold a second, (out, in) copy of q/k/v and
+their transposed views. Why not an (in, out) layout: MKL's NN GEMM runs the wide
+projections faster at batch 1, but batch-1..4 decode steps run fused, and keeping (in, out) for the per-op path
+would force the fp32 fused step to hold a second, (out, in) copy of q/k/v and
 gate/up (~0.94 GB at the 0.5B shapes). The speech head stays (out, in) too (the fused step reads it).
 
 The packing is in place and costs no memory: each module's `weight` (and bias) becomes a view into the fused
@@ -91,7 +91,7 @@ def gemm(x: torch.Tensor, w_t: torch.Tensor | Int8Weight, bias: torch.Tensor | N
     holds its own bias) runs through the int8 kernel.
 
     MKL's GEMM for a few rows; from ONEDNN_MIN_ROWS rows oneDNN's (the op `torch.compile` itself lowers CPU
-    linears to), which on this AMD CPU ran batch 4-16 decode GEMMs 1.2-1.9x faster than MKL's."""
+    linears to), faster than MKL's for batch 4-16 decode GEMMs."""
     if isinstance(w_t, Int8Weight):
         if w_t.amx is not None and x.shape[0] >= AMX_MIN_ROWS:
             return amx_linear(x, w_t)

@@ -83,8 +83,7 @@ class Sampler:
         head, ids = _top(scores.softmax(dim=-1), k)  # (B, K) each
         # mass before each item (exclusive prefix sum, fp32 as the reference's) against top_p, and at most top_k
         # items: a kept prefix. Compared in Python on the fp32 values (exact): as few torch ops as possible, as
-        # right after a decode step they run slowly (measured at batch 1: ~0.6-0.8 ms per call in the engine with
-        # the previous ~35 ops, ~0.17 ms in a loop of its own)
+        # small ops right after a decode step run slowly (the thread pool is still winding down)
         before = head[:, :-1].cumsum(dim=-1).tolist()  # (B, K - 1)
         ids_rows = ids.tolist()
         out: list[int] = []
@@ -110,8 +109,8 @@ class Sampler:
 def _top(probs: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The first k entries of each row's stable descending sort (B, V) -> values (B, K), ids (B, K).
 
-    Why not the sort itself: a full stable sort of 6564 ids took ~0.45 ms per step, ~3 % of an int8 batch-1
-    step, for the 25 entries top-k sampling reads. `topk` gives the k largest values but orders ties arbitrarily.
+    Why not the sort itself: a full stable sort of every speech id costs a visible share of an int8 batch-1 step,
+    for the 25 entries top-k sampling reads. `topk` gives the k largest values but orders ties arbitrarily.
     Taking k + 1: if the (k+1)-th value equals the k-th, a tie crosses the boundary and the stable sort's choice
     among the tied ids is needed: the full sort runs (rare). Otherwise the k taken are the sort's k; they are in
     its order unless two of them tie, where re-sorting them by id and then stably by value restores it (equal

@@ -22,6 +22,7 @@ from vocalis.config import (
 from vocalis.errors import InputError
 from vocalis.frontend import audio as audio_fe
 from vocalis.frontend import text as text_fe
+from vocalis.frontend.notices import notice
 from vocalis.frontend.phones import PhoneTokenizer
 from vocalis.frontend.request import Mode, SynthesisRequest
 from vocalis.frontend.tokenizer import TextTokenizer
@@ -111,8 +112,15 @@ class Frontend:
             raise InputError(f"text is {len(text)} characters; the limit is {self.max_text_chars}")
         if language == "auto":  # a model reading one language (the built-in model) normalises every text as it
             language = getattr(self.tokenizer, "language", language)
-        return text_fe.normalize(text, language=language, split=split,
-                                 token_len=lambda s: len(self.tokenizer.encode(s)))
+        result = text_fe.normalize_text(text, language, split=split, token_len=lambda s: len(self.tokenizer.encode(s)))
+        for note in result.notes:  # what the text frontend left unread (a code block), for the caller
+            notice(note)
+        reads_otherwise = getattr(self.tokenizer, "warnings", None)  # a tokenizer that transliterates or drops
+        if reads_otherwise is not None:
+            for piece in result.pieces:
+                for note in reads_otherwise(piece):
+                    notice(note)
+        return list(result.pieces)
 
     # ---- request preparation ------------------------------------------------------------------------------
     def segments(self, request: SynthesisRequest) -> list[list[int]]:

@@ -52,9 +52,8 @@ class Token2WavConfig:
     wait_for_cache: instead, a new stream waits for its first chunk until the budget has room for it and its next
     hop beside the started streams' caches and next hops (first come, first served), so starting a stream does not
     push the started ones into recomputing.
-    Off by default: with 2 s utterances recomputing is cheap, and at 32 streams (0.5B shapes, 2 CPU cores) the
-    waits cost more (first chunk p95 334 s against 152 s, 7 % less throughput); with 16 s utterances (tiny
-    shapes, 8 streams, 8 MiB) it gave 11 % more throughput, the recomputing being quadratic in the utterance.
+    Off by default: short utterances recompute little, so waiting costs them more than it saves; it pays with
+    long utterances, whose recomputing is quadratic in their length (docs/benchmarks.md).
     One policy for every family (`token2wav.budget`).
     max_streams: most requests with token2wav work in flight at once (from their LLM's start to their last
     chunk); a request beyond it waits, before its LLM starts, for one to finish (first come, first served). None:

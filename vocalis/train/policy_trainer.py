@@ -21,7 +21,7 @@ import logging
 import math
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -74,7 +74,11 @@ class PolicyObjective(abc.ABC):
 
 
 class PolicyTrainer:
-    def __init__(self, config: TrainConfig, info: DistInfo) -> None:
+    """The loop DPO and GRPO share; `objective` makes the run's objective from the trainer (the caller picks it, so
+    the loop imports neither objective)."""
+
+    def __init__(self, config: TrainConfig, info: DistInfo,
+                 objective: Callable[[PolicyTrainer], PolicyObjective]) -> None:
         self.config, self.info = config, info
         t = config.trainer
         self.out_dir = Path(t.out_dir)
@@ -110,7 +114,7 @@ class PolicyTrainer:
         torch.manual_seed(t.seed + 1 + info.rank)  # dropout differs per rank
         self.py_rng = random.Random(f"{t.seed}-{info.rank}-objective")
         self.generator = torch.Generator(device=info.device).manual_seed(t.seed * 1000 + info.rank)
-        self.objective = _objective(self)
+        self.objective = objective(self)
         self.accum = config.policy.accumulation(info.world_size)
         self.step = 0
         if t.resume:
@@ -226,13 +230,3 @@ class PolicyTrainer:
             (self.out_dir / "summary.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
         self.metrics.close()
         return summary
-
-
-def _objective(trainer: PolicyTrainer) -> PolicyObjective:
-    if trainer.config.task == "dpo":
-        from vocalis.train.dpo import DPOObjective
-
-        return DPOObjective(trainer)
-    from vocalis.train.grpo import GRPOObjective
-
-    return GRPOObjective(trainer)

@@ -46,7 +46,11 @@ def _run(config: TrainConfig, info: DistInfo) -> dict[str, Any]:
     if config.task in ("dpo", "grpo"):
         from vocalis.train.policy_trainer import PolicyTrainer
 
-        return PolicyTrainer(config, info).run()
+        if config.task == "dpo":
+            from vocalis.train.dpo import DPOObjective as objective
+        else:
+            from vocalis.train.grpo import GRPOObjective as objective
+        return PolicyTrainer(config, info, objective).run()
     if config.trainer.engine == "deepspeed":
         from vocalis.train.deepspeed_engine import DeepSpeedTrainer
 

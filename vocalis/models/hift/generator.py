@@ -58,7 +58,7 @@ class Snake(nn.Module):
         if torch.is_grad_enabled() and (x.requires_grad or alpha.requires_grad):
             return x + (1.0 / (alpha + _SNAKE_EPS)) * torch.pow(torch.sin(x * alpha), 2)
         # Inference: the same arithmetic in one buffer, bit-identical (pow(s, 2) is s * s). Five passes over fresh
-        # temporaries made this ~7x slower at the batched vocoder's sizes, which outgrow the caches.
+        # temporaries cost far more at the batched vocoder's sizes, which outgrow the caches.
         y = x * alpha
         y.sin_()
         y.mul_(y)

@@ -40,8 +40,8 @@ class ComputeWeights:
         # shapes. Decided on first use (CPU bf16 weights with even K; `bf16_gemm.available()`) unless given.
         self.native = native
         # oneDNN's prepacked bf16 GEMM (weights reordered once into the kernel's blocked layout, an optional GELU
-        # fused into the GEMM): 1.3-1.7x the plain bf16 GEMM at the estimator's shapes on AMX CPUs, which re-
-        # order the weights on every call otherwise. Decided on first use (CPU tensors only).
+        # fused into the GEMM): the plain bf16 GEMM reorders the weights on every call, which dominates at the
+        # estimator's shapes on AMX CPUs. Decided on first use (CPU tensors only).
         self.packed = packed
         # Attention in the compute dtype too where the CPU runs our bf16 attention (`bf16_attention`: AMX tiles,
         # or AVX512-BF16 dot products): it is then the faster kernel, and q/k/v, the bf16 key/value caches and the

@@ -45,8 +45,8 @@ def _block(run: ChunkRun, block: CausalBlock1D, x: torch.Tensor, mask: torch.Ten
 
 
 def _mish(y: torch.Tensor) -> torch.Tensor:
-    """Mish, y * tanh(softplus(y)), in one extra buffer: 2x faster than torch's mish kernel on the CPU here
-    (59 vs 107 us at (2, 256, 100), 0.42 vs 0.85 ms at 16 rows), equal to it within 1e-6."""
+    """Mish, y * tanh(softplus(y)), in one extra buffer: fewer passes over memory than torch's CPU mish kernel,
+    equal to it within 1e-6."""
     out = F.softplus(y)
     return out.tanh_().mul_(y)
 
