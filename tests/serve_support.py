@@ -8,6 +8,7 @@ utterances end at the minimum length (2 speech tokens per text token): the whole
 from __future__ import annotations
 
 import io
+import logging
 import socket
 import subprocess
 import threading
@@ -165,3 +166,14 @@ def decode_audio(fmt: str, data: bytes, sample_rate: int = 24000, frames: int | 
     with sf.SoundFile(io.BytesIO(data)) as f:
         assert f.samplerate == sample_rate, f.samplerate
         return f.read(dtype="float32")
+
+
+class LogLines(logging.Handler):
+    """Every log message it receives, formatted, in order."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())

@@ -16,7 +16,7 @@ from urllib.parse import quote
 
 import httpx
 import pytest
-from serve_support import make_quick_tiny_model_dir, quick_tts, serve, serve_backend
+from serve_support import LogLines, make_quick_tiny_model_dir, quick_tts, serve, serve_backend
 from tiny_assets import write_voice_like_wav
 
 websockets = pytest.importorskip("websockets", reason="websockets is part of the dev extra")
@@ -123,19 +123,10 @@ def test_api_key_is_checked_before_the_body_is_read(tts) -> None:
 
 
 # ---- item 8 ------------------------------------------------------------------------------------------------
-class _Lines(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(record.getMessage())
-
-
 def test_api_key_never_reaches_the_access_log(tts) -> None:
     from serve_support import reference_backend
 
-    handler = _Lines()
+    handler = LogLines()
     loggers = [logging.getLogger(n) for n in ("uvicorn.access", "uvicorn.error", "vocalis")]
     backend = reference_backend(tts)
     with serve_backend(backend, log_level="info", api_key="s3cret-key") as srv:

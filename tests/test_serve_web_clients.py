@@ -10,7 +10,7 @@ import time
 
 import httpx
 import pytest
-from serve_support import quick_tts, serve
+from serve_support import LogLines, quick_tts, serve
 
 websockets = pytest.importorskip("websockets", reason="websockets is part of the dev extra")
 import websockets.sync.client as websockets_sync
@@ -35,7 +35,7 @@ def preflight(srv, origin: str, path: str = "/v1/audio/speech", method: str = "P
         "Access-Control-Request-Headers": "authorization,content-type"})
 
 
-# ---- item 6: CORS ------------------------------------------------------------------------------------------
+# ---- CORS for allowed origins ------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("origin", [APP, "http://localhost:5173", "http://127.0.0.1:8080"])
 def test_allowed_origin_preflight_needs_no_key_and_gets_cors_headers(keyed, origin: str) -> None:
     r = preflight(keyed, origin)
@@ -73,16 +73,7 @@ def test_any_origin_when_allowed(tts) -> None:
         assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "*"
 
 
-# ---- item 7: the key out of the log, whatever its spelling ------------------------------------------------
-class _Lines(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(record.getMessage())
-
-
+# ---- the key out of the log, whatever its spelling ------------------------------------------------
 def test_key_spellings_are_redacted_in_the_access_log(tts) -> None:
     from serve_support import ServerThread
 
@@ -90,7 +81,7 @@ def test_key_spellings_are_redacted_in_the_access_log(tts) -> None:
     from vocalis.serve.config import ServeConfig
     from vocalis.serve.engine_backend import EngineBackend
 
-    handler = _Lines()
+    handler = LogLines()
     loggers = [logging.getLogger(n) for n in ("uvicorn.access", "uvicorn.error", "vocalis")]
     app = create_app(EngineBackend(tts), ServeConfig(api_key="s3cret-key"))
     with ServerThread(app, log_level="info") as srv:
@@ -114,7 +105,7 @@ def test_key_spellings_are_redacted_in_the_access_log(tts) -> None:
     assert "s3cret" not in text and "wrong-key" not in text, text
 
 
-# ---- item 3: the close frame -------------------------------------------------------------------------------
+# ---- the close frame -------------------------------------------------------------------------------
 def test_a_multibyte_error_reason_still_closes_with_its_code(tts) -> None:
     with serve(tts) as srv:
         url = srv.url.replace("http://", "ws://") + "/v1/audio/speech/ws"
