@@ -5,6 +5,7 @@ reference path share it, so both follow the same rules."""
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
@@ -115,12 +116,21 @@ class Frontend:
         result = text_fe.normalize_text(text, language, split=split, token_len=lambda s: len(self.tokenizer.encode(s)))
         for note in result.notes:  # what the text frontend left unread (a code block), for the caller
             notice(note)
-        reads_otherwise = getattr(self.tokenizer, "warnings", None)  # a tokenizer that transliterates or drops
+        self._notice_readings(result.pieces)
+        return list(result.pieces)
+
+    def _notice_readings(self, pieces: Sequence[str]) -> None:
+        """Tell the caller what the tokenizer reads otherwise than written (a word transliterated or dropped)."""
+        reads_otherwise = getattr(self.tokenizer, "warnings", None)
         if reads_otherwise is not None:
-            for piece in result.pieces:
+            for piece in pieces:
                 for note in reads_otherwise(piece):
                     notice(note)
-        return list(result.pieces)
+
+    def encode_piece(self, text: str) -> list[int]:
+        """One piece of text sent in pieces, as token ids; what it reads otherwise is noticed as for whole text."""
+        self._notice_readings((text,))
+        return self.tokenizer.encode(text)
 
     # ---- request preparation ------------------------------------------------------------------------------
     def segments(self, request: SynthesisRequest) -> list[list[int]]:

@@ -228,7 +228,7 @@ class AsyncEngine:
     def _text_pump(self) -> TextPump:
         with self._cond:
             if self._text is None:  # a model without a text tokenizer never gets here (prepare_job checks)
-                self._text = TextPump(self.frontend.tokenizer.encode, self._post)
+                self._text = TextPump(self.frontend.encode_piece, self._post)
             return self._text
 
     # ---- the loop (engine thread) -----------------------------------------------------------------------
