@@ -9,6 +9,7 @@ import contextlib
 import os
 import queue
 import threading
+import time
 from collections.abc import Generator, Iterator
 
 import numpy as np
@@ -69,8 +70,8 @@ class Player:
     def finish(self, timeout: float | None = None) -> None:
         """Wait until everything queued has played, then close the device."""
         self._chunks.put(None)
-        self._played.wait(timeout)
-        self._played.wait(_DRAIN_S)  # the device's own buffer
+        if self._played.wait(timeout):
+            time.sleep(_DRAIN_S)  # the device's own buffer still plays after the last samples were handed over
         self._device.close()
 
     def _frames(self) -> Generator[bytes, int, None]:

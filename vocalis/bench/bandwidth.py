@@ -17,8 +17,8 @@ STREAM-style copy (bytes read + written, numpy copyto) is probed too and reporte
 
 Page size: numpy asks for transparent huge pages on large buffers (madvise), so the probe reads from 2 MiB pages;
 the engine moves its decoder weights and KV cache onto them too (`engine.huge_pages`, unless
-VOCALIS_HUGE_PAGES=0), and 4 KiB pages read slower. The limit keeps the huge-page figure: it is what the memory delivers (the report records VOCALIS_HUGE_PAGES and
-THP_MEM_ALLOC_ENABLE).
+VOCALIS_HUGE_PAGES=0), and 4 KiB pages read slower. The limit keeps the huge-page figure: it is what the memory delivers
+(the report records VOCALIS_HUGE_PAGES and THP_MEM_ALLOC_ENABLE).
 
 The probes run in a separate process (`BandwidthProbe`, spawned before the caller builds its model), so their
 buffers never count in the bench side's peak RSS; the caller blocks while a probe runs, so the two never overlap.

@@ -22,15 +22,16 @@ first fp32 engine on a machine builds it.
 
 Each step exists per instruction-set level (`kernels.build`): int8_decode.cpp, the phases and work claiming, is
 compiled with the AVX-512 vector pieces (decode_math.cpp, int8_gemv.cpp) or the AVX2 ones (decode_math_avx2.cpp,
-int8_gemv_avx2.cpp: 8-wide vectors, int16 products with exact int32 sums, row tiles of up to 4). A panel is 64 rows of a weight in its usual (out, in) layout, one contiguous
-run, read from `packed_weights`' storage, which the per-op path (prefill, > 4 rows) shares: no copy. Rounding
-differs from the per-op path only in summation order (and the polynomial exp in softmax and SiLU).
-Leaving "fp32" out of `fused_decode` (VOCALIS_FP32_FUSED=0) turns the fp32 step off.
+int8_gemv_avx2.cpp: 8-wide vectors, int16 products with exact int32 sums, row tiles of up to 4). A panel is 64 rows of a
+weight in its usual (out, in) layout, one contiguous run, read from `packed_weights`' storage, which the per-op path
+(prefill, > 4 rows) shares: no copy. Rounding differs from the per-op path only in summation order (and the polynomial
+exp in softmax and SiLU). Leaving "fp32" out of `fused_decode` (VOCALIS_FP32_FUSED=0) turns the fp32 step off.
 
 bf16 weights (the bf16 backend's `CastLinear` layers, packed by `packed_weights` in bf16) get it too
 (`BF16DecodeStack`): the same panels at half the bytes, each weight widened to fp32 in registers, the input rows
 rounded to bf16 first as `CastLinear` rounds them; fp32 sums. Why: op by op, a bf16 batch-1 step decoded slower than
-fp32's fused step, every Linear costing two casts and a GEMM call. Leaving "bf16" out of `fused_decode` (VOCALIS_BF16_FUSED=0) turns it off.
+fp32's fused step, every Linear costing two casts and a GEMM call. Leaving "bf16" out of `fused_decode`
+(VOCALIS_BF16_FUSED=0) turns it off.
 
 Every step also runs the final RMSNorm and the speech head (`forward_logits`) where the head is the stack's
 kind: int8 packed for the kernel, or fp32 / bf16 (out, in) rows.

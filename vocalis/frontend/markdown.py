@@ -6,7 +6,8 @@ item, table row, quote) becomes a sentence of its own, ended with a full stop wh
 the splitter and the model pause where a reader would. Emphasis, heading marks, list bullets, link targets and
 struck-out text are not read; a link reads as its text, an image as its alt text, inline code as its content, a
 table row as its cells in order. Fenced code blocks, rules and HTML markup are skipped (a skipped code block is
-noted; text that is only code is read as written); CosyVoice's control tags (`<strong>`, `[laughter]`, `<|endofprompt|>`) pass through unchanged.
+noted; text that is only code is read as written); CosyVoice's control tags (`<strong>`, `[laughter]`,
+`<|endofprompt|>`) pass through unchanged.
 """
 
 from __future__ import annotations

@@ -22,8 +22,8 @@ from vocalis.errors import InputError
 from vocalis.frontend.markdown import markdown_to_speech
 from vocalis.frontend.numbers import chinese_numbers, english_numbers, number_to_words, spell_out_numbers
 
-__all__ = ["NormalizedText", "ends_sentence", "longest_sentence_tokens", "normalize", "normalize_text", "number_to_words",
-           "spell_out_numbers", "split_paragraph"]
+__all__ = ["NormalizedText", "ends_sentence", "longest_sentence_tokens", "normalize", "normalize_text",
+           "number_to_words", "spell_out_numbers", "split_paragraph"]
 
 logger = logging.getLogger(__name__)
 

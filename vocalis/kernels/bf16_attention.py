@@ -33,7 +33,10 @@ def kernels() -> tuple[str, ...]:
     if _kernels is None:
         feats = cpu.features()
         dot = feats.at_least("avx512") and feats.avx512_bf16 and build.extension() is not None
-        _kernels = (*(("tile",) if bf16_gemm.available() else ()), *(("dot",) if dot else ()))
+        found = (*(("tile",) if bf16_gemm.available() else ()), *(("dot",) if dot else ()))
+        if not build.settled():
+            return found  # compiling in the background: asked again once it is ready
+        _kernels = found
     return _kernels
 
 

@@ -52,6 +52,8 @@ def available() -> bool:
     global _available
     if _available is None:
         ext = build.extension() if has_amx() else None
+        if ext is None and has_amx() and not build.settled():
+            return False  # compiling in the background: asked again once it is ready
         _available = ext is not None and bool(ext.bf16_usable())
         if _available and not _agrees():
             log.warning("native bf16 GEMM disagrees with torch's on a small check; using torch's ops")

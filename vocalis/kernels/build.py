@@ -129,8 +129,8 @@ def compiler() -> str | None:
 def _start_builder(name: str, lib: Path) -> subprocess.Popen[bytes]:
     # its own session: the build outlives a short process (a first `vocalis speak`) and fills the cache for the next
     with open(lib.parent / "build.log", "wb") as out:
-        return subprocess.Popen([sys.executable, "-m", "vocalis.kernels.build", "--isa", name], stdin=subprocess.DEVNULL,
-                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        return subprocess.Popen([sys.executable, "-m", "vocalis.kernels.build", "--isa", name],
+                                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def _decide() -> None:
@@ -154,7 +154,11 @@ def _decide() -> None:
             log.info("native %s kernels: compiling in the background (once per machine; log %s); torch's ops run "
                      "until they are ready", name, lib.parent / "build.log")
     except Exception as e:  # noqa: BLE001 - any build failure means: use the fallback
-        _reason = f"build failed ({type(e).__name__}: {str(e).strip().splitlines()[-1:]})"
+        _reason = f"build failed ({_last_line(e)})"
+
+
+def _last_line(e: Exception) -> str:
+    return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[-1]}"
 
 
 def _poll() -> None:
@@ -173,7 +177,7 @@ def _poll() -> None:
         _ext = _import(lib)
         log.info("native %s kernels ready: they take over from torch's ops", name)
     except Exception as e:  # noqa: BLE001 - any build failure means: use the fallback
-        _reason = f"the background build failed ({type(e).__name__}: {str(e).strip().splitlines()[-1:]})"
+        _reason = f"the background build failed ({_last_line(e)})"
 
 
 def extension() -> ModuleType | None:
@@ -193,6 +197,13 @@ def extension() -> ModuleType | None:
             if _reason is not None:
                 log.info("native kernels unavailable: %s; torch's ops run instead", _reason)
         return _ext
+
+
+def settled() -> bool:
+    """Whether `extension()` has its final answer here (False while the set compiles in the background): callers
+    that decide once keep their decision only when it is settled."""
+    extension()
+    return _ext is not None or _reason is not None
 
 
 def unavailable_reason() -> str | None:

@@ -4,12 +4,13 @@ Batch-1 decode streams every weight once per token; on 4 KiB pages it reads meas
 (TLB misses; README, "bench"). Asking torch's allocator for huge pages everywhere (THP_MEM_ALLOC_ENABLE=1) does
 not pay: it puts every short-lived 2+ MiB temporary on huge pages too, and glibc unmaps such blocks on free, so each
 token2wav step faults and zeroes them afresh, many times slower than on glibc's defaults. So only the tensors
-that live as long as the engine are moved, once, after they are built: MADV_COLLAPSE (Linux 6.1+) copies the pages under a range into huge pages in place, at the same addresses,
-so views, packed layouts and pointers a native kernel already holds stay valid.
+that live as long as the engine are moved, once, after they are built: MADV_COLLAPSE (Linux 6.1+) copies the pages under
+a range into huge pages in place, at the same addresses, so views, packed layouts and pointers a native kernel already
+holds stay valid.
 
 Where the kernel cannot (THP mode `never`, an older kernel, not Linux) nothing changes. Whether to move them at
-all is the caller's choice (the LLM engine's `EngineConfig.huge_pages`, VOCALIS_HUGE_PAGES=0). Untouched pages cannot be collapsed (the KV cache before use); MADV_HUGEPAGE makes them fault in
-as huge pages later.
+all is the caller's choice (the LLM engine's `EngineConfig.huge_pages`, VOCALIS_HUGE_PAGES=0). Untouched pages cannot be
+collapsed (the KV cache before use); MADV_HUGEPAGE makes them fault in as huge pages later.
 """
 
 from __future__ import annotations

@@ -111,7 +111,7 @@ class CoreWorkers:
 
         def one_thread(_: int) -> None:
             torch.get_num_threads()  # the thread's lazy intra-op set-up runs now, not later over our count
-            _native_thread_setup()  # and our native kernels' own copy of it
+            _native_set_up()  # and our native kernels' own copy of it
             torch.set_num_threads(1)
             ready.wait()  # every worker holds one set-up task: each of the `count` threads is set
 
@@ -121,7 +121,7 @@ class CoreWorkers:
     def map(self, fn: Callable[[T], R], parts: Sequence[T]) -> list[R]:
         """[fn(part) for part in parts], the parts on the workers side by side (at most `count` at once); an
         exception in any part is raised here once every part has ended."""
-        futures = [self._pool.submit(fn, part) for part in parts]
+        futures = [self._pool.submit(_on_worker, fn, part) for part in parts]
         errors = [f.exception() for f in futures]
         for error in errors:
             if error is not None:
@@ -130,6 +130,23 @@ class CoreWorkers:
 
     def close(self) -> None:
         self._pool.shutdown(wait=False)
+
+
+_worker = threading.local()  # per worker thread: whether our native kernels' thread set-up has run in it
+
+
+def _native_set_up() -> None:
+    """Our kernels' thread set-up in this worker, once they are loaded (a background build may finish after the
+    workers start: the first task after that runs it)."""
+    if not getattr(_worker, "native", False) and build.settled():
+        _native_thread_setup()
+        torch.set_num_threads(1)
+        _worker.native = True
+
+
+def _on_worker(fn: Callable[[T], R], part: T) -> R:
+    _native_set_up()
+    return fn(part)
 
 
 def _native_thread_setup() -> None:

@@ -20,7 +20,8 @@ The extension is compiled by `torch.utils.cpp_extension.load_inline` (gcc + ninj
 cache dir, once per machine (`kernels.build`); it also holds the fused decode steps (kernels/csrc/int8_decode.cpp).
 When the int8 kernel cannot be used (a CPU with neither AVX2 nor AVX-512 VNNI, AVX-512 without VNNI,
 turned off by the caller: `KernelConfig.int8_kernel`, VOCALIS_INT8_KERNEL=0; no compiler, a build error),
-`available()` is False, one log line says why, and the int8 backend keeps torch's dynamic quantization. The fp32 fused step needs only the extension: `fp32_unavailable_reason()`.
+`available()` is False, one log line says why, and the int8 backend keeps torch's dynamic quantization. The fp32 fused
+step needs only the extension: `fp32_unavailable_reason()`.
 
 Legend: M rows, K in features, N out features, P = ceil(N / 64) panels, K4 = ceil(K / 4).
 """

@@ -2,10 +2,10 @@
 steps for every request; callers submit a `SynthesisRequest` and iterate its audio chunks asynchronously.
 
 Threads: the engine loop thread is the only one touching the LLM engine, the token2wav engine and the jobs'
-stream states. Callers (on an asyncio event loop) only post messages ("add", "abort") to an inbox guarded by
-a condition variable that wakes the loop; the loop sends chunks back with `call_soon_threadsafe`. Text
-normalisation and tokenisation run in the default executor before a job is posted. No per-request threads,
-no polling: an idle loop sleeps on the condition.
+stream states. Callers (on an asyncio event loop) only post messages ("add", "abort", "fail", and a bi-stream's
+"text", "text_cut", "text_end") to an inbox guarded by a condition variable that wakes the loop; the loop sends
+chunks back with `call_soon_threadsafe`. Text normalisation and tokenisation run in the default executor before a
+job is posted. No per-request threads, no polling: an idle loop sleeps on the condition.
 
 One iteration: take the inbox; one LLM step (all running requests, prefill chunks and decodes); one token2wav
 step over the requests with a chunk ready (first chunks first), unless the grouping policy (`step_grouping`) holds
@@ -256,7 +256,11 @@ class AsyncEngine:
                 continue
             self._heap_used = True
             for kind, payload in inbox:
-                self._handle(kind, payload)
+                try:
+                    self._handle(kind, payload)
+                except Exception as exc:  # a bug: fail that message's request rather than end the loop
+                    log.exception("engine message %r failed", kind)
+                    self._abort(_job_id(kind, payload), exc)
             if closing:
                 for job_id in [*self._queue.ids(), *self._jobs]:
                     self._abort(job_id, EngineClosed("the engine was closed"))
@@ -402,3 +406,10 @@ class AsyncEngine:
             self.token2wav.abort(s)  # drops its flow and HiFT caches now
         job.handle._put(error if error is not None else END)
         self._admit()
+
+
+def _job_id(kind: str, payload: Any) -> str:
+    """The request a loop message is about ("add": a Job; "fail" and "text": (job id, ...); else the id)."""
+    if kind == "add":
+        return payload.job_id
+    return payload[0] if isinstance(payload, tuple) else payload

@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 from vocalis.errors import InputError
+from vocalis.kernels.build import BUILD_ENV
 from vocalis.model_options import add_model_arguments, model_options
 
 log = logging.getLogger("vocalis")
@@ -122,6 +123,7 @@ def serve_command(args: argparse.Namespace) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
+    os.environ.setdefault(BUILD_ENV, "wait")  # a server starts once: its requests run on our kernels from the first
     tts = options.load(args.model)
     if tts.model.kind == "random":
         log.warning("no trained model is installed: the built-in model has RANDOM weights and makes noise")

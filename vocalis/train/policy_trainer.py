@@ -144,7 +144,8 @@ class PolicyTrainer:
         path = ckpt.checkpoint_path(self.out_dir, self.step)
         ckpt.save_atomic(state, path)
         if self.adapter_config is not None:
-            save_adapter(adapter_of(self.trained, self.adapter_config), self.out_dir / "adapter")  # type: ignore[arg-type]
+            adapter = adapter_of(self.trained, self.adapter_config)  # type: ignore[arg-type]
+            save_adapter(adapter, self.out_dir / "adapter")
         ckpt.prune(self.out_dir, self.config.trainer.keep_checkpoints)
         log.info("saved %s", path)
 

@@ -52,7 +52,8 @@ class LLMTask(Task):
         self.adapter_config: AdapterConfig | None = None
         if config.lora.enabled:
             init = config.model.init_from
-            base = str(Path(init).resolve()) if init and Path(init).is_dir() else init or f"random {config.model.preset}"
+            base = (str(Path(init).resolve()) if init and Path(init).is_dir()
+                    else init or f"random {config.model.preset}")
             weights, self.adapter_config = attach_lora(llm, config.lora, base)
             self.modules = {"lora": weights}
         self.objective: nn.Module = LMObjective(llm, config.llm.bistream_prob)
@@ -62,7 +63,8 @@ class LLMTask(Task):
 
     def save_artifacts(self, out_dir: Path) -> None:
         if self.adapter_config is not None:
-            save_adapter(adapter_of(self.modules["lora"], self.adapter_config), out_dir / ADAPTER_DIR)  # type: ignore[arg-type]
+            adapter = adapter_of(self.modules["lora"], self.adapter_config)  # type: ignore[arg-type]
+            save_adapter(adapter, out_dir / ADAPTER_DIR)
 
     def wrap(self, wrap: Wrap) -> None:
         self.objective = wrap(self.objective)

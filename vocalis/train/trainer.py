@@ -1,11 +1,11 @@
 """The training loop: one explicit loop for every task, on one process or many (torchrun).
 
 Per micro-batch: the task's forward/backward under autocast, inside `no_sync()` of every DDP module except on
-accumulation boundaries (an accumulation window may span an epoch end); on a boundary each optimizer group is unscaled (fp16), clipped (its norm logged),
-stepped (skipped when the norm is not finite), zeroed and scheduled, and the step counter advances. An epoch
-ends for all ranks as soon as one rank runs out of batches (a MIN all-reduce per micro-batch), so no rank
-waits in a collective the others never reach. A checkpoint records where in the epoch the run stands, so a
-resumed run skips exactly the micro-batches already consumed and continues bit-identically on CPU.
+accumulation boundaries (an accumulation window may span an epoch end); on a boundary each optimizer group is unscaled
+(fp16), clipped (its norm logged), stepped (skipped when the norm is not finite), zeroed and scheduled, and the step
+counter advances. An epoch ends for all ranks as soon as one rank runs out of batches (a MIN all-reduce per
+micro-batch), so no rank waits in a collective the others never reach. A checkpoint records where in the epoch the run
+stands, so a resumed run skips exactly the micro-batches already consumed and continues bit-identically on CPU.
 """
 
 from __future__ import annotations

@@ -76,7 +76,7 @@ def _usage_logger() -> tuple[type, dict[str, float]]:
 
 
 def build_engine(settings: dict[str, Any]) -> tuple[Any, dict[str, float], dict[str, Any]]:
-    """The vLLM engine for `settings` (see `vllm_engine.VLLMEngine._settings`) -> (engine, usage, info)."""
+    """The vLLM engine for `settings` (the dict `backends/vllm/engine.py` sends) -> (engine, usage, info)."""
     # before vLLM reads its environment: the engine core runs in this process (no third process, no IPC per
     # step), and the KV cache gets the caller's budget (whole GiB on CPU)
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
@@ -109,7 +109,7 @@ def build_engine(settings: dict[str, Any]) -> tuple[Any, dict[str, float], dict[
 
 
 def sampling_params(spec: dict[str, Any]) -> Any:
-    """vLLM SamplingParams from the plain dict `vllm_engine` sends (new ids only, no detokenizing)."""
+    """vLLM SamplingParams from the plain dict `backends/vllm/engine.py` sends (new ids only, no detokenizing)."""
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
 

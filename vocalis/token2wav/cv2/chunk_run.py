@@ -178,8 +178,8 @@ class ChunkRun:
         (prefix, own cached, new) -> (2R, n, H, E), no log-sum-exp merge. Our fp32 kernel takes the three as pieces
         read where they lie (the prefix's two rows by every request, a bf16 cache widened as it packs); elsewhere
         they are laid out once (the prefix's keys are upcast from the cache dtype anyway). bf16 on the CPU: one
-        call under the block-causal mask (one kernel call instead of two parts and a merge). Otherwise (one request) queries go block by block, each over
-        exactly the keys its block sees: no mask and no masked work."""
+        call under the block-causal mask (one kernel call instead of two parts and a merge). Otherwise (one request)
+        queries go block by block, each over exactly the keys its block sees: no mask and no masked work."""
         c0 = self.caches[0]
         self._new_own(i, k)
         rows, h, n, e = q.shape

@@ -71,12 +71,12 @@ class Token2WavEngine:
         hift_body: HiftBody | None = None,
     ) -> None:
         """hift_body replaces the torch HiFT conv body (default: the one a backend attached to `hift`).
-        Precision needs no argument: backends swap the modules' Linear layers (see engine/backends.py)."""
+        Precision needs no argument: backends swap the modules' Linear layers (see backends/choice.py)."""
         self.flow = flow
         self.hift = hift
         self.config = config or Token2WavConfig()
         self.stream = stream or StreamConfig()
-        # A backend may attach a batched HiFT body (e.g. ONNX Runtime) to the module; see engine/backends.py.
+        # A backend may attach a batched HiFT body (e.g. ONNX Runtime) to the module; see backends/choice.py.
         self.hift_body = hift_body or getattr(hift, "backend_body", None)
         # The incremental path calls the torch estimator's parts; a backend may have swapped the module used by
         # full passes for a wrapper that keeps the original as `torch_module`.
