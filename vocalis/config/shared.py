@@ -132,6 +132,9 @@ class SamplingConfig:
     # A phone model's labels spell its text's phones in order: draw only labels that continue the spelling
     # (`vocalis.engine.label_path`), so that the model chooses durations and pauses, never skips or repeats words
     follow_phones: bool = False
+    # Runaway guard: a sentence stops once its last this many speech ids (5 s) repeat one short cycle of ids,
+    # a degenerate loop that RAS alone does not always break (0: off). Long enough never to cut real speech
+    stop_cycle_span: int = 125
 
 
 @dataclass(frozen=True, slots=True)

@@ -38,7 +38,7 @@ class EngineFront:
         min_len, max_len = self.llm.length_bounds(num_text_tokens)
         params = SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, win_size=s.win_size,
                                 tau_r=s.tau_r, min_len=min_len, max_len=max_len, seed=seed,
-                                follow_phones=s.follow_phones)
+                                follow_phones=s.follow_phones, stop_cycle_span=s.stop_cycle_span)
         return dataclasses.replace(params, **overrides) if overrides else params  # type: ignore[arg-type]
 
     def make_request(self, text_ids: Sequence[int], prompt_text_ids: Sequence[int] = (),

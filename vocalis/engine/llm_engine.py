@@ -12,10 +12,10 @@ from collections.abc import Sequence
 
 import torch
 
+from vocalis.engine.base import EngineFront
 from vocalis.engine.bistream import BistreamInput
 from vocalis.engine.block_manager import BlockManager
 from vocalis.engine.config import EngineConfig
-from vocalis.engine.base import EngineFront
 from vocalis.engine.lm_family import SpeechLM, family_of
 from vocalis.engine.model_runner import ModelRunner, kv_bytes_per_block
 from vocalis.engine.packed_weights import pack_llm

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from vocalis.engine.runaway import CycleWatch
 from vocalis.errors import InputError
 
 if TYPE_CHECKING:
@@ -33,11 +34,13 @@ class RequestStatus(Enum):
     RUNNING = "running"
     FINISHED_STOPPED = "stopped"  # sampled a stop id (never appended)
     FINISHED_LENGTH = "length"  # reached max_len
+    FINISHED_CYCLE = "cycle"  # its latest ids repeat a short cycle (params.stop_cycle_span; a degenerate loop)
     FINISHED_ABORTED = "aborted"
 
     @property
     def finished(self) -> bool:
-        return self in (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_ABORTED)
+        return self in (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_CYCLE,
+                        RequestStatus.FINISHED_ABORTED)
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +52,8 @@ class SamplingParams:
         produced (stop_all_masked: every stop id is, which with min_len = max_len forces an exact count).
     seed: seeds this request's own torch.Generator (None: a random seed); the draws use nothing else.
     follow_phones: a phone model's labels follow its text (`vocalis.engine.label_path`; whole-text requests).
+    stop_cycle_span: stop (FINISHED_CYCLE) once this many latest ids repeat a cycle of at most
+        `runaway.CYCLE_MAX_PERIOD` ids (0: never; whole-text requests).
     """
 
     temperature: float = 1.0
@@ -62,6 +67,7 @@ class SamplingParams:
     seed: int | None = None
     stop_all_masked: bool = False
     follow_phones: bool = False
+    stop_cycle_span: int = 0
 
     def __post_init__(self) -> None:
         if not self.greedy and self.temperature <= 0:
@@ -70,6 +76,8 @@ class SamplingParams:
             raise ValueError(f"need top_k >= 1 and 0 < top_p <= 1, got {self.top_k}, {self.top_p}")
         if self.min_len < 0 or self.max_len < 0:
             raise ValueError(f"min_len and max_len must be >= 0, got {self.min_len}, {self.max_len}")
+        if self.stop_cycle_span < 0:
+            raise ValueError(f"stop_cycle_span must be >= 0, got {self.stop_cycle_span}")
 
 
 # Called by the engine for each new speech id (token None: finished without one), and once with finished=True.
@@ -86,7 +94,7 @@ class Request:
     sample_at_end: computing the last fed position yields an id (False while a bi-stream waits for text).
     """
 
-    __slots__ = ("arrival_time", "bistream", "block_hashes", "block_table", "generator", "label_path",
+    __slots__ = ("arrival_time", "bistream", "block_hashes", "block_table", "cycle_watch", "generator", "label_path",
                  "num_cached_tokens", "num_computed_tokens", "num_preemptions", "num_prompt_tokens", "output_ids",
                  "params", "request_id", "sample_at_end", "sink", "status", "token_ids")
 
@@ -104,6 +112,8 @@ class Request:
         self.label_path = label_path  # labels that follow the text (params.follow_phones), this request's own
         self.sample_at_end = bistream is None
         self.params = params or SamplingParams()
+        span = self.params.stop_cycle_span
+        self.cycle_watch = CycleWatch(span) if span and bistream is None else None
         self.status = RequestStatus.WAITING
         self.num_computed_tokens = 0
         self.num_cached_tokens = 0  # positions taken from the prefix cache at (last) admission

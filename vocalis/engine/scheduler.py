@@ -154,6 +154,14 @@ class Scheduler:
             if req.num_output_tokens >= req.params.max_len:
                 self.running.remove(req)
                 self._finish(req, RequestStatus.FINISHED_LENGTH)
+                if req.params.min_len < req.params.max_len:  # not a forced count: the text's bound was reached
+                    log.warning("request %s: stopped at its length bound of %d speech ids (no end of speech)",
+                                req.request_id, req.params.max_len)
+            elif req.cycle_watch is not None and (period := req.cycle_watch.push(req.output_ids)) is not None:
+                self.running.remove(req)
+                self._finish(req, RequestStatus.FINISHED_CYCLE)
+                log.warning("request %s: stopped a runaway: its last %d speech ids repeat a cycle of %d",
+                            req.request_id, req.cycle_watch.span, period)
         return events
 
     def _bistream_token(self, req: Request, tok: int, events: list[tuple[Request, int | None]]) -> None:

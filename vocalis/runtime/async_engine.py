@@ -41,7 +41,7 @@ from vocalis.backends.choice import Runtime, make_llm_engine
 from vocalis.config import StreamConfig
 from vocalis.engine.config import EngineConfig
 from vocalis.engine.llm_engine import LLMEngine
-from vocalis.engine.request import SamplingParams
+from vocalis.engine.request import RequestStatus, SamplingParams
 from vocalis.errors import InputError
 from vocalis.frontend.family import frontend_for
 from vocalis.frontend.notices import collect_notices
@@ -63,6 +63,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# Sentences the engine stopped itself, without an end of speech: the text's length bound, or a repeating cycle
+_RUNAWAY = (RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_CYCLE)
 HEAP_RELEASE_DELAY_S = 1.0  # idle seconds before the loop gives the heap's free memory back (AsyncEngine)
 
 
@@ -101,6 +103,7 @@ class AsyncEngine:
         self.last_llm_batch = 0  # requests in the last LLM step
         self.last_token2wav_batch = 0  # streams in the last token2wav step
         self.generated = RateMeter()  # generated speech tokens: total and per second (for /metrics)
+        self.runaway_stops = dict.fromkeys((s.value for s in _RUNAWAY), 0)  # sentences stopped by the guard
 
     @classmethod
     def from_model(cls, model: LoadedModel, config: EngineConfig | None = None,
@@ -211,7 +214,8 @@ class AsyncEngine:
                 "llm_steps": self.num_llm_steps, "token2wav_steps": self.num_token2wav_steps,
                 "llm_batch": self.last_llm_batch, "token2wav_batch": self.last_token2wav_batch,
                 "token2wav_waiting": self.token2wav.held,
-                "generated_tokens": self.generated.total, "tokens_per_s": self.generated.rate()}
+                "generated_tokens": self.generated.total, "tokens_per_s": self.generated.rate(),
+                **{f"runaway_{reason}": float(n) for reason, n in self.runaway_stops.items()}}
 
     # ---- preparing a job (executor thread; touches no engine state) ------------------------------------
     def _prepare(self, request: SynthesisRequest | Callable[[], SynthesisRequest], stream: bool,
@@ -301,6 +305,8 @@ class AsyncEngine:
             self.num_llm_steps += 1
             for job in list(self._jobs.values()):
                 if job.llm_request is not None and job.llm_request.finished:
+                    if job.llm_request.status in _RUNAWAY:
+                        self.runaway_stops[job.llm_request.status.value] += 1
                     job.llm_request = None
                     self._start_llm(job)
         ready = self._grouped_ready()

@@ -43,6 +43,7 @@ from vocalis.serve.hosts import HostOriginMiddleware, HostPolicy
 from vocalis.serve.limits import PromptBudget, check_text_fields
 from vocalis.serve.metrics import ServeMetrics
 from vocalis.serve.schemas import SpeechRequest, error_body, validation_message
+from vocalis.serve.ssml_job import ssml_parts
 from vocalis.serve.streaming import audio_response, sse_response, start_job, whole_response
 from vocalis.serve.uploads import audio_seconds, read_body
 from vocalis.serve.voices import OPENAI_VOICES, VoiceNotFound, VoiceStore
@@ -121,12 +122,14 @@ def api_router() -> APIRouter:
             raise InputError("ref_text needs ref_audio")
         # ref_audio takes precedence over voice: OpenAI clients always send a voice.
         voice = ctx.voices.resolve(req.voice_name) if prompt is None else None
-        ctx.budget.check(text=req.input, voice=voice, prompt_text=req.ref_text or "", instruct=req.instructions or "",
+        ssml = ssml_parts(req.input, req.speed) if req.input_format == "ssml" else None
+        said = req.input if ssml is None else " ".join(p.text for p in ssml if p.text)
+        ctx.budget.check(text=said, voice=voice, prompt_text=req.ref_text or "", instruct=req.instructions or "",
                          prompt_seconds=audio_seconds(prompt) if prompt is not None else 0.0)
         job = SpeechJob(text=req.input, voice=voice, prompt_wav=prompt, prompt_text=req.ref_text or "",
                         instruct=req.instructions or "", speed=req.speed, seed=req.seed, language=req.language,
                         stream=req.stream or req.stream_format == "sse")
-        stream = await start_job(ctx, job, request, "/v1/audio/speech", t0)
+        stream = await start_job(ctx, job, request, "/v1/audio/speech", t0, ssml)
         if req.stream_format == "sse":
             return sse_response(stream, fmt, len(req.input))
         if not req.stream:

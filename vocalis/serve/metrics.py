@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 
 _LATENCY_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 20.0, 60.0)
 _RTF_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
@@ -20,6 +22,24 @@ _ENGINE_GAUGES = (
     ("generated_tokens", "vocalis_generated_tokens", "Speech tokens generated since start"),
     ("tokens_per_s", "vocalis_generated_tokens_per_second", "Speech tokens generated per second, last 5 s"),
 )
+
+
+_RUNAWAY_REASONS = ("length", "cycle")  # `AsyncEngine.stats` keys runaway_<reason>
+
+
+class _RunawayStops(Collector):
+    """Sentences whose LLM the engine stopped without an end of speech, by reason, read from the engine live."""
+
+    def __init__(self, engine_stats: Callable[[], dict[str, float]]) -> None:
+        self.engine_stats = engine_stats
+
+    def collect(self) -> Iterable[CounterMetricFamily]:
+        stats = self.engine_stats()
+        family = CounterMetricFamily("vocalis_llm_runaway_stops", "Sentences stopped at the text's length bound "
+                                     "or in a repeating cycle of speech ids, by reason", labels=["reason"])
+        for reason in _RUNAWAY_REASONS:
+            family.add_metric([reason], float(stats.get(f"runaway_{reason}", 0.0)))
+        yield family
 
 
 class ServeMetrics:
@@ -49,6 +69,7 @@ class ServeMetrics:
             for key, name, doc in _ENGINE_GAUGES:
                 gauge = Gauge(name, doc, registry=r)
                 gauge.set_function(lambda key=key: float(engine_stats().get(key, 0.0)))
+            r.register(_RunawayStops(engine_stats))
         self.first_chunk = Histogram("vocalis_first_chunk_seconds", "Request arrival to first audio chunk",
                                      ["route"], buckets=_LATENCY_BUCKETS, registry=r)
         self.rtf = Histogram("vocalis_rtf", "Real-time factor: synthesis seconds per audio second", ["route"],

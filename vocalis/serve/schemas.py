@@ -1,7 +1,7 @@
 """Request and message schemas of the HTTP and WebSocket APIs (pydantic), and the error body.
 
-`SpeechRequest` is OpenAI's `POST /v1/audio/speech` body plus Vocalis extensions (ref_audio, ref_text, seed,
-language, stream). Unknown fields are rejected, so a misspelt option fails loudly instead of being ignored.
+`SpeechRequest` is OpenAI's `POST /v1/audio/speech` body plus Vocalis extensions (input_format, ref_audio, ref_text,
+seed, language, stream). Unknown fields are rejected, so a misspelt option fails loudly instead of being ignored.
 Text lengths are checked by the routes against the server's one limit (limits.py), not here.
 """
 
@@ -50,6 +50,7 @@ class SpeechRequest(SynthesisOptions):
 
     model: str = Field("vocalis", description="accepted for compatibility (tts-1, gpt-4o-mini-tts, ...); one model is served")
     input: str = Field(..., min_length=1)
+    input_format: Literal["text", "ssml"] = Field("text", description="ssml: input is a <speak> document (a subset)")
     voice: str | VoiceRef | None = Field(None, description="a saved or built-in voice, or an OpenAI voice name")
     instructions: str | None = Field(None, description="how to speak (instruct mode)")
     response_format: ResponseFormat = "mp3"

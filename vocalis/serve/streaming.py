@@ -30,8 +30,10 @@ from vocalis.serve.audio_encoding import MEDIA_TYPES, AudioEncoder, encode_whole
 from vocalis.serve.backend import SpeechJob
 from vocalis.serve.deadlines import JobWatch, retrieve
 from vocalis.serve.errors import Aborted
+from vocalis.serve.ssml_job import SsmlHandle
 
 if TYPE_CHECKING:
+    from vocalis.frontend.ssml import SsmlPart
     from vocalis.serve.context import ServerContext
 
 log = logging.getLogger(__name__)
@@ -90,10 +92,12 @@ class StartedJob:
 
 
 async def start_job(ctx: ServerContext, job: SpeechJob, request: Request | None, route: str,
-                    t0: float) -> StartedJob:
-    """Submit `job` under the server's deadlines and wait for its first chunk."""
+                    t0: float, ssml: tuple[SsmlPart, ...] | None = None) -> StartedJob:
+    """Submit `job` under the server's deadlines and wait for its first chunk; with `ssml`, the job's settings
+    say those parts in turn (`ssml_job`)."""
     ctx.shutdown.check_open()
-    watch = JobWatch(ctx.backend.submit(job), queue_timeout_s=ctx.config.queue_timeout_s,
+    handle = ctx.backend.submit(job) if ssml is None else SsmlHandle(ctx.backend, job, ssml)
+    watch = JobWatch(handle, queue_timeout_s=ctx.config.queue_timeout_s,
                      run_timeout_s=ctx.config.request_timeout_s, shutdown=ctx.shutdown, metrics=ctx.metrics,
                      route=route, t0=t0)
     return StartedJob(watch, await first_item(watch, request))
