@@ -166,6 +166,12 @@ def test_control_tags_survive_markdown() -> None:
     assert markdown_to_speech("You are kind.<|endofprompt|>*Hi*").text == "You are kind.<|endofprompt|>Hi."
 
 
+def test_a_less_than_sign_is_text_and_html_tags_are_markup() -> None:
+    assert markdown_to_speech("If a<b and c>d then **x** wins.").text == "If a<b and c>d then x wins."
+    assert markdown_to_speech("**Note**: 1<2<3, <b>bold</b> and <br> a <div class=\"x\">box</div>.").text == (
+        "Note: 1<2<3, bold and a box.")
+
+
 def test_a_one_item_ordered_list_keeps_its_number() -> None:
     """"1999. What a year." parses as a list of one item numbered 1999: the number is text, not a bullet."""
     assert markdown_to_speech("1999. What a year.").text == "1999. What a year."

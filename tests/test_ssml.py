@@ -76,3 +76,8 @@ def test_the_builtin_model_says_a_document_with_its_pauses() -> None:
     np.testing.assert_allclose(audio[:len(first)], first, atol=1e-5)
     assert not audio[len(first):len(first) + gap].any()
     np.testing.assert_allclose(audio[len(first) + gap:], second, atol=1e-5)
+
+
+def test_a_document_of_many_pauses_is_refused() -> None:
+    with pytest.raises(InputError, match="add up"):
+        parse_ssml("<speak>hi" + '<break time="10s"/>' * 7 + "</speak>")

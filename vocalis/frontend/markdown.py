@@ -26,6 +26,12 @@ _MARKUP_RE = re.compile(r"[*_`#|>\[~<]|^\s*(?:[-+]|\d+[.)])\s|^\s*(?:-{3,}|={3,}
 _CONTROL_TAG_RE = re.compile(r"</?(?:strong|breath|laughter)>|<\|[^<>|\s]+\|>", re.IGNORECASE)
 _LINE_BREAK_TAG_RE = re.compile(r"<br\s*/?>", re.IGNORECASE)
 _HTML_TAG_RE = re.compile(r"</?[A-Za-z][^<>]*>")
+# What counts as markup where a "<" stands: an HTML tag LLMs write (with name="value" attributes or none) or a
+# control tag; any other "<" is text ("if a<b and c>d"), escaped so the parser keeps it
+_TAG_AT_RE = re.compile(r"<(?:/?(?:a|b|i|u|s|em|strong|code|pre|br|hr|p|div|span|sub|sup|del|ins|mark|small|kbd|"
+                        r"h[1-6]|ul|ol|li|table|thead|tbody|tr|td|th|blockquote|img|breath|laughter)"
+                        r"(?:\s+[\w:-]+\s*=\s*(?:\"[^\"]*\"|'[^']*'|[^\s\"'<>]+))*\s*/?>|\|[^<>|\s]+\|>)",
+                        re.IGNORECASE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +68,11 @@ def _end(sentence: str) -> str:
     return sentence + ("。" if _CJK_RE.match(sentence[-1]) else ".")
 
 
+def _escape_stray_angles(text: str) -> str:
+    head, *rest = text.split("<")
+    return head + "".join(("<" if _TAG_AT_RE.match("<" + piece) else "&lt;") + piece for piece in rest)
+
+
 def _html(raw: str) -> str:
     """HTML read as its text: control tags kept, `<br>` a space, any other tag dropped."""
     raw = _LINE_BREAK_TAG_RE.sub(" ", raw)
@@ -96,7 +107,7 @@ def markdown_to_speech(text: str) -> Spoken:
     row: list[str] = []
     code: list[str] = []
     ordered: list[int] = []  # item counts of the open ordered lists (a one-item "list" keeps its number)
-    tokens = _parser().parse(text)
+    tokens = _parser().parse(_escape_stray_angles(text))
     for i, token in enumerate(tokens):
         kind = token.type
         if kind == "inline":

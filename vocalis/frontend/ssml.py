@@ -22,6 +22,7 @@ from vocalis.frontend.numbers import number_to_words, ordinal_words, read_digits
 from vocalis.frontend.request import MAX_SPEED, MIN_SPEED
 
 MAX_BREAK_S = 10.0
+MAX_TOTAL_BREAK_S = 60.0  # all of a document's pauses: silence costs memory like speech
 PARAGRAPH_PAUSE_S = 0.5
 _STRENGTHS = {"none": 0.0, "x-weak": 0.1, "weak": 0.2, "medium": 0.4, "strong": 0.7, "x-strong": 1.2}
 _RATES = {"x-slow": 0.5, "slow": 0.75, "medium": 1.0, "default": 1.0, "fast": 1.25, "x-fast": 1.5}
@@ -184,6 +185,8 @@ def parse_ssml(ssml: str) -> tuple[SsmlPart, ...]:
     _walk(root, out, 1.0)
     out.flush(0.0)
     parts = [p for p in out.parts if p.text or p.pause_s]
+    if sum(p.pause_s for p in parts) > MAX_TOTAL_BREAK_S:
+        raise InputError(f"SSML pauses add up to over the {MAX_TOTAL_BREAK_S:g} s limit")
     if not any(p.text for p in parts):
         raise InputError("the SSML has no text to say")
     return tuple(parts)

@@ -145,6 +145,8 @@ class StreamHandle:
             self.ended = True
             self.finished = time.monotonic()
             self.error = item if isinstance(item, BaseException) else None
+            if self._pump is not None:  # an ended request reads no more of its caller's text
+                self._pump.cancel()
             for callback in self._on_end:
                 callback(self)
             self._on_end.clear()
