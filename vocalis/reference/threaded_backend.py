@@ -25,7 +25,7 @@ from vocalis.frontend.request import AudioChunk, SynthesisRequest
 from vocalis.frontend.voice import Voice
 from vocalis.model_dir import LoadedModel
 from vocalis.reference.synthesizer import Synthesizer
-from vocalis.serve.backend import _END, ModelFacts, SpeechJob, TextFeed
+from vocalis.serve.backend import END, ModelFacts, SpeechJob, TextFeed
 from vocalis.serve.errors import Aborted, JobTimeout, Overloaded
 from vocalis.tts import TTS
 
@@ -89,7 +89,7 @@ class JobHandle:
         if self.done:
             raise StopAsyncIteration
         item = await self._out.get()
-        if item is _END:
+        if item is END:
             self.done = True
             raise StopAsyncIteration
         if isinstance(item, BaseException):
@@ -231,7 +231,7 @@ class ThreadedBackend(ModelFacts):
                 handle._put(item)
             handle.finished = time.monotonic()
             self.completed += 1
-            handle._put(_END)
+            handle._put(END)
         except Aborted as exc:
             self.aborted += 1
             log.info("job %s aborted after %.2f s", handle.id, time.monotonic() - handle.started)

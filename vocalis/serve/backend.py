@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from vocalis.frontend.request import SynthesisRequest
     from vocalis.tts import TTS
 
-_END = object()  # marks the end of a job's output
+END = object()  # marks the end of a stream of items (a text feed, a job's output)
 
 
 class TextFeed:
@@ -48,7 +48,7 @@ class TextFeed:
         self._q.put_nowait(piece)
 
     def end(self) -> None:
-        self._q.put_nowait(_END)
+        self._q.put_nowait(END)
 
     def cancel(self) -> None:
         self._q.put_nowait(Aborted("aborted"))
@@ -63,12 +63,12 @@ class TextFeed:
         return item
 
     async def pieces(self) -> AsyncIterator[str]:
-        while (item := await self._next()) is not _END:
+        while (item := await self._next()) is not END:
             assert isinstance(item, str)
             yield item
 
     def __iter__(self) -> Iterator[str]:  # a worker thread, never the loop's
-        while (item := asyncio.run_coroutine_threadsafe(self._next(), self._loop).result()) is not _END:
+        while (item := asyncio.run_coroutine_threadsafe(self._next(), self._loop).result()) is not END:
             assert isinstance(item, str)
             yield item
 
@@ -93,10 +93,6 @@ class SpeechJob:
     seed: int | None = None
     language: str = "auto"
     stream: bool = True
-
-    @property
-    def text_chars(self) -> int:
-        return self.text.chars if isinstance(self.text, TextFeed) else len(self.text)
 
     def request(self, tts: TTS, async_text: bool = True) -> SynthesisRequest:
         """The engine's request for this job (uploaded clips decoded, the voice made): CPU work, not for the event
