@@ -391,11 +391,30 @@ class AsyncEngine:
             job.handle._put(AudioChunk(samples, self.sample_rate, job.emitting, final))
         if chunk.final:
             if last_segment:
-                del self._jobs[job.job_id]
-                job.handle._put(END)
-                self._admit()
+                self.end_job(job)
             else:
                 job.emitting += 1
+
+    # ---- the loop-side surface the bi-stream text routing (text_pump) works through (loop thread) ----------------
+    def queued_job(self, job_id: str) -> Job | None:
+        """A job admitted but not started yet."""
+        return self._queue.get(job_id)
+
+    def running_job(self, job_id: str) -> Job | None:
+        return self._jobs.get(job_id)
+
+    def fail(self, job_id: str, error: BaseException) -> None:
+        """End a job with `error` (its caller receives it)."""
+        self._abort(job_id, error)
+
+    def end_job(self, job: Job, final_chunk: bool = False) -> None:
+        """The job's output is complete (`final_chunk`: first send an empty final chunk, for a bi-stream whose text
+        ended after its last sentence's audio); the next queued job may start."""
+        if final_chunk:
+            job.handle._put(AudioChunk(np.zeros(0, dtype=np.float32), self.sample_rate, max(job.emitting - 1, 0), True))
+        del self._jobs[job.job_id]
+        job.handle._put(END)
+        self._admit()
 
     def _abort(self, job_id: str, error: BaseException | None) -> None:
         queued = self._queue.pop(job_id)

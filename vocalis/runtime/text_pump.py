@@ -19,10 +19,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from vocalis.errors import InputError
-from vocalis.frontend.request import AudioChunk
 from vocalis.frontend.text import ends_sentence
 from vocalis.runtime.handle import END
 
@@ -104,11 +101,11 @@ def route_text(engine: AsyncEngine, kind: str, payload: Any) -> None:
     one (a job still queued, or text after a cut); dropped if the job is gone."""
     job_id = payload[0] if kind == "text" else payload
     item = payload[1] if kind == "text" else (CUT if kind == "text_cut" else None)
-    queued = engine._queue.get(job_id)
+    queued = engine.queued_job(job_id)
     if queued is not None:  # replayed when it starts
         queued.early_text.append(item)
         return
-    job = engine._jobs.get(job_id)
+    job = engine.running_job(job_id)
     if job is None:
         return
     if job.cut:  # after a cut: the next sentence's request takes it
@@ -157,7 +154,7 @@ def start_segment(engine: AsyncEngine, job: Job) -> None:
         req = engine.llm.make_bistream_request(*job.llm_prompt, engine.llm_params([]), request_id=f"{job.job_id}/{i}",
                                                sink=sink, generator=job.llm_gen)
     except InputError as exc:
-        engine._abort(job.job_id, exc)
+        engine.fail(job.job_id, exc)
         return
     job.llm_request = req
     job.cut = False
@@ -178,7 +175,4 @@ def start_segment(engine: AsyncEngine, job: Job) -> None:
 
 def finish(engine: AsyncEngine, job: Job) -> None:
     """End a bi-stream whose text ended after its last sentence's audio went out: a final empty chunk, then END."""
-    job.handle._put(AudioChunk(np.zeros(0, dtype=np.float32), engine.sample_rate, max(job.emitting - 1, 0), True))
-    del engine._jobs[job.job_id]
-    job.handle._put(END)
-    engine._admit()
+    engine.end_job(job, final_chunk=True)
