@@ -79,3 +79,17 @@ def test_ahead_of_time_build_command(tmp_path: Path) -> None:
         done = subprocess.run([sys.executable, "-m", "vocalis.kernels.build", "--isa", "avx2"], env=env, check=False,
                               capture_output=True, text=True)
         assert done.returncode != 0 and not any(tmp_path.rglob("*.so"))
+
+
+def test_a_stale_build_lock_is_removed_and_a_live_one_kept(tmp_path: Path, caplog) -> None:
+    """A builder killed mid-build leaves load_inline's lock; every later build would wait on it for ever."""
+    lock = tmp_path / "lock"
+    lock.touch()
+    build._clear_stale_lock(lock)
+    assert lock.exists()  # a build may be running: left alone
+    old = lock.stat().st_mtime - build._STALE_LOCK_S - 60
+    os.utime(lock, (old, old))
+    with caplog.at_level(logging.WARNING, logger="vocalis.kernels.build"):
+        build._clear_stale_lock(lock)
+    assert not lock.exists() and "stale native-kernel build lock" in caplog.text
+    build._clear_stale_lock(lock)  # none there: nothing to do

@@ -57,6 +57,7 @@ SOURCE_SETS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
              ("-mavx2", "-mfma", "-mf16c")),
 }
 
+_STALE_LOCK_S = 1800.0  # a build takes minutes; a lock this old has no live builder
 BUILD_ENV = "VOCALIS_KERNEL_BUILD"  # "background" (the default) or "wait"
 _POLL_S = 0.5  # how often calls look at a background build while it runs
 
@@ -101,6 +102,15 @@ def library(name: str) -> Path:
 
 def _compiled(lib: Path) -> bool:
     return lib.is_file() and not (lib.parent / "lock").exists()  # "lock": load_inline's baton while it builds
+
+
+def _clear_stale_lock(lock: Path) -> None:
+    """A builder killed mid-build leaves load_inline's lock behind, and every later build would wait on it for
+    ever: one older than any build takes is removed."""
+    with contextlib.suppress(OSError):
+        if time.time() - lock.stat().st_mtime > _STALE_LOCK_S:
+            lock.unlink()
+            log.warning("removed a stale native-kernel build lock (%s): its builder had died", lock)
 
 
 def _import(lib: Path) -> ModuleType:
@@ -150,6 +160,7 @@ def _decide() -> None:
         elif compiler() is None:
             _reason = f"no C++ compiler ({os.environ.get('CXX', 'c++')}) to build them"
         else:
+            _clear_stale_lock(lib.parent / "lock")
             _pending = (name, lib, _start_builder(name, lib))
             log.info("native %s kernels: compiling in the background (once per machine; log %s); torch's ops run "
                      "until they are ready", name, lib.parent / "build.log")
