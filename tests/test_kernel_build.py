@@ -93,3 +93,26 @@ def test_a_stale_build_lock_is_removed_and_a_live_one_kept(tmp_path: Path, caplo
         build._clear_stale_lock(lock)
     assert not lock.exists() and "stale native-kernel build lock" in caplog.text
     build._clear_stale_lock(lock)  # none there: nothing to do
+
+
+def test_a_build_another_process_runs_is_waited_for_not_repeated(background, tmp_path: Path) -> None:
+    background.setenv(build.BUILD_ENV, "wait")
+    if build.extension() is None:
+        pytest.skip(f"the native extension does not build here ({build.unavailable_reason()})")
+    compiled = build.library(build.isa())
+    build.reset()
+    background.setenv(build.BUILD_ENV, "background")
+    background.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    background.setenv("CXX", "false")  # a builder of ours would fail: the test sees whether one ran
+    lib = build.library(build.isa())
+    lib.parent.mkdir(parents=True, exist_ok=True)
+    (lib.parent / "lock").touch()  # another process's builder is at work
+    assert build.extension() is None and build.unavailable_reason() == "compiling in the background"
+    assert not (lib.parent / "build.log").exists()  # no second builder
+    lib.write_bytes(compiled.read_bytes())  # the other build ends: its library, then its lock gone
+    build._next_poll = 0.0
+    assert build.extension() is None  # still locked
+    (lib.parent / "lock").unlink()
+    build._next_poll = 0.0
+    ext = build.extension()  # (this process has the same module loaded already: it is the one returned)
+    assert ext is not None and ext.isa == build.isa() and build.unavailable_reason() is None

@@ -64,7 +64,8 @@ _POLL_S = 0.5  # how often calls look at a background build while it runs
 _lock = threading.Lock()
 _ext: ModuleType | None = None
 _reason: str | None = None  # why the extension is unavailable, once decided
-_pending: tuple[str, Path, subprocess.Popen[bytes]] | None = None  # (set, library, builder) while one compiles
+# (set, library, our builder or None for another process's) while one compiles
+_pending: tuple[str, Path, subprocess.Popen[bytes] | None] | None = None
 _next_poll = 0.0
 
 
@@ -161,7 +162,9 @@ def _decide() -> None:
             _reason = f"no C++ compiler ({os.environ.get('CXX', 'c++')}) to build them"
         else:
             _clear_stale_lock(lib.parent / "lock")
-            _pending = (name, lib, _start_builder(name, lib))
+            # another process's builder at work: wait for its library rather than start a second build behind it
+            builder = None if (lib.parent / "lock").exists() else _start_builder(name, lib)
+            _pending = (name, lib, builder)
             log.info("native %s kernels: compiling in the background (once per machine; log %s); torch's ops run "
                      "until they are ready", name, lib.parent / "build.log")
     except Exception as e:  # noqa: BLE001 - any build failure means: use the fallback
@@ -177,7 +180,10 @@ def _poll() -> None:
     global _ext, _reason, _pending, _next_poll
     assert _pending is not None
     name, lib, builder = _pending
-    code = builder.poll()
+    if builder is None:  # another process builds: done when its library is there and its lock gone
+        code = 0 if _compiled(lib) else (None if (lib.parent / "lock").exists() else 1)
+    else:
+        code = builder.poll()
     if code is None:
         _next_poll = time.monotonic() + _POLL_S
         return
