@@ -26,6 +26,18 @@ def background(monkeypatch: pytest.MonkeyPatch):
     build.reset()
 
 
+@pytest.fixture
+def compiled(background) -> Path:
+    """The set compiled (here, if not yet) into torch's cache; then every decision taken anew, in the background."""
+    background.setenv(build.BUILD_ENV, "wait")
+    if build.extension() is None:
+        pytest.skip(f"the native extension does not build here ({build.unavailable_reason()})")
+    library = build.library(build.isa())
+    build.reset()
+    background.setenv(build.BUILD_ENV, "background")
+    return library
+
+
 def test_without_a_compiler_torch_runs_and_the_log_says_why(background, tmp_path: Path, caplog) -> None:
     background.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))  # an empty cache: nothing compiled
     background.setenv("CXX", str(tmp_path / "no-such-c++"))
@@ -53,13 +65,7 @@ def test_a_failing_background_build_is_reported_and_torch_keeps_running(backgrou
     assert "the background build failed" in caplog.text and (lib.parent / "build.log").stat().st_size > 0
 
 
-def test_a_compiled_set_loads_from_the_cache_with_no_compiler_called(background) -> None:
-    background.setenv(build.BUILD_ENV, "wait")
-    if build.extension() is None:
-        pytest.skip(f"the native extension does not build here ({build.unavailable_reason()})")
-    compiled = build.library(build.isa())
-    build.reset()
-    background.setenv(build.BUILD_ENV, "background")
+def test_a_compiled_set_loads_from_the_cache_with_no_compiler_called(background, compiled: Path) -> None:
     background.setenv("CXX", "false")  # were anything compiled, it would fail
     ext = build.extension()
     assert ext is not None and ext.__file__ == str(compiled) and ext.isa == build.isa()
@@ -95,13 +101,8 @@ def test_a_stale_build_lock_is_removed_and_a_live_one_kept(tmp_path: Path, caplo
     build._clear_stale_lock(lock)  # none there: nothing to do
 
 
-def test_a_build_another_process_runs_is_waited_for_not_repeated(background, tmp_path: Path) -> None:
-    background.setenv(build.BUILD_ENV, "wait")
-    if build.extension() is None:
-        pytest.skip(f"the native extension does not build here ({build.unavailable_reason()})")
-    compiled = build.library(build.isa())
-    build.reset()
-    background.setenv(build.BUILD_ENV, "background")
+def test_a_build_another_process_runs_is_waited_for_not_repeated(background, compiled: Path,
+                                                                 tmp_path: Path) -> None:
     background.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
     background.setenv("CXX", "false")  # a builder of ours would fail: the test sees whether one ran
     lib = build.library(build.isa())
