@@ -2,7 +2,11 @@
 
 Precision (what the heavy matmuls run in; figures per CPU class are in docs/benchmarks.md):
 - fp32: the reference; nothing changes.
-- bf16 (CPU or GPU) / fp16 (GPU only): every `nn.Linear` of the LLM and of the flow estimator becomes a
+- bf16 / fp16 on a GPU: the whole model cast once (`backends.half`): the LLM and its KV cache in that dtype, the
+  flow estimator's Linears and convs too with activations in that dtype between them, norms, softmax and the
+  Euler state accumulated in fp32, the flow encoder fp32; HiFT fp32, or its body convs in that dtype with
+  VOCALIS_HIFT_HALF=1 (`apply_backend(hift_reduced=True)`).
+- bf16 on the CPU: every `nn.Linear` of the LLM and of the flow estimator becomes a
   `CastLinear` holding its weights in that dtype; activations between layers, norms, attention softmax and the
   Euler state stay fp32, and so does HiFT (as the official fp16 path keeps it), except on CPUs with AMX tiles,
   where HiFT's body convs run in bf16 (`CastConv`; fp32 between the convs, the F0 predictor and the source fp32),
@@ -41,12 +45,14 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
 
 from vocalis.backends import BACKENDS, PRECISIONS
+from vocalis.backends.half import cast_estimator, cast_llm
 from vocalis.backends.onnx import use_onnx
 from vocalis.backends.tensorrt import use_tensorrt
 from vocalis.backends.vllm.engine import VLLMEngine, check_model, vllm_version
@@ -66,6 +72,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+HIFT_HALF_ENV = "VOCALIS_HIFT_HALF"  # "1": HiFT's body convs in the half dtype on a GPU (default fp32 there)
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,6 +220,11 @@ def apply_backend(model: object, backend: str = "torch", precision: str = "fp32"
         if precision in _DTYPES:
             n = cast_linears(estimator, _DTYPES[precision])
             notes.append(f"{n} flow-estimator Linear layers in {precision}, the rest fp32")
+    elif precision in _DTYPES and torch.device(device).type == "cuda":  # whole-model cast (`backends.half`)
+        n_llm = cast_llm(llm, _DTYPES[precision])
+        n_est = cast_estimator(estimator, _DTYPES[precision])
+        notes.append(f"LLM whole in {precision} ({n_llm} Linears, KV cache too); flow estimator's {n_est} Linears "
+                     f"and convs in {precision} with {precision} activations, fp32 norms and Euler state")
     elif precision in _DTYPES:
         n = cast_linears(llm, _DTYPES[precision]) + cast_linears(estimator, _DTYPES[precision])
         notes.append(f"{n} LLM + flow-estimator Linear layers in {precision}, the rest fp32")
@@ -242,8 +254,11 @@ def apply_backend(model: object, backend: str = "torch", precision: str = "fp32"
     elif torch.device(device).type == "cpu" and fp32_attention.available():
         how = "our fp32 kernel" if kernels.bf16_gemm else "torch's kernel"
         notes.append(f"estimator attention fp32 ({how})")
-    if hift_reduced is None:
-        hift_reduced = has_amx()
+    if hift_reduced is None:  # on a GPU: VOCALIS_HIFT_HALF=1 (the GPU run measures both)
+        hift_reduced = has_amx() if torch.device(device).type == "cpu" else os.environ.get(HIFT_HALF_ENV) == "1"
+    if precision in _DTYPES and torch.device(device).type == "cuda" and hift_reduced:
+        n = cast_hift_convs(hift, _DTYPES[precision])
+        notes.append(f"{n} HiFT body convs {precision} (fp32 between them), F0 predictor and source fp32")
     if precision in ("bf16", "int8") and backend != "onnx" and torch.device(device).type == "cpu":
         if hift_reduced:
             n = cast_hift_convs(hift, torch.bfloat16)

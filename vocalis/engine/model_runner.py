@@ -294,8 +294,10 @@ class ModelRunner:
 
     @staticmethod
     def _norm(norm: Qwen2RMSNorm, x: torch.Tensor) -> torch.Tensor:
-        """The module's RMSNorm as one fused op where that is the same computation (fp32 input and weight)."""
-        if x.dtype == torch.float32 and norm.weight.dtype == torch.float32:
+        """The module's RMSNorm as one fused op where input and weight share a dtype: fp32, or a whole-cast model's
+        half dtype, whose fused kernel squares and sums in fp32 with no cast kernel either side (it rounds once,
+        after the weight, where the module rounds before it)."""
+        if x.dtype == norm.weight.dtype:
             return F.rms_norm(x, norm.weight.shape, norm.weight, norm.eps)
         return norm(x)
 

@@ -67,6 +67,12 @@ def _bf16(*linears: nn.Module) -> bool:
     return all(type(m) is CastLinear and m.weight.dtype == torch.bfloat16 for m in linears)
 
 
+def _half(*linears: nn.Module) -> bool:
+    """A whole-cast model's layers (`backends.half`): plain Linears holding one half dtype, fed that dtype."""
+    dtypes = {m.weight.dtype for m in linears}
+    return all(type(m) is nn.Linear for m in linears) and len(dtypes) == 1 and dtypes <= HALF_DTYPES
+
+
 def _fuse(linears: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Concatenate the weights along `out` into one (sum out, in) contiguous tensor (and the biases into one
     vector); the modules' weights and biases become views into them (row ranges, still contiguous)."""
@@ -82,6 +88,7 @@ def _fuse(linears: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
     return fused, bias
 
 
+HALF_DTYPES = frozenset((torch.bfloat16, torch.float16))
 ONEDNN_MIN_ROWS = 4
 _ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
@@ -91,14 +98,19 @@ def gemm(x: torch.Tensor, w_t: torch.Tensor | Int8Weight, bias: torch.Tensor | N
     holds its own bias) runs through the int8 kernel.
 
     MKL's GEMM for a few rows; from ONEDNN_MIN_ROWS rows oneDNN's (the op `torch.compile` itself lowers CPU
-    linears to), faster than MKL's for batch 4-16 decode GEMMs."""
+    linears to), faster than MKL's for batch 4-16 decode GEMMs. Half-precision weights: x in another dtype is
+    `CastLinear`'s arithmetic (rounded to the weights' dtype, the result widened back); x in their dtype (a
+    whole-cast model) multiplies as it is, the output in that dtype."""
     if isinstance(w_t, Int8Weight):
         if w_t.amx is not None and x.shape[0] >= AMX_MIN_ROWS:
             return amx_linear(x, w_t)
         return int8_linear(x, w_t)
-    if w_t.dtype == torch.bfloat16:  # `CastLinear`'s weights: its arithmetic (input rounded to bf16), fp32 out
-        return F.linear(x.to(torch.bfloat16), w_t.t(), bias).float()
-    if _ONEDNN and x.shape[0] >= ONEDNN_MIN_ROWS and x.is_cpu:
+    if w_t.dtype != x.dtype:  # `CastLinear`'s bf16 weights: its arithmetic (input rounded to bf16), fp32 out
+        return F.linear(x.to(w_t.dtype), w_t.t(), bias).to(x.dtype)
+    if w_t.dtype in HALF_DTYPES:  # a whole-cast model: in and out in the weights' dtype, no cast either side
+        return F.linear(x, w_t.t(), bias)
+    # (under torch.compile the plain op: the compiler picks the CPU kernel itself and cannot lower this one)
+    if _ONEDNN and x.shape[0] >= ONEDNN_MIN_ROWS and x.is_cpu and not torch.compiler.is_compiling():
         return torch.ops.mkldnn._linear_pointwise(x, w_t.t(), bias, "none", [], "")
     return torch.mm(x, w_t) if bias is None else torch.addmm(bias, x, w_t)
 
@@ -136,7 +148,7 @@ def pack_layer(layer: Qwen2DecoderLayer) -> PackedLayer | None:
         if packed is not None:
             layer._vocalis_packed = packed  # type: ignore[attr-defined]
         return packed
-    if not (_plain(*linears) or _bf16(*linears)):
+    if not (_plain(*linears) or _bf16(*linears) or _half(*linears)):
         return None
     qkv, qkv_bias = _fuse([attn.q_proj, attn.k_proj, attn.v_proj])  # (Dq + 2 Dkv, D)
     gate_up, _ = _fuse([mlp.gate_proj, mlp.up_proj])  # (2 I, D)

@@ -230,7 +230,8 @@ class DiT(nn.Module):
         if attn_mask is None:
             attn_mask = dit_attention_mask(mask, streaming, self.config.static_chunk_size)
         valid = mask.transpose(1, 2).to(x.dtype)  # (B, T, 1)
-        silu_t = F.silu(self.time_embed(t.to(x.dtype)))  # (B, D): every block reads SiLU(t)
+        # (B, D): every block reads SiLU(t); t's sines in t's dtype (fp32 under a half-precision estimator)
+        silu_t = F.silu(self.time_embed(t)).to(x.dtype)
         h = self.input_embed(x.transpose(1, 2), cond.transpose(1, 2), mu.transpose(1, 2), spks)  # (B, T, D)
         angles = rotary_angles(self.rotary_embed.inv_freq, num_frames)  # (T, Dh)
         for block in self.transformer_blocks:

@@ -196,7 +196,8 @@ class CausalConditionalDecoder(nn.Module):
         streaming: bool = False,
     ) -> torch.Tensor:
         """Velocity (B, 80, T), zero on padded frames. `streaming` selects the block-causal attention mask."""
-        temb = self.time_mlp(self.time_embeddings(t).to(t.dtype))  # (B, 4*D)
+        # t's sines in t's dtype (fp32 under a half-precision estimator: 1000 t needs its resolution), then x's
+        temb = self.time_mlp(self.time_embeddings(t).to(t.dtype)).to(x.dtype)  # (B, 4*D)
         spk_map = spks.unsqueeze(-1).expand(-1, -1, x.shape[-1])  # (B, 80, T)
         h = torch.cat([x, mu, spk_map, cond], dim=1)  # (B, 320, T)
         chunk = self.static_chunk_size if streaming else 0
