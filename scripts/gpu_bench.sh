@@ -1,19 +1,28 @@
 #!/usr/bin/env bash
-# GPU checks in one go, for a machine with a CUDA device: the CUDA tests, a quick bench on the tiny preset, then
-# `vocalis bench` at the official 0.5B shapes on the GPU (fp32, bf16, fp16; CUDA-graph decode). Logs, JSON and
-# the plot go to $OUT (default ./gpu-out). Usage: scripts/gpu_bench.sh [python]
+# The GPU run in one go, within 8 minutes on one GPU: the CUDA tests, then benchmarks/gpu_report.py (`vocalis bench`
+# for CosyVoice 2 and 3 at fp32, bf16 and fp16, 1/4/16/64 streams, decode at batch 1 and 16, peak GPU memory, and
+# HiFT's precision choice), every stage under a time limit. Everything goes to $OUT (default ./gpu-out):
+# gpu.txt (device, torch, tensorrt), cuda_tests.log, bench_*.json and their logs, hift.json, gpu_report.json (the
+# figures under fixed keys) and gpu_report.md (the table).
+#   OUT=dir scripts/gpu_bench.sh [python]              on a machine with a CUDA GPU (0.5B shapes, random weights)
+#   OUT=dir scripts/gpu_bench.sh --rehearse [python]   on the CPU: the same steps at tiny shapes (CUDA tests skip)
 set -u
+MODE=""
+if [ "${1:-}" = "--rehearse" ]; then MODE="--rehearse"; shift; fi
 PY=${1:-python3}
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1 | tee "$OUT/gpu.txt"
-$PY -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name())" 2>&1 | tee -a "$OUT/gpu.txt"
-$PY -c "import tensorrt" 2>&1 | tail -1 | tee -a "$OUT/gpu.txt"
-timeout 150 $PY -m pytest -q -s tests/test_cuda.py 2>&1 | tee "$OUT/cuda_tests.log" | grep -v "^INFO" | tail -30
-timeout 120 $PY -m vocalis bench --device cuda --preset tiny --quick --precision fp32,fp16 --threads 4 \
-    --json "$OUT/bench_tiny.json" --plot '' 2>"$OUT/bench_tiny.err" | tee "$OUT/bench_tiny.txt"
-tail -3 "$OUT/bench_tiny.err"
-timeout "${BENCH_TIMEOUT:-420}" $PY -m vocalis bench --device cuda --precision fp32,bf16,fp16 --threads 4 \
-    --json "$OUT/bench_cuda.json" --plot "$OUT/bench_cuda.png" 2>"$OUT/bench_cuda.err" | tee "$OUT/bench_cuda.txt"
-tail -5 "$OUT/bench_cuda.err"
+start=$(date +%s)
+{
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1 || true
+    $PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())"
+    $PY -c "import tensorrt; print('tensorrt', tensorrt.__version__)" 2>&1 | tail -1
+} > "$OUT/gpu.txt" 2>&1
+cat "$OUT/gpu.txt"
+timeout "${TEST_LIMIT:-75}" $PY -m pytest -q -p no:cacheprovider tests/test_cuda.py > "$OUT/cuda_tests.log" 2>&1
+echo "CUDA tests: exit $? ($(tail -1 "$OUT/cuda_tests.log"))"
+$PY benchmarks/gpu_report.py --out "$OUT" $MODE
+rc=$?
+echo "gpu_bench: $(( $(date +%s) - start )) s, report in $OUT/gpu_report.md"
+exit $rc

@@ -294,6 +294,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="engine batches per concurrency above 1, their medians reported (default 1; each takes as "
                         "long as the batch, so 3 steadies the multi-stream figures on a noisy machine)")
     p.add_argument("--quick", action="store_true", help="a small subset: batches 1,4, streams 1,4, short utterances")
+    p.add_argument("--shapes-from", metavar="DIR",
+                   help="CosyVoice 3 presets: the shapes of this model directory's cosyvoice3.yaml (random weights)")
     p.add_argument("--json", default="vocalis-bench.json", help="JSON report path")
     p.add_argument("--plot", default="vocalis-bench.png", help="PNG plot path ('' for none)")
 
@@ -365,7 +367,11 @@ def main(args: argparse.Namespace) -> int:
     if cfg.preset in CV3_PRESETS:  # CosyVoice 3: one in-process run of its engine (bench/cv3.py)
         from vocalis.bench.cv3 import cv3_summary, run_cv3
 
-        cv3 = run_cv3(cfg)
+        from vocalis.model_dir import read_cosyvoice3_config
+
+        if args.shapes_from and not (Path(args.shapes_from) / "cosyvoice3.yaml").is_file():
+            raise InputError(f"--shapes-from: no cosyvoice3.yaml in {args.shapes_from}")
+        cv3 = run_cv3(cfg, read_cosyvoice3_config(Path(args.shapes_from)) if args.shapes_from else None)
         Path(args.json).write_text(json.dumps(cv3, indent=2))
         print(cv3_summary(cv3))
         return 0

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from vocalis.backends.choice import apply_backend
-from vocalis.bench.scenario import BenchConfig, peak_rss_mib
+from vocalis.bench.scenario import BenchConfig, peak_gpu_mib, peak_rss_mib
 from vocalis.config import TOKEN_RATE, StreamConfig
 from vocalis.config.cv3 import CV3_PRESETS, CosyVoice3Config
 from vocalis.engine.config import EngineConfig
@@ -169,6 +169,7 @@ def run_cv3(cfg: BenchConfig, config: CosyVoice3Config | None = None) -> dict[st
     if "e2e" in cfg.parts:
         report["e2e"] = asyncio.run(_e2e(cfg, model, voice))
     report["peak_rss_mib"] = peak_rss_mib()
+    report["peak_gpu_mib"] = peak_gpu_mib(cfg.device)
     return report
 
 

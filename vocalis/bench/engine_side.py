@@ -29,6 +29,7 @@ from vocalis.bench.scenario import (
     device_generator,
     fixed_length_engine,
     medians,
+    peak_gpu_mib,
     peak_rss_mib,
     sync_device,
 )
@@ -59,6 +60,7 @@ def run_engine(cfg: BenchConfig, precision: str) -> dict[str, Any]:
     if "e2e" in cfg.parts:
         out["e2e"] = asyncio.run(_engine_e2e(cfg, model, runtime, voice))
     out["peak_rss_mib"] = peak_rss_mib()
+    out["peak_gpu_mib"] = peak_gpu_mib(cfg.device)
     return out
 
 

@@ -70,6 +70,12 @@ class BenchConfig:
         return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})
 
 
+def peak_gpu_mib(device: str) -> float | None:
+    """The peak of torch's CUDA allocations in this process (None off CUDA): what the model, caches and
+    activations held at most."""
+    return torch.cuda.max_memory_allocated(device) / 2**20 if device.startswith("cuda") else None
+
+
 def peak_rss_mib() -> float:
     """This process's peak resident memory. VmHWM (Linux) starts afresh at exec; ru_maxrss would include the
     parent's resident size at fork time."""
