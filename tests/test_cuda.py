@@ -22,7 +22,9 @@ from vocalis.engine.config import EngineConfig
 from vocalis.engine.llm_engine import LLMEngine
 from vocalis.engine.request import SamplingParams
 from vocalis.frontend.request import Mode, SynthesisRequest
+from vocalis.frontend.speech_tokenizer import TorchSpeechTokenizer
 from vocalis.model_dir import random_model
+from vocalis.models.speech_tokenizer import SupervisedSpeechTokenizer, preset_config
 from vocalis.reference.synthesizer import Synthesizer
 from vocalis.runtime.async_engine import AsyncEngine
 from vocalis.token2wav.config import Token2WavConfig
@@ -57,6 +59,77 @@ def test_cuda_graph_decode_equals_eager_decode() -> None:
     diff = max((g - e).abs().max().item() for g, e in zip(graph_rows, eager_rows))
     print("graph vs eager log-prob max abs", diff)
     assert diff <= 1e-4
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_whole_half_model_graph_decode_and_memory(precision: str) -> None:
+    """The whole-cast half model (`backends.half`): CUDA-graph decode equals its eager decode, and the model with
+    its KV cache holds well under fp32's memory (the flow encoder, HiFT and norms stay fp32)."""
+    sizes = {}
+    for p in ("fp32", precision):
+        torch.cuda.empty_cache()
+        before = torch.cuda.memory_allocated()
+        model = random_model("tiny").to("cuda")
+        apply_backend(model, "torch", p, "cuda")
+        eng = LLMEngine(model.llm, EngineConfig(block_size=16, num_kv_blocks=128, cuda_graphs=False))
+        sizes[p] = torch.cuda.memory_allocated() - before
+        del eng, model
+    print(precision, "model + KV cache vs fp32", sizes[precision] / sizes["fp32"])
+    assert sizes[precision] <= 0.7 * sizes["fp32"]
+    model = random_model("tiny").to("cuda")
+    apply_backend(model, "torch", precision, "cuda")
+    assert model.llm.speech_embedding.weight.dtype != torch.float32
+
+    def run(graphs: bool) -> list[torch.Tensor]:
+        eng = LLMEngine(model.llm, EngineConfig(block_size=16, num_kv_blocks=128, cuda_graphs=graphs))
+        reqs = [eng.make_request(t, params=SamplingParams(greedy=True, min_len=12, max_len=12)) for t in TEXTS]
+        for r in reqs:
+            eng.add_request(r)
+        rows: list[torch.Tensor] = []
+        while eng.scheduler.has_unfinished():
+            out = eng.scheduler.schedule()
+            logp = eng.runner.execute(out.scheduled)
+            rows.extend(logp.cpu())
+            eng.scheduler.update(out, eng.sampler(logp, out.sampled))
+        return rows
+
+    eager, graph = run(False), run(True)
+    diff = max((g - e).abs().max().item() for g, e in zip(graph, eager))
+    print(precision, "graph vs eager log-prob max abs", diff)
+    assert diff <= 5e-2  # a half step rounds per kernel, and padded shapes pick other kernels
+
+
+@pytest.mark.parametrize("weak", [False, True])
+def test_tensorrt_estimator_equals_torch(monkeypatch: pytest.MonkeyPatch, weak: bool) -> None:
+    pytest.importorskip("tensorrt")
+    from vocalis.backends.tensorrt import WEAK_ENV, use_tensorrt
+
+    if weak:
+        monkeypatch.setenv(WEAK_ENV, "1")
+    model = random_model("tiny").to("cuda")
+    est = model.flow.decoder.estimator
+    print(use_tensorrt(model.flow, fp16=True))
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x, mu, cond = (torch.randn(2, 80, 60, device="cuda", generator=g) for _ in range(3))
+    args = (x, torch.ones(2, 1, 60, device="cuda"), mu, torch.tensor([0.3, 0.3], device="cuda"),
+            torch.randn(2, 80, device="cuda", generator=g), cond)
+    with torch.inference_mode():
+        ref, got = est(*args), model.flow.decoder.estimator(*args)
+    rel = ((got - ref).abs().max() / ref.abs().max()).item()
+    print("tensorrt fp16", "weak" if weak else "strongly typed", "vs torch fp32, max rel", rel)
+    assert rel <= 5e-3
+
+
+def test_frontends_follow_the_model_to_cuda() -> None:
+    tok = TorchSpeechTokenizer(SupervisedSpeechTokenizer(preset_config("tiny", 10)))
+    wav = (0.1 * np.random.default_rng(0).standard_normal(32000)).astype(np.float32)
+    on_cpu = tok(wav)
+    model = random_model("tiny")
+    model.speech_tokenizer = tok
+    model.to("cuda")
+    assert tok.model.ctc_head.weight.device.type == "cuda"
+    on_gpu = tok(wav)
+    assert len(on_gpu) == len(on_cpu) and np.mean(np.equal(on_gpu, on_cpu)) >= 0.9  # FSQ rounding may flip a few
 
 
 def test_model_on_cuda_equals_model_on_cpu() -> None:

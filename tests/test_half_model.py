@@ -170,3 +170,26 @@ def test_decode_step_compiles_whole_and_equals_eager(runners: dict[str, ModelRun
     diff = ((got - eager).abs().max() / eager.abs().max()).item()
     print(precision, backend, "compiled vs eager, max rel", diff)
     assert diff <= bound
+
+
+def test_tensorrt_fp16_graph_runs_close_to_fp32(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The strongly typed fp16 graph TensorRT builds from (`backends.tensorrt.half_graph_module`), run by ONNX
+    Runtime on the CPU: fp32 in and out, close to the fp32 module [tiny: 1.6e-3 of its scale]."""
+    pytest.importorskip("onnx")
+    import onnxruntime as ort
+
+    from vocalis.backends.onnx import export_estimator
+    from vocalis.backends.tensorrt import half_graph_module
+
+    est = random_model("tiny").flow.decoder.estimator
+    path = tmp_path / "estimator_fp16.onnx"
+    export_estimator(half_graph_module(est), path, streaming=False)
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    args = _estimator_inputs()
+    with torch.inference_mode():
+        ref = est(*args).numpy()
+    got = session.run(None, {k: v.numpy() for k, v in zip(("x", "mask", "mu", "t", "spks", "cond"), args)})[0]
+    assert got.dtype == np.float32
+    rel = float(np.abs(got - ref).max() / np.abs(ref).max())
+    print("fp16 graph vs fp32 module, max rel", rel)
+    assert rel <= 5e-3

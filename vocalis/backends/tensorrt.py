@@ -1,22 +1,29 @@
 """TensorRT for the flow estimator (GPU): ONNX graph -> engine, run on torch CUDA tensors.
 
-fp16 builds keep LayerNorm, softmax and reductions in fp32 (precision constraints obeyed), the accumulation the
-official fp16 TensorRT path lacks. Only full passes use it (the token2wav engine's cached streaming path runs the
-torch module, kept as `torch_module`). Shapes: batch 2..2*GPU_STEP_BATCH rows, 4..3000 frames.
+fp16 engines are strongly typed by default: the ONNX graph is exported from the estimator as `backends.half` casts
+it (fp16 weights and activations, fp32 inputs and output cast at its edges, the time embedding fp32), with its
+LayerNorms fp16 too (ONNX LayerNormalization computes mean and variance in fp32) and TensorRT's normalization
+layers asked to compute in fp32; TensorRT then keeps every tensor the type the graph gives it. VOCALIS_TRT_WEAK=1
+builds the weakly typed engine instead: the fp32 graph with the FP16 flag, LayerNorm, softmax and reductions pinned
+to fp32 (precision constraints obeyed). Only full passes use it (the token2wav engine's cached streaming path runs
+the torch module, kept as `torch_module`). Shapes: batch 2..2*GPU_STEP_BATCH rows, 4..3000 frames.
 
-No test runs it yet (CI has no GPU, and `tests/test_cuda.py` does not build an engine): check its output against the
-torch estimator on a GPU before relying on it.
+`tests/test_half_model.py` checks the fp16 graph on the CPU (ONNX Runtime against the fp32 module);
+`tests/test_cuda.py` builds and runs an engine where TensorRT imports.
 """
 
 from __future__ import annotations
 
+import copy
 import logging
+import os
 import tempfile
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from vocalis.backends.half import cast_estimator
 from vocalis.backends.onnx import export_estimator
 from vocalis.models.flow.estimator import CausalConditionalDecoder
 from vocalis.models.flow.flow import CausalMaskedDiffWithXvec
@@ -29,19 +36,42 @@ MIN_FRAMES, OPT_FRAMES, MAX_FRAMES = 4, 500, 3000
 _INPUTS = ("x", "mask", "mu", "t", "spks", "cond")
 
 
+WEAK_ENV = "VOCALIS_TRT_WEAK"  # "1": the weakly typed fp16 build (module doc)
+
+
+def strongly_typed(fp16: bool) -> bool:
+    return fp16 and os.environ.get(WEAK_ENV) != "1"
+
+
+def half_graph_module(estimator: CausalConditionalDecoder) -> nn.Module:
+    """A copy of the estimator as the strongly typed fp16 graph is exported from (module doc)."""
+    half = copy.deepcopy(estimator)
+    cast_estimator(half, torch.float16)
+    for m in half.modules():
+        if isinstance(m, nn.LayerNorm):
+            m.half()  # ONNX LayerNormalization: fp16 in and out, statistics in fp32 (stash_type)
+    return half
+
+
 def build_engine(onnx_path: Path, fp16: bool) -> bytes:
     import tensorrt as trt
 
     logger = trt.Logger(trt.Logger.WARNING)
     builder = trt.Builder(logger)
-    network = builder.create_network(0)
+    strong = strongly_typed(fp16)
+    network = builder.create_network(1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED) if strong else 0)
     parser = trt.OnnxParser(network, logger)
     if not parser.parse(onnx_path.read_bytes()):
         errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
         raise RuntimeError(f"TensorRT could not parse {onnx_path.name}: {errors}")
     config = builder.create_builder_config()
     config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, 4 << 30)
-    if fp16:
+    if strong:  # types come from the graph; normalizations accumulate in fp32
+        for i in range(network.num_layers):
+            layer = network.get_layer(i)
+            if layer.type == trt.LayerType.NORMALIZATION and hasattr(layer, "compute_precision"):
+                layer.compute_precision = trt.float32
+    elif fp16:
         config.set_flag(trt.BuilderFlag.FP16)
         config.set_flag(trt.BuilderFlag.OBEY_PRECISION_CONSTRAINTS)
         keep = {trt.LayerType.NORMALIZATION, trt.LayerType.SOFTMAX, trt.LayerType.REDUCE}
@@ -99,15 +129,18 @@ def use_tensorrt(flow: CausalMaskedDiffWithXvec, fp16: bool, directory: str | Pa
         out.mkdir(parents=True, exist_ok=True)
         for streaming in (False, True):
             stem = f"flow_estimator_{'streaming' if streaming else 'full'}"
-            plan_path = out / f"{stem}.{'fp16' if fp16 else 'fp32'}.plan"
+            kind = ("fp16-typed" if strongly_typed(fp16) else "fp16") if fp16 else "fp32"
+            plan_path = out / f"{stem}.{kind}.plan"
             if directory is not None and plan_path.is_file():
                 plans[streaming] = plan_path.read_bytes()
                 continue
             onnx_path = out / f"{stem}.onnx"
-            export_estimator(estimator, onnx_path, streaming)
+            export_estimator(half_graph_module(estimator) if strongly_typed(fp16) else estimator, onnx_path, streaming)
             log.info("building the TensorRT %s engine (minutes)", stem)
             plans[streaming] = build_engine(onnx_path, fp16)
             if directory is not None:
                 plan_path.write_bytes(plans[streaming])
     flow.decoder.estimator = TrtEstimator(estimator, plans)
-    return [f"flow estimator (full passes) in TensorRT {'fp16, fp32 norms/softmax' if fp16 else 'fp32'}"]
+    how = ("fp16 strongly typed, fp32 norm statistics" if strongly_typed(fp16) else "fp16, fp32 norms/softmax"
+           ) if fp16 else "fp32"
+    return [f"flow estimator (full passes) in TensorRT {how}"]

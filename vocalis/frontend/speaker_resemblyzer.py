@@ -33,6 +33,7 @@ class ResemblyzerSpeakerEncoder(SpeakerEncoder):
     dim = EMBED_DIM
 
     def __init__(self) -> None:
+        self._device = "cpu"
         self._encoder = None
         self._preprocess = None
         self._lock = threading.Lock()
@@ -49,7 +50,14 @@ class ResemblyzerSpeakerEncoder(SpeakerEncoder):
                     "`pip install --no-deps resemblyzer webrtcvad-wheels`"
                 ) from None
             self._preprocess = preprocess_wav
-            self._encoder = VoiceEncoder(device="cpu", verbose=False)
+            self._encoder = VoiceEncoder(device=self._device, verbose=False)
+
+    def to(self, device: str | torch.device) -> ResemblyzerSpeakerEncoder:
+        with self._lock:
+            self._device = str(torch.device(device))
+            if self._encoder is not None:
+                self._encoder = type(self._encoder)(device=self._device, verbose=False)
+        return self
 
     def embed(self, wav16k: np.ndarray | torch.Tensor) -> np.ndarray:
         self._load()

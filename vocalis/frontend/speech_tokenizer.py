@@ -70,9 +70,31 @@ class SpeechTokenizer(abc.ABC):
     def __call__(self, wav16k: np.ndarray | torch.Tensor) -> list[int]:
         return self.tokenize(wav16k)
 
+    def to(self, device: str | torch.device) -> SpeechTokenizer:
+        """Run on `device` from now on where this tokenizer can (a torch model moves, an ONNX session takes the
+        CUDA provider where ONNX Runtime has it); returns self."""
+        return self
+
     @abc.abstractmethod
     def _tokenize(self, wav16k: np.ndarray | torch.Tensor) -> list[int]:
         """Speech ids of audio already checked against the length limit."""
+
+
+def _on(wav16k: np.ndarray | torch.Tensor, device: torch.device) -> torch.Tensor:
+    """The clip as a float tensor on `device` (its features are then computed there)."""
+    return torch.as_tensor(wav16k, dtype=torch.float32).to(device)
+
+
+def reopen_for(session, path: Path, threads: int, device: str | torch.device):  # type: ignore[no-untyped-def]
+    """`session`, or a new one on `device`'s provider (CUDA where ONNX Runtime has it, else the CPU) when it runs
+    elsewhere."""
+    import onnxruntime as ort
+
+    cuda = torch.device(device).type == "cuda" and "CUDAExecutionProvider" in ort.get_available_providers()
+    wanted = ["CUDAExecutionProvider", "CPUExecutionProvider"] if cuda else ["CPUExecutionProvider"]
+    if session.get_providers()[0] == wanted[0]:
+        return session
+    return open_onnx_session(path, intra_op_num_threads=threads, providers=wanted)
 
 
 class OnnxSpeechTokenizer(SpeechTokenizer):
@@ -81,11 +103,16 @@ class OnnxSpeechTokenizer(SpeechTokenizer):
     def __init__(
         self, path: str | Path, *, intra_op_num_threads: int = 1, providers: Sequence[str] | None = None
     ) -> None:
+        self.path, self.threads = Path(path), intra_op_num_threads
         self.session = open_onnx_session(path, intra_op_num_threads=intra_op_num_threads, providers=providers)
         inputs = self.session.get_inputs()
         if len(inputs) != 2:
             raise ModelLoadError(f"{path}: expected 2 inputs (feats, lengths), found {len(inputs)}")
         self.input_names = (inputs[0].name, inputs[1].name)
+
+    def to(self, device: str | torch.device) -> OnnxSpeechTokenizer:
+        self.session = reopen_for(self.session, self.path, self.threads, device)
+        return self
 
     def _tokenize(self, wav16k: np.ndarray | torch.Tensor) -> list[int]:
         feats = whisper_log_mel(wav16k).unsqueeze(0).cpu().numpy()  # (1, 128, T)
@@ -112,13 +139,18 @@ class TorchSpeechTokenizer(SpeechTokenizer):
     def codebook_size(self) -> int:
         return self.model.codebook_size
 
+    def to(self, device: str | torch.device) -> TorchSpeechTokenizer:
+        self.model.to(device)
+        return self
+
     def _tokenize(self, wav16k: np.ndarray | torch.Tensor) -> list[int]:
         return self.tokenize_batch([wav16k])[0]
 
     def tokenize_batch(self, wavs16k: Sequence[np.ndarray | torch.Tensor]) -> list[list[int]]:
-        """Several 16 kHz clips (N_i,) -> their 25 Hz ids (ceil((N // 160) / 4) each), one padded forward pass."""
+        """Several 16 kHz clips (N_i,) -> their 25 Hz ids (ceil((N // 160) / 4) each), one padded forward pass;
+        features and model on the model's device."""
         device = self.model.ctc_head.weight.device
-        return self.model.tokenize_mels([whisper_log_mel(w).to(device) for w in wavs16k])
+        return self.model.tokenize_mels([whisper_log_mel(_on(w, device)) for w in wavs16k])
 
 
 class LabellerSpeechTokenizer(SpeechTokenizer):
@@ -136,6 +168,10 @@ class LabellerSpeechTokenizer(SpeechTokenizer):
     def codebook_size(self) -> int:
         return self.model.config.num_labels
 
+    def to(self, device: str | torch.device) -> LabellerSpeechTokenizer:
+        self.model.to(device)
+        return self
+
     def _tokenize(self, wav16k: np.ndarray | torch.Tensor) -> list[int]:
         device = self.model.head.weight.device
-        return self.model.tokenize_mels([whisper_log_mel(wav16k).to(device)])[0]
+        return self.model.tokenize_mels([whisper_log_mel(_on(wav16k, device))])[0]

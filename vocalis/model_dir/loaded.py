@@ -62,10 +62,14 @@ class LoadedModel:
         return f"{self.kind} model ({where})"
 
     def to(self, device: str | torch.device) -> LoadedModel:
-        """Move the three networks to `device` in place (the frontends stay on the CPU); returns self."""
+        """Move the three networks, the speech tokenizer and the speaker encoder to `device` in place (each
+        frontend where it can run there); returns self."""
         if torch.device(device).type != "cpu":
             for m in (self.llm, self.flow, self.hift):
                 m.to(device)
+            for frontend in (self.speech_tokenizer, self.speaker_encoder):
+                if frontend is not None:
+                    frontend.to(device)
         return self
 
 

@@ -129,7 +129,10 @@ def attention_bias(mask: torch.Tensor, chunk_size: int, dtype: torch.dtype) -> t
         keep = keep & (pos.unsqueeze(0) < limit.unsqueeze(1)).unsqueeze(0)  # (B, T, T)
     else:
         keep = keep.expand(-1, t, -1)  # (B, T, T)
-    return (1.0 - keep.to(dtype)) * _MASK_BIAS
+    # a fill, not (1 - keep) * bias: fp16 cannot hold the bias (its lowest value stands in), and an exported fp16
+    # graph would multiply 0 by an infinite constant
+    bias = max(_MASK_BIAS, torch.finfo(dtype).min)
+    return torch.zeros(keep.shape, dtype=dtype, device=mask.device).masked_fill(~keep, bias)
 
 
 class CausalConditionalDecoder(nn.Module):
