@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Callable, Iterator
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -29,6 +30,7 @@ from vocalis.bench.accuracy import errors, outputs
 from vocalis.engine.config import EngineConfig
 from vocalis.engine.llm_engine import LLMEngine
 from vocalis.engine.model_runner import ModelRunner
+from vocalis.engine.request import SamplingParams
 from vocalis.model_dir import random_model
 from vocalis.precision.layers import cast_linears
 from vocalis.reference.token2wav import FlowPrompt
@@ -193,3 +195,60 @@ def test_tensorrt_fp16_graph_runs_close_to_fp32(tmp_path) -> None:  # type: igno
     rel = float(np.abs(got - ref).max() / np.abs(ref).max())
     print("fp16 graph vs fp32 module, max rel", rel)
     assert rel <= 5e-3
+
+
+@pytest.mark.parametrize(("precision", "bound"), [("bf16", 2e-2), ("fp16", 5e-3)])
+def test_cosyvoice3_whole_cast(cv3_model, precision: str, bound: float) -> None:  # type: ignore[no-untyped-def]
+    """CosyVoice 3 (the compat_cv3 fixture's shapes): the whole-cast DiT against fp32, one forward [bf16 7.1e-3,
+    fp16 8.5e-4 of its scale], and the whole-cast LLM's decode step against fp32's [bf16 and fp16 within 5e-2]."""
+    import copy
+
+    est = cv3_model.flow.decoder.estimator
+    half = copy.deepcopy(est)
+    cast_estimator(half, HALF[precision])
+    g = torch.Generator().manual_seed(0)
+    c = est.config
+    args = (torch.randn(2, c.mel_dim, FRAMES, generator=g), torch.ones(2, 1, FRAMES),
+            torch.randn(2, c.mu_dim, FRAMES, generator=g), torch.tensor([0.3, 0.3]),
+            torch.randn(2, c.spk_dim, generator=g), torch.randn(2, c.mel_dim, FRAMES, generator=g))
+    with torch.inference_mode():
+        ref, got = est(*args), half(*args)
+    assert got.dtype == torch.float32
+    rel = ((got - ref).abs().max() / ref.abs().max()).item()
+    print(precision, "cv3 DiT whole cast, max rel", rel)
+    assert rel <= bound
+
+    llms = [copy.deepcopy(cv3_model.llm) for _ in range(2)]  # (engines pack their weights in place)
+    cast_llm(llms[1], HALF[precision])
+    fp32, cast = (_runner(SimpleNamespace(llm=llm)) for llm in llms)
+    step = _decode_inputs()
+    with torch.inference_mode():
+        a, b = fp32.static_decode(*step).float(), cast.static_decode(*step).float()
+    rel = ((a - b).abs().max() / a.abs().max()).item()
+    print(precision, "cv3 LLM decode step, max rel", rel)
+    assert rel <= 5e-2
+
+
+def test_llm_engine_whole_cast_prefill_and_decode() -> None:
+    """The LLM engine over the whole-cast bf16 LLM (prefill chunks of 4 positions, then decode steps): log-probs
+    of its first six steps (prefill chunks, then decode steps) within the log-prob bound of fp32's [0.012]."""
+    texts = [[40, 41, 42], [50, 51, 52, 53, 54, 55, 56], [60], [70, 71, 72, 73, 74], [80, 81]]
+
+    def run(model) -> list[torch.Tensor]:  # type: ignore[no-untyped-def]
+        eng = LLMEngine(model.llm, EngineConfig(block_size=16, num_kv_blocks=128, max_num_batched_tokens=4))
+        for t in texts:
+            eng.add_request(eng.make_request(t, params=SamplingParams(greedy=True, min_len=8, max_len=8)))
+        rows = []
+        while eng.scheduler.has_unfinished() and len(rows) < 6:  # prefill chunks and the first decode steps
+            out = eng.scheduler.schedule()
+            logp = eng.runner.execute(out.scheduled)
+            rows.append(logp)
+            eng.scheduler.update(out, eng.sampler(logp, out.sampled))
+        return rows
+
+    ref, got = run(random_model("tiny")), run(_whole("bf16"))
+    pairs = [(a, b) for a, b in zip(ref, got) if a.numel()]
+    assert pairs and all(a.shape == b.shape for a, b in pairs)
+    diff = max((a - b).abs().max().item() for a, b in pairs)
+    print("engine, whole-cast bf16 vs fp32: log-prob max abs", diff)
+    assert diff <= 0.05
