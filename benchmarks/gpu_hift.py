@@ -23,7 +23,6 @@ from vocalis.precision.layers import cast_hift_convs
 from vocalis.token2wav.cv2.hift import hift_body
 
 
-
 def _ms(fn, device: torch.device, seconds: float = 1.0) -> float:  # type: ignore[no-untyped-def]
     fn()
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)

@@ -366,7 +366,6 @@ def main(args: argparse.Namespace) -> int:
     os.environ.setdefault(BUILD_ENV, "wait")
     if cfg.preset in CV3_PRESETS:  # CosyVoice 3: one in-process run of its engine (bench/cv3.py)
         from vocalis.bench.cv3 import cv3_summary, run_cv3
-
         from vocalis.model_dir import read_cosyvoice3_config
 
         if args.shapes_from and not (Path(args.shapes_from) / "cosyvoice3.yaml").is_file():
