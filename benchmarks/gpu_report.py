@@ -4,8 +4,9 @@ choice, peak GPU memory; a JSON file with the issue's figures under fixed keys a
     python benchmarks/gpu_report.py --out DIR                  # on a GPU: the 0.5B shapes, cuda
     python benchmarks/gpu_report.py --out DIR --rehearse       # on the CPU: the same steps at tiny shapes
 
-Each bench runs in its own process (`python -m vocalis bench ...`, its log under DIR) with a time limit, so one
-that fails or runs long costs only its own figures; the report is written from whatever finished. Random weights
+Each bench runs in its own process (`python -m vocalis bench ...`, its log under DIR) with a time limit, all of
+them within --budget-s, so one that fails or runs long costs only its own figures (CosyVoice 2 fp32 first: the
+memory ratios need it); the report is written from whatever finished. Random weights
 throughout (no download).
 
 Writes under DIR: bench_cv2_<precision>.json and bench_cv3_<precision>.json (one `vocalis bench` each, with its
@@ -35,8 +36,14 @@ TARGETS = {"first_chunk_s_1": ("<=", 0.080), "first_chunk_s_4": ("<=", 0.150), "
 KEYS = (*TARGETS, "peak_gpu_mib")
 
 
+_DEADLINE = [float("inf")]  # perf_counter time by which every bench has ended (--budget-s)
+
+
 def _run(cmd: list[str], log: Path, limit_s: float) -> dict[str, Any]:
     start = time.perf_counter()
+    limit_s = min(limit_s, _DEADLINE[0] - start)
+    if limit_s < 5:
+        return {"cmd": " ".join(cmd), "rc": 124, "seconds": 0.0, "skipped": "out of --budget-s"}
     with log.open("w") as f:
         try:
             rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=limit_s, check=False).returncode
@@ -110,18 +117,22 @@ def main() -> int:
                     help="the same steps on the CPU at tiny shapes (CosyVoice 3: --cv3-shapes)")
     ap.add_argument("--cv3-shapes", default="../shared/reference/compat_cv3",
                     help="rehearsal: a CosyVoice 3 model directory whose shapes the CV3 bench takes")
-    ap.add_argument("--cv2-limit", type=float, help="seconds per CosyVoice 2 precision (default 70; rehearsal 900)")
+    ap.add_argument("--budget-s", type=float, help="seconds for every bench together (default 380; rehearsal: none)")
+    ap.add_argument("--cv2-limit", type=float, help="seconds per CosyVoice 2 precision (default 100; rehearsal 900)")
     ap.add_argument("--cv3-limit", type=float, help="seconds per CosyVoice 3 precision (default 45; rehearsal 600)")
-    ap.add_argument("--hift-limit", type=float, help="seconds for HiFT's precisions (default 30; rehearsal 300)")
+    ap.add_argument("--hift-limit", type=float, help="seconds for HiFT's precisions (default 20; rehearsal 300)")
     args = ap.parse_args()
     # a shared 2-core CPU runs the tiny shapes slower than a GPU the 0.5B ones: the rehearsal's limits are wider
-    limits = (900, 600, 300) if args.rehearse else (70, 45, 30)
+    limits = (900, 600, 300) if args.rehearse else (100, 45, 20)
+    budget = args.budget_s if args.budget_s is not None else (None if args.rehearse else 380)
+    if budget is not None:
+        _DEADLINE[0] = time.perf_counter() + budget
     args.cv2_limit, args.cv3_limit, args.hift_limit = (given or default for given, default in
                                                        zip((args.cv2_limit, args.cv3_limit, args.hift_limit), limits))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     device = "cpu" if args.rehearse else "cuda"
-    precisions = ("fp32", "bf16") if args.rehearse else ("fp32", "bf16", "fp16")  # fp16 needs a GPU
+    precisions = ("fp32", "bf16") if args.rehearse else ("fp32", "fp16", "bf16")  # fp16 needs a GPU
     streams = "1,4" if args.rehearse else "1,4,16,64"
     common = [sys.executable, "-m", "vocalis", "bench", "--device", device, "--batches", "1,16", "--concurrency",
               streams, "--e2e-repeats", "1", "--plot", "", "--threads", "2" if args.rehearse else "4"]

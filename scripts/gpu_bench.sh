@@ -20,7 +20,7 @@ start=$(date +%s)
     $PY -c "import tensorrt; print('tensorrt', tensorrt.__version__)" 2>&1 | tail -1
 } > "$OUT/gpu.txt" 2>&1
 cat "$OUT/gpu.txt"
-timeout "${TEST_LIMIT:-75}" $PY -m pytest -q -p no:cacheprovider tests/test_cuda.py > "$OUT/cuda_tests.log" 2>&1
+timeout "${TEST_LIMIT:-70}" $PY -m pytest -q -p no:cacheprovider tests/test_cuda.py > "$OUT/cuda_tests.log" 2>&1
 echo "CUDA tests: exit $? ($(tail -1 "$OUT/cuda_tests.log"))"
 $PY benchmarks/gpu_report.py --out "$OUT" $MODE
 rc=$?
