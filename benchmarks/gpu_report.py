@@ -2,7 +2,8 @@
 choice, peak GPU memory; a JSON file with the issue's figures under fixed keys and a markdown table.
 
     python benchmarks/gpu_report.py --out DIR                  # on a GPU: the 0.5B shapes, cuda
-    python benchmarks/gpu_report.py --out DIR --rehearse       # on the CPU: the same steps at tiny shapes
+    python benchmarks/gpu_report.py --out DIR --rehearse       # on the CPU: the same steps at tiny shapes, bf16
+                                                               # cast whole as on a GPU (VOCALIS_WHOLE_HALF=1)
 
 Each bench runs in its own process (`python -m vocalis bench ...`, its log under DIR) with a time limit, all of
 them within --budget-s, so one that fails or runs long costs only its own figures (CosyVoice 2 fp32 first: the
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -134,6 +136,8 @@ def main() -> int:
     device = "cpu" if args.rehearse else "cuda"
     precisions = ("fp32", "bf16") if args.rehearse else ("fp32", "fp16", "bf16")  # fp16 needs a GPU
     streams = "1,4" if args.rehearse else "1,4,16,64"
+    if args.rehearse:  # bf16 on the CPU as on a GPU: the whole-model cast (backends.choice)
+        os.environ["VOCALIS_WHOLE_HALF"] = "1"
     common = [sys.executable, "-m", "vocalis", "bench", "--device", device, "--batches", "1,16", "--concurrency",
               streams, "--e2e-repeats", "1", "--plot", "", "--threads", "2" if args.rehearse else "4"]
     if args.rehearse:

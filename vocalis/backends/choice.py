@@ -5,7 +5,7 @@ Precision (what the heavy matmuls run in; figures per CPU class are in docs/benc
 - bf16 / fp16 on a GPU: the whole model cast once (`backends.half`): the LLM and its KV cache in that dtype, the
   flow estimator's Linears and convs too with activations in that dtype between them, norms, softmax and the
   Euler state accumulated in fp32, the flow encoder fp32; HiFT fp32, or its body convs in that dtype with
-  VOCALIS_HIFT_HALF=1 (`apply_backend(hift_reduced=True)`).
+  VOCALIS_HIFT_HALF=1 (`apply_backend(hift_reduced=True)`). VOCALIS_WHOLE_HALF=1 casts bf16 so on the CPU too.
 - bf16 on the CPU: every `nn.Linear` of the LLM and of the flow estimator becomes a
   `CastLinear` holding its weights in that dtype; activations between layers, norms, attention softmax and the
   Euler state stay fp32, and so does HiFT (as the official fp16 path keeps it), except on CPUs with AMX tiles,
@@ -72,6 +72,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+WHOLE_HALF_ENV = "VOCALIS_WHOLE_HALF"  # "1": bf16 on the CPU casts the whole model as on a GPU
 HIFT_HALF_ENV = "VOCALIS_HIFT_HALF"  # "1": HiFT's body convs in the half dtype on a GPU (default fp32 there)
 
 
@@ -220,7 +221,8 @@ def apply_backend(model: object, backend: str = "torch", precision: str = "fp32"
         if precision in _DTYPES:
             n = cast_linears(estimator, _DTYPES[precision])
             notes.append(f"{n} flow-estimator Linear layers in {precision}, the rest fp32")
-    elif precision in _DTYPES and torch.device(device).type == "cuda":  # whole-model cast (`backends.half`)
+    elif precision in _DTYPES and (torch.device(device).type == "cuda" or os.environ.get(WHOLE_HALF_ENV) == "1"):
+        # the whole-model cast (`backends.half`); on the CPU only when asked (the GPU run's rehearsal)
         n_llm = cast_llm(llm, _DTYPES[precision])
         n_est = cast_estimator(estimator, _DTYPES[precision])
         notes.append(f"LLM whole in {precision} ({n_llm} Linears, KV cache too); flow estimator's {n_est} Linears "
