@@ -119,6 +119,8 @@ def main() -> int:
                     help="the same steps on the CPU at tiny shapes (CosyVoice 3: --cv3-shapes)")
     ap.add_argument("--cv3-shapes", default="../shared/reference/compat_cv3",
                     help="rehearsal: a CosyVoice 3 model directory whose shapes the CV3 bench takes")
+    ap.add_argument("--report-only", action="store_true",
+                    help="run nothing: the report from the bench JSON files already under --out")
     ap.add_argument("--budget-s", type=float, help="seconds for every bench together (default 380; rehearsal: none)")
     ap.add_argument("--cv2-limit", type=float, help="seconds per CosyVoice 2 precision (default 100; rehearsal 900)")
     ap.add_argument("--cv3-limit", type=float, help="seconds per CosyVoice 3 precision (default 45; rehearsal 600)")
@@ -143,6 +145,10 @@ def main() -> int:
     if args.rehearse:
         common += ["--tokens", "30", "--prompt-tokens", "15"]
     runs: dict[str, Any] = {}
+    if args.report_only:
+        _write_report(args, out, precisions, device, json.loads((out / "gpu_report.json").read_text())["runs"]
+                      if (out / "gpu_report.json").is_file() else {})
+        return 0
     for p in precisions:  # one bench per precision: one that runs out of time loses only its own figures
         runs[f"cv2_{p}"] = _run([*common, "--preset", "tiny" if args.rehearse else "cosyvoice2-0.5b", "--precision",
                                  p, "--json", str(out / f"bench_cv2_{p}.json")], out / f"bench_cv2_{p}.log",
@@ -154,7 +160,15 @@ def main() -> int:
     tiny_hift = ["--preset", "tiny", "--rows", "1", "--frames", "20"] if args.rehearse else []
     runs["hift"] = _run([sys.executable, str(Path(__file__).with_name("gpu_hift.py")), "--device", device, "--json",
                          str(out / "hift.json"), *tiny_hift], out / "hift.log", args.hift_limit)
+    _write_report(args, out, precisions, device, runs)
+    failed = [name for name, r in runs.items() if r["rc"] != 0]
+    if failed:
+        print(f"not measured (see their logs under {out}): {', '.join(failed)}")
+    return 1 if failed else 0
 
+
+def _write_report(args: argparse.Namespace, out: Path, precisions: tuple[str, ...], device: str,
+                  runs: dict[str, Any]) -> None:
     def load(name: str) -> dict[str, Any]:
         path = out / name
         return json.loads(path.read_text()) if path.is_file() else {}
@@ -176,10 +190,6 @@ def main() -> int:
     (out / "gpu_report.json").write_text(json.dumps(report, indent=2))
     (out / "gpu_report.md").write_text(_table(report))
     print(_table(report))
-    failed = [name for name, r in runs.items() if r["rc"] != 0]
-    if failed:
-        print(f"not measured (see their logs under {out}): {', '.join(failed)}")
-    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ import warnings
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.utils import parametrize
 
 from vocalis.precision.dynamic_int8 import use_x86_quantized_engine
 from vocalis.precision.module_swap import swap_modules
@@ -70,14 +71,23 @@ class CastConv(nn.Module):
         return y.to(x.dtype)
 
 
+def _plain_conv(m: nn.Module) -> bool:
+    """A plain `nn.Conv1d` / `nn.ConvTranspose1d`, weight-normed or not; not a subclass with its own forward (a
+    causal conv's padding), which a `CastConv` would drop."""
+    cls = type(m).__bases__[0] if parametrize.is_parametrized(m) else type(m)
+    return cls in (nn.Conv1d, nn.ConvTranspose1d)
+
+
 def cast_hift_convs(hift: nn.Module, dtype: torch.dtype, time_major: bool = False) -> int:
-    """Replace every conv of HiFT's body (`vocalis.token2wav.cv2.hift.hift_body`: pre/post convs, upsampling,
-    resblocks, source downsampling) by a `CastConv` in `dtype`, time-major or not (in place); the F0 predictor and
-    the source stay as they are. Returns how many."""
+    """Replace every plain conv of HiFT's body (`vocalis.token2wav.cv2.hift.hift_body`: pre/post convs,
+    upsampling, resblocks, source downsampling) by a `CastConv` in `dtype`, time-major or not (in place); the F0
+    predictor, the source and causal convs (CosyVoice 3's) stay as they are. Returns how many."""
+    n = 0
     for name in ("conv_pre", "conv_post"):
-        setattr(hift, name, CastConv(getattr(hift, name), dtype, time_major))
-    return 2 + sum(swap_modules(getattr(hift, name), lambda m: isinstance(m, (nn.Conv1d, nn.ConvTranspose1d)),
-                                lambda m: CastConv(m, dtype, time_major))
+        if _plain_conv(getattr(hift, name)):
+            setattr(hift, name, CastConv(getattr(hift, name), dtype, time_major))
+            n += 1
+    return n + sum(swap_modules(getattr(hift, name), _plain_conv, lambda m: CastConv(m, dtype, time_major))
                    for name in ("ups", "source_downs", "source_resblocks", "resblocks"))
 
 
