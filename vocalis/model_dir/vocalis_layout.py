@@ -26,7 +26,11 @@ from vocalis.model_dir.loaded import (
     speaker_encoder_of,
     speech_tokenizer_of,
 )
+from vocalis.model_dir.layerwise import Convert, build_layerwise, random_fill
 from vocalis.model_dir.official_cv2 import build_modules, load_official
+from vocalis.models.flow.flow import CausalMaskedDiffWithXvec
+from vocalis.models.hift.generator import HiFTGenerator
+from vocalis.models.speech_lm import Qwen2LM
 from vocalis.models.speech_tokenizer.labeller import LABELLER_JSON, LABELLER_WEIGHTS
 
 _SAFE_FILE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")
@@ -65,15 +69,21 @@ def load_vocalis(directory: Path) -> LoadedModel:
     )
 
 
-def random_model(preset: str = "tiny", seed: int = 0) -> LoadedModel:
+def random_model(preset: str = "tiny", seed: int = 0, llm_convert: Convert | None = None) -> LoadedModel:
     """Random weights at a preset's shapes, with the bundled tokenizer and one embedding-only voice.
 
     It makes noise, not speech: it exists so every code path runs on a fresh machine.
+    llm_convert: build the LLM layer by layer, each piece converted by it as it is made (a precision's
+    `LLMConverter.convert`), so the whole fp32 LLM never exists; the weights are those of the whole build.
     """
     config = PRESETS[preset]
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        llm, flow, hift = build_modules(config)
+        if llm_convert is None:
+            llm, flow, hift = build_modules(config)
+        else:
+            llm = build_layerwise(lambda: Qwen2LM(config.llm), random_fill, llm_convert)
+            flow, hift = CausalMaskedDiffWithXvec(config.flow), HiFTGenerator(config.hift)
         embedding = torch.randn(config.spk_embed_dim)
     eval_modules(llm, flow, hift)
     voice = Voice("default", "", (), (), torch.zeros(0, config.flow.output_size), embedding)
