@@ -2,7 +2,9 @@
 the text table in reduced precision (`precision.embedding`).
 
 - A layer-wise build equals the whole build: fp32 weights bit for bit, and in int8 / bf16 the converted model's
-  outputs equal those of the whole fp32 build converted afterwards (`apply_backend`'s path), bit for bit.
+  outputs equal those of the whole fp32 build converted afterwards (`apply_backend`'s path), bit for bit; so does
+  a layer-wise load of the official fixture directory and of our layout, and `TTS.load` in int8 synthesises the
+  same audio as a model loaded whole and converted after.
 - Reduced rows: int8 within half a quantisation step of each row (max|row| / 254), bf16 within 2^-8 relative.
 - Memory: building the LLM layer-wise in int8, a fresh process's peak resident growth stays below the final
   model's growth plus its largest fp32 piece (with slack for the allocator), and below the whole fp32 build's
@@ -12,20 +14,26 @@ the text table in reduced precision (`precision.embedding`).
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
-from vocalis.model_dir import layerwise, random_model
+from tiny_assets import make_tiny_model_dir
+from vocalis.backends.choice import apply_backend
+from vocalis.errors import ModelLoadError
+from vocalis.model_dir import layerwise, load_model, random_model
 from vocalis.precision.embedding import ReducedEmbedding
 from vocalis.precision.llm_precision import LLMConverter, convert_llm
 
 
 def _logits(llm: nn.Module) -> torch.Tensor:
-    emb = llm.prefill_embeddings([5, 17, 400, 151000 % llm.config.qwen.vocab_size], [9, 3], [1, 2, 3, 44])
+    v, s = llm.config.qwen.vocab_size, llm.config.speech_token_size
+    emb = llm.prefill_embeddings([5, 17, 400 % v, v - 1], [9, 3], [1, 2, 3, 44 % s])
     return llm(emb)
 
 
@@ -60,6 +68,52 @@ def test_converted_at_load_equals_converted_after(split, precision: str) -> None
     assert not any(type(m) is nn.Linear for m in loaded.llm.modules())
     with torch.inference_mode():
         assert torch.equal(_logits(whole.llm), _logits(loaded.llm))
+
+
+@pytest.fixture(scope="module")
+def ours(tmp_path_factory) -> Path:
+    return make_tiny_model_dir(tmp_path_factory.mktemp("tiny") / "model")
+
+
+@pytest.mark.parametrize("which", ["official", "vocalis"])
+def test_layerwise_load_equals_whole_load(request, which: str) -> None:
+    directory = request.getfixturevalue("compat_dir" if which == "official" else "ours")
+    whole = load_model(directory)
+    note = convert_llm(whole.llm, "int8")
+    converter = LLMConverter.for_precision("int8")
+    assert converter is not None
+    loaded = load_model(directory, llm_convert=converter.convert)
+    assert convert_llm(loaded.llm, "int8") == note
+    with torch.inference_mode():
+        assert torch.equal(_logits(whole.llm), _logits(loaded.llm))
+    for part in ("flow", "hift"):  # loaded as before
+        a, b = getattr(whole, part).state_dict(), getattr(loaded, part).state_dict()
+        assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_layerwise_load_checks_names_first(ours: Path, tmp_path: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    broken = tmp_path / "broken"
+    shutil.copytree(ours, broken)
+    state = load_file(str(broken / "llm.safetensors"))
+    state.pop(next(k for k in state if "layers.1." in k))
+    save_file(state, str(broken / "llm.safetensors"))
+    converter = LLMConverter.for_precision("int8")
+    assert converter is not None
+    with pytest.raises(ModelLoadError, match="missing"):
+        load_model(broken, llm_convert=converter.convert)
+
+
+def test_tts_load_int8_converts_at_load(ours: Path) -> None:
+    from vocalis.tts import TTS
+
+    tts = TTS.load(ours, precision="int8")
+    assert isinstance(tts.model.llm.qwen.embed_tokens, ReducedEmbedding)
+    whole = load_model(ours)
+    apply_backend(whole, "torch", "int8")
+    with torch.inference_mode():
+        assert torch.equal(_logits(whole.llm), _logits(tts.model.llm))
 
 
 @pytest.mark.parametrize("dtype", [torch.int8, torch.bfloat16])

@@ -17,14 +17,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from vocalis.backends.choice import apply_backend, resolve
+from vocalis.backends.choice import apply_backend
+from vocalis.backends.load_precision import llm_load_converter
 from vocalis.config import SamplingConfig
 from vocalis.engine.request import SamplingParams
 from vocalis.frontend.voice import Voice
-from vocalis.kernels.config import KernelConfig
 from vocalis.model_dir import LoadedModel, random_model
-from vocalis.model_dir.layerwise import Convert
-from vocalis.precision.llm_precision import LLMConverter
 from vocalis.reference.decode import generate
 from vocalis.reference.sampling import make_sampler
 from vocalis.runtime.async_engine import AsyncEngine
@@ -118,24 +116,15 @@ def forced_sampler(sampling: SamplingConfig, generator: torch.Generator | None, 
 def build(cfg: BenchConfig, precision: str | None) -> tuple[LoadedModel, Runtime | None, str]:
     """The side's model, the `Runtime` its engines run on (None: plain torch) and a line describing it."""
     torch.set_num_threads(cfg.threads)
-    model = random_model(cfg.preset, seed=cfg.seed, llm_convert=_load_converter(cfg, precision)).to(cfg.device)
+    # a reduced-precision LLM converted as it is built: the side never holds its fp32 form
+    convert = None if precision is None else llm_load_converter(cfg.backend, precision, cfg.device)
+    model = random_model(cfg.preset, seed=cfg.seed, llm_convert=convert).to(cfg.device)
     if precision is None:
         return model, None, f"reference path, fp32 torch, {cfg.device}"
     if precision == "fp32" and cfg.backend == "torch":
         return model, None, f"backend torch, precision fp32, {cfg.device}"
     runtime = apply_backend(model, cfg.backend, precision, cfg.device)
     return model, runtime, runtime.describe()
-
-
-def _load_converter(cfg: BenchConfig, precision: str | None) -> Convert | None:
-    """The LLM's precision applied while it is built (`random_model(llm_convert=)`), so the side never holds the
-    fp32 LLM beside the reduced one; None where the LLM stays fp32 or another process decodes it (vllm)."""
-    if precision is None or torch.device(cfg.device).type != "cpu":
-        return None
-    kernels = KernelConfig().with_env_overrides()
-    backend, resolved = resolve(cfg.backend, precision, cfg.device, kernels)
-    converter = None if backend == "vllm" else LLMConverter.for_precision(resolved, cfg.device, kernels)
-    return None if converter is None else converter.convert
 
 
 def device_generator(cfg: BenchConfig, seed: int) -> torch.Generator:

@@ -26,7 +26,7 @@ from vocalis.model_dir.loaded import (
     speaker_encoder_of,
     speech_tokenizer_of,
 )
-from vocalis.model_dir.layerwise import Convert, build_layerwise, random_fill
+from vocalis.model_dir.layerwise import Convert, SafetensorsState, build_layerwise, load_layerwise, random_fill
 from vocalis.model_dir.official_cv2 import build_modules, load_official
 from vocalis.models.flow.flow import CausalMaskedDiffWithXvec
 from vocalis.models.hift.generator import HiFTGenerator
@@ -49,15 +49,24 @@ def _text_tokenizer(config: ModelConfig, tokenizer_dir: Path) -> TextTokenizer |
     return TextTokenizer.from_dir(tokenizer_dir) if (tokenizer_dir / "vocab.json").is_file() else None
 
 
-def load_vocalis(directory: Path) -> LoadedModel:
-    """Our own layout (see module docstring)."""
+def load_vocalis(directory: Path, llm_convert: Convert | None = None) -> LoadedModel:
+    """Our own layout (see module docstring). llm_convert: load the LLM piece by piece, each converted as it is
+    read from its file (a precision's `LLMConverter.convert`: `model_dir.layerwise`)."""
     try:
         meta = json.loads((directory / VOCALIS_JSON).read_text(encoding="utf-8"))
         config = ModelConfig.from_dict(meta["config"])
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ModelLoadError(f"cannot read {directory / VOCALIS_JSON}: {exc}") from exc
-    llm, flow, hift = build_modules(config)
-    for name, module in (("llm", llm), ("flow", flow), ("hift", hift)):
+    llm_file = directory / "llm.safetensors"
+    if llm_convert is None:
+        llm, flow, hift = build_modules(config)
+        load_strict(llm, read_safetensors(llm_file), llm_file.name)
+    else:
+        if not llm_file.is_file():
+            raise ModelLoadError(f"missing checkpoint file: {llm_file}")
+        llm = load_layerwise(lambda: Qwen2LM(config.llm), SafetensorsState(llm_file), llm_file.name, llm_convert)
+        flow, hift = CausalMaskedDiffWithXvec(config.flow), HiFTGenerator(config.hift)
+    for name, module in (("flow", flow), ("hift", hift)):
         load_strict(module, read_safetensors(directory / f"{name}.safetensors"), f"{name}.safetensors")
     eval_modules(llm, flow, hift)
     tok_dir = directory / "tokenizer"
