@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import sys
 import threading
 import time
 from pathlib import Path
@@ -235,6 +236,10 @@ def test_metrics_exposed(client: httpx.Client) -> None:
         assert name in text, name
     assert 'vocalis_requests_total{route="/v1/audio/speech",status="200"}' in text
     assert 'vocalis_first_chunk_seconds_count{route="/v1/audio/speech"}' in text
+    values = {line.split()[0]: float(line.split()[1]) for line in text.splitlines() if line and line[0] != "#"}
+    if sys.platform.startswith("linux"):  # the process's memory: resident now, and a peak at least that
+        assert values["process_resident_memory_bytes"] > 50e6
+        assert values["vocalis_process_peak_resident_memory_bytes"] >= values["process_resident_memory_bytes"]
 
 
 def test_api_key_everywhere_but_health(tts) -> None:

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from vocalis.backends.choice import Runtime, apply_backend, resolve
+from vocalis.backends.load_precision import llm_load_converter
 from vocalis.config import MAX_PROMPT_SECONDS, PROMPT_SAMPLE_RATE_16K
 from vocalis.engine.config import EngineConfig
 from vocalis.errors import InputError
@@ -94,7 +95,8 @@ class TTS:
         """
         dev = torch.device(device)
         resolve(backend, precision, dev, kernels)  # fail fast, before loading
-        model = load_model(path)
+        # the LLM converted to its precision as it loads (never whole in fp32); adapters merge into fp32 weights
+        model = load_model(path, None if adapters else llm_load_converter(backend, precision, dev, kernels))
         names: tuple[str, ...] = ()
         if adapters:
             from vocalis.adapters.lora_file import merge_at_load

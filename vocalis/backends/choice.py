@@ -62,7 +62,8 @@ from vocalis.kernels import bf16_attention, cpu, fp32_attention
 from vocalis.kernels.config import KernelConfig
 from vocalis.precision import int8_linear
 from vocalis.precision.dynamic_int8 import quantize_estimator_int8
-from vocalis.precision.layers import cast_hift_convs, cast_linears, quantize_linears_int8
+from vocalis.precision.layers import cast_hift_convs, cast_linears
+from vocalis.precision.llm_precision import convert_llm
 from vocalis.token2wav.cv2.compute import ComputeWeights
 
 if TYPE_CHECKING:
@@ -228,15 +229,12 @@ def apply_backend(model: object, backend: str = "torch", precision: str = "fp32"
         notes.append(f"LLM whole in {precision} ({n_llm} Linears, KV cache too); flow estimator's {n_est} Linears "
                      f"and convs in {precision} with {precision} activations, fp32 norms and Euler state")
     elif precision in _DTYPES:
-        n = cast_linears(llm, _DTYPES[precision]) + cast_linears(estimator, _DTYPES[precision])
-        notes.append(f"{n} LLM + flow-estimator Linear layers in {precision}, the rest fp32")
+        # the LLM (and on the CPU its text table), or what a layer-wise load left to convert: `llm_precision`
+        notes.append(str(convert_llm(llm, precision, device, kernels)))
+        n = cast_linears(estimator, _DTYPES[precision])
+        notes.append(f"{n} flow-estimator Linear layers in {precision}, the rest fp32")
     elif precision == "int8":
-        if int8_linear.available(kernels.int8_kernel):
-            n_llm = int8_linear.int8_linears(llm, kernels.int8_grain_bytes)
-            notes.append(f"{n_llm} LLM Linear layers int8 (our {int8_linear.layout()} kernel)")
-        else:
-            n_llm = quantize_linears_int8(llm)
-            notes.append(f"{n_llm} LLM Linear layers int8 (dynamic, fbgemm)")
+        notes.append(str(convert_llm(llm, precision, device, kernels)))
         if flow_int8 is None:
             flow_int8 = backend != "torch" or not native_bf16_cpu()
         if flow_int8:

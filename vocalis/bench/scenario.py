@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from vocalis.backends.choice import apply_backend
+from vocalis.backends.load_precision import llm_load_converter
 from vocalis.config import SamplingConfig
 from vocalis.engine.request import SamplingParams
 from vocalis.frontend.voice import Voice
@@ -121,7 +122,9 @@ def forced_sampler(sampling: SamplingConfig, generator: torch.Generator | None, 
 def build(cfg: BenchConfig, precision: str | None) -> tuple[LoadedModel, Runtime | None, str]:
     """The side's model, the `Runtime` its engines run on (None: plain torch) and a line describing it."""
     torch.set_num_threads(cfg.threads)
-    model = random_model(cfg.preset, seed=cfg.seed).to(cfg.device)
+    # a reduced-precision LLM converted as it is built: the side never holds its fp32 form
+    convert = None if precision is None else llm_load_converter(cfg.backend, precision, cfg.device)
+    model = random_model(cfg.preset, seed=cfg.seed, llm_convert=convert).to(cfg.device)
     if precision is None:
         return model, None, f"reference path, fp32 torch, {cfg.device}"
     if precision == "fp32" and cfg.backend == "torch":

@@ -22,6 +22,7 @@ from vocalis.model_dir.loaded import (
     LoadedModel,
     speaker_encoder_of,
 )
+from vocalis.model_dir.layerwise import Convert
 from vocalis.model_dir.official_cv2 import OFFICIAL_YAML, build_modules, load_official, model_config_from_official
 from vocalis.model_dir.official_cv3 import (
     CV3_KIND,
@@ -46,20 +47,21 @@ from vocalis.model_dir.vocalis_layout import (
 
 # The file that marks a layout, and its loader, in the order they are tried (ours first: a converted directory
 # may keep the official yaml beside it).
-LAYOUTS: tuple[tuple[str, Callable[[Path], LoadedModel]], ...] = (
+LAYOUTS: tuple[tuple[str, Callable[..., LoadedModel]], ...] = (
     (VOCALIS_JSON, load_vocalis),
     (CV3_YAML, load_cosyvoice3),
     (OFFICIAL_YAML, load_official),
 )
 
 
-def load_model(path: str | Path | None = None) -> LoadedModel:
+def load_model(path: str | Path | None = None, llm_convert: Convert | None = None) -> LoadedModel:
     """A model directory of any layout, or a hub id; None = the built-in model (random tiny weights until one
-    ships)."""
+    ships). llm_convert: the LLM loaded piece by piece, each converted as it is read (a precision's
+    `LLMConverter.convert`), so its whole fp32 form never exists; CosyVoice 3 directories load whole."""
     if path is None:
         if (BUILTIN_MODEL / VOCALIS_JSON).is_file():
-            return load_vocalis(BUILTIN_MODEL)
-        return random_model()
+            return load_vocalis(BUILTIN_MODEL, llm_convert)
+        return random_model(llm_convert=llm_convert)
     directory = Path(path).expanduser()
     if not directory.is_dir():
         if not is_hub_id(path):
@@ -67,7 +69,7 @@ def load_model(path: str | Path | None = None) -> LoadedModel:
         directory = resolve_model(path)  # a hub id: downloaded once into the hub's cache, verified
     for marker, load in LAYOUTS:
         if (directory / marker).is_file():
-            return load(directory)
+            return load(directory) if marker == CV3_YAML else load(directory, llm_convert)
     raise ModelLoadError(f"{directory} is not a model directory: it has neither {VOCALIS_JSON} nor {OFFICIAL_YAML}")
 
 

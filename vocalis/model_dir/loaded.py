@@ -121,10 +121,21 @@ def load_official_weights(directory: Path, llm: torch.nn.Module, flow: torch.nn.
                           ) -> None:
     """`llm.pt`, `flow.pt`, `hift.pt` into the three modules, strictly by name (both families' official LLM and HiFT
     keys are renamed alike), then eval mode."""
-    load_strict(llm, prepare_llm_state_dict(read_torch_state_dict(directory / "llm.pt")), "llm.pt")
+    load_strict(llm, official_llm_state(directory), "llm.pt")
+    load_official_flow_hift(directory, flow, hift)
+    eval_modules(llm, flow, hift)
+
+
+def official_llm_state(directory: Path) -> dict[str, torch.Tensor]:
+    """`llm.pt` renamed to our module tree (mapped from the file, not read into memory)."""
+    return prepare_llm_state_dict(read_torch_state_dict(directory / "llm.pt"))
+
+
+def load_official_flow_hift(directory: Path, flow: torch.nn.Module, hift: torch.nn.Module) -> None:
+    """`flow.pt` and `hift.pt` into the two modules, strictly by name, then eval mode."""
     load_strict(flow, read_torch_state_dict(directory / "flow.pt"), "flow.pt")
     load_strict(hift, prepare_hift_state_dict(read_torch_state_dict(directory / "hift.pt")), "hift.pt")
-    eval_modules(llm, flow, hift)
+    eval_modules(flow, hift)
 
 
 def official_voices(directory: Path) -> dict[str, Voice]:

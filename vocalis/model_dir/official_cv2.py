@@ -18,10 +18,12 @@ from vocalis.config import (
 )
 from vocalis.errors import ModelLoadError
 from vocalis.model_dir import official_yaml
+from vocalis.model_dir.layerwise import Convert, load_layerwise
 from vocalis.model_dir.loaded import (
     QWEN_DIR,
     LoadedModel,
-    load_official_weights,
+    load_official_flow_hift,
+    official_llm_state,
     official_tokenizer,
     official_voices,
     speaker_encoder_of,
@@ -88,14 +90,16 @@ def model_config_from_official(yaml_data: dict[str, Any], qwen: QwenConfig) -> M
 
 
 
-def load_official(directory: Path) -> LoadedModel:
-    """An unchanged official CosyVoice2 directory."""
+def load_official(directory: Path, llm_convert: Convert | None = None) -> LoadedModel:
+    """An unchanged official CosyVoice2 directory. llm_convert: load the LLM piece by piece, each converted as it
+    is loaded (a precision's `LLMConverter.convert`: `model_dir.layerwise`)."""
     config = model_config_from_official(
         official_yaml.read_official_yaml(directory / OFFICIAL_YAML),
         official_yaml.read_qwen_config(directory / QWEN_DIR / "config.json"),
     )
-    llm, flow, hift = build_modules(config)
-    load_official_weights(directory, llm, flow, hift)
+    llm = load_layerwise(lambda: Qwen2LM(config.llm), official_llm_state(directory), "llm.pt", llm_convert)
+    flow, hift = CausalMaskedDiffWithXvec(config.flow), HiFTGenerator(config.hift)
+    load_official_flow_hift(directory, flow, hift)
     tokenizer = official_tokenizer(directory, "cosyvoice2")
     speech_tokenizer = speech_tokenizer_of(directory, config.llm.speech_token_size)
     return LoadedModel(config, llm, flow, hift, tokenizer, speech_tokenizer, speaker_encoder_of(directory),

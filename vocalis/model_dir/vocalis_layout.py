@@ -26,7 +26,11 @@ from vocalis.model_dir.loaded import (
     speaker_encoder_of,
     speech_tokenizer_of,
 )
+from vocalis.model_dir.layerwise import Convert, SafetensorsState, build_layerwise, load_layerwise, random_fill
 from vocalis.model_dir.official_cv2 import build_modules, load_official
+from vocalis.models.flow.flow import CausalMaskedDiffWithXvec
+from vocalis.models.hift.generator import HiFTGenerator
+from vocalis.models.speech_lm import Qwen2LM
 from vocalis.models.speech_tokenizer.labeller import LABELLER_JSON, LABELLER_WEIGHTS
 
 _SAFE_FILE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")
@@ -45,15 +49,24 @@ def _text_tokenizer(config: ModelConfig, tokenizer_dir: Path) -> TextTokenizer |
     return TextTokenizer.from_dir(tokenizer_dir) if (tokenizer_dir / "vocab.json").is_file() else None
 
 
-def load_vocalis(directory: Path) -> LoadedModel:
-    """Our own layout (see module docstring)."""
+def load_vocalis(directory: Path, llm_convert: Convert | None = None) -> LoadedModel:
+    """Our own layout (see module docstring). llm_convert: load the LLM piece by piece, each converted as it is
+    read from its file (a precision's `LLMConverter.convert`: `model_dir.layerwise`)."""
     try:
         meta = json.loads((directory / VOCALIS_JSON).read_text(encoding="utf-8"))
         config = ModelConfig.from_dict(meta["config"])
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ModelLoadError(f"cannot read {directory / VOCALIS_JSON}: {exc}") from exc
-    llm, flow, hift = build_modules(config)
-    for name, module in (("llm", llm), ("flow", flow), ("hift", hift)):
+    llm_file = directory / "llm.safetensors"
+    if llm_convert is None:
+        llm, flow, hift = build_modules(config)
+        load_strict(llm, read_safetensors(llm_file), llm_file.name)
+    else:
+        if not llm_file.is_file():
+            raise ModelLoadError(f"missing checkpoint file: {llm_file}")
+        llm = load_layerwise(lambda: Qwen2LM(config.llm), SafetensorsState(llm_file), llm_file.name, llm_convert)
+        flow, hift = CausalMaskedDiffWithXvec(config.flow), HiFTGenerator(config.hift)
+    for name, module in (("flow", flow), ("hift", hift)):
         load_strict(module, read_safetensors(directory / f"{name}.safetensors"), f"{name}.safetensors")
     eval_modules(llm, flow, hift)
     tok_dir = directory / "tokenizer"
@@ -65,15 +78,21 @@ def load_vocalis(directory: Path) -> LoadedModel:
     )
 
 
-def random_model(preset: str = "tiny", seed: int = 0) -> LoadedModel:
+def random_model(preset: str = "tiny", seed: int = 0, llm_convert: Convert | None = None) -> LoadedModel:
     """Random weights at a preset's shapes, with the bundled tokenizer and one embedding-only voice.
 
     It makes noise, not speech: it exists so every code path runs on a fresh machine.
+    llm_convert: build the LLM layer by layer, each piece converted by it as it is made (a precision's
+    `LLMConverter.convert`), so the whole fp32 LLM never exists; the weights are those of the whole build.
     """
     config = PRESETS[preset]
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        llm, flow, hift = build_modules(config)
+        if llm_convert is None:
+            llm, flow, hift = build_modules(config)
+        else:
+            llm = build_layerwise(lambda: Qwen2LM(config.llm), random_fill, llm_convert)
+            flow, hift = CausalMaskedDiffWithXvec(config.flow), HiFTGenerator(config.hift)
         embedding = torch.randn(config.spk_embed_dim)
     eval_modules(llm, flow, hift)
     voice = Voice("default", "", (), (), torch.zeros(0, config.flow.output_size), embedding)

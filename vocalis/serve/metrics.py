@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    generate_latest,
+)
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
@@ -42,6 +50,18 @@ class _RunawayStops(Collector):
         yield family
 
 
+def _peak_rss_bytes() -> float:
+    """The process's peak resident size so far (Linux `VmHWM`; 0 where there is none)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return float(int(line.split()[1]) * 1024)  # kB
+    except OSError:
+        pass
+    return 0.0
+
+
 class ServeMetrics:
     """Counters, gauges and histograms the app updates; queue depth and running jobs read the backend live."""
 
@@ -75,6 +95,12 @@ class ServeMetrics:
         self.rtf = Histogram("vocalis_rtf", "Real-time factor: synthesis seconds per audio second", ["route"],
                              buckets=_RTF_BUCKETS, registry=r)
         self.audio_seconds = Counter("vocalis_audio_seconds", "Seconds of audio sent", registry=r)
+        # the process's memory (what a model's precision and the engines' caches cost): resident now
+        # (`process_resident_memory_bytes`, with the collector's CPU and file figures; Linux) and its peak
+        ProcessCollector(registry=r)
+        self.peak_rss = Gauge("vocalis_process_peak_resident_memory_bytes", "Peak resident memory of the process "
+                              "since it started", registry=r)
+        self.peak_rss.set_function(_peak_rss_bytes)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

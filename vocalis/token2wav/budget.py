@@ -14,11 +14,28 @@ import logging
 from collections.abc import Iterable
 from typing import Generic, TypeVar
 
-from vocalis.token2wav.protocol import Budgeted, S
+from vocalis.token2wav.protocol import Budgeted, S, Token2WavStats
 
 log = logging.getLogger(__name__)
 
 P = TypeVar("P")  # what the engine plans for a stream in a step (its kind of chunk, its flow call)
+
+
+class BudgetCounters:
+    """The counters the budget policy reports to, in one place for every family's engine (a base class: the
+    engine sets `held` and `stats` up in its constructor)."""
+
+    held: int  # streams waiting for cache room after the last step
+    stats: Token2WavStats
+
+    def record_held(self, waiting: int) -> None:
+        """`waiting` streams wait for cache room after this step (`CacheBudget.admit`)."""
+        self.held = waiting
+        self.stats.held_steps += waiting
+
+    def record_cache_fallback(self) -> None:
+        """A stream dropped its caches to keep the step within the budget (`CacheBudget.enforce`)."""
+        self.stats.cache_fallbacks += 1
 
 
 class CacheBudget(Generic[S]):
@@ -38,7 +55,7 @@ class CacheBudget(Generic[S]):
             total -= e.next_growth(s) + s.cache_bytes()
             s.cached = False
             s.drop_flow_caches()
-            e.stats.cache_fallbacks += 1
+            e.record_cache_fallback()
             log.warning("token2wav cache budget (%d MiB) reached: request %s recomputes its chunks from now on",
                         e.cache_budget // 2**20, s.request_id)
 
@@ -47,7 +64,7 @@ class CacheBudget(Generic[S]):
         at most `max_batch`; a stream starting its caches goes only while `Room` has room for it, and once one
         waits, later new streams wait behind it. With nothing else to do in the step the first waiting stream
         starts anyway, unless `hold_new`: the caller has other work that goes on (LLM steps) and will call again.
-        Sets the engine's `held` and counts `held_steps`."""
+        Records how many wait (`record_held`)."""
         e = self.engine
         work: list[tuple[S, P]] = []
         held: list[tuple[S, P]] = []
@@ -61,8 +78,7 @@ class CacheBudget(Generic[S]):
                 break
         if held and not work and not hold_new:
             work.append(held.pop(0))
-        e.held = len(held)
-        e.stats.held_steps += len(held)
+        e.record_held(len(held))
         return work
 
 

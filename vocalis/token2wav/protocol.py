@@ -136,6 +136,12 @@ class Budgeted(Protocol[S]):
     def starts_cache(self, state: S) -> bool:
         """Its next chunk would be the first to store caches, and `wait_for_cache` may hold it."""
 
+    def record_held(self, waiting: int) -> None:
+        """`waiting` streams wait for cache room after this step (sets `held`, counts `stats.held_steps`)."""
+
+    def record_cache_fallback(self) -> None:
+        """A stream dropped its caches to stay within the budget (counts `stats.cache_fallbacks`)."""
+
 
 class Token2Wav(Budgeted[S], Protocol[S]):
     """A family's batched, cached token2wav engine over its shared flow and vocoder modules."""

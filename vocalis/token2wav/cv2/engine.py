@@ -39,7 +39,7 @@ from vocalis.kernels.threads import CoreWorkers
 from vocalis.models.flow.flow import CausalMaskedDiffWithXvec
 from vocalis.models.hift.generator import HiFTGenerator
 from vocalis.precision.dynamic_int8 import FusedQKV, Int8Conv1d, weight_count
-from vocalis.token2wav.budget import CacheBudget
+from vocalis.token2wav.budget import BudgetCounters, CacheBudget
 from vocalis.token2wav.config import CACHE_DTYPES, Token2WavConfig
 from vocalis.token2wav.cv2.compute import ComputeWeights
 from vocalis.token2wav.cv2.encoder import EncoderCache, EncoderRow, EncoderStreamer
@@ -58,7 +58,7 @@ log = logging.getLogger(__name__)
 _Start = tuple[EncoderCache, list[EstimatorCache], bool]
 
 
-class Token2WavEngine:
+class Token2WavEngine(BudgetCounters):
     """Shared flow + HiFT modules driven for many requests; all per-request data lives on `StreamState`
     (a `protocol.Token2Wav`)."""
 

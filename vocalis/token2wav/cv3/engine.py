@@ -48,7 +48,7 @@ from vocalis.models.cv3.flow import CausalMaskedDiffWithDiT
 from vocalis.models.cv3.hift import CausalHiFTGenerator
 from vocalis.models.flow.cfm import cosine_time_grid
 from vocalis.precision.dynamic_int8 import weight_count
-from vocalis.token2wav.budget import CacheBudget
+from vocalis.token2wav.budget import BudgetCounters, CacheBudget
 from vocalis.token2wav.config import CACHE_DTYPES, Token2WavConfig
 from vocalis.token2wav.cv3.dit import DiTCache, cache_bytes_per_frame, cache_bytes_per_stream, dit_new_frames
 from vocalis.token2wav.cv3.schedule import FlowCall, StreamSchedule
@@ -60,7 +60,7 @@ from vocalis.token2wav.voice_cache import VoiceCache, voice_key
 log = logging.getLogger(__name__)
 
 
-class CV3Token2WavEngine:
+class CV3Token2WavEngine(BudgetCounters):
     """Shared DiT flow + causal HiFT modules driven for many requests; per-request data lives on the states
     (a `protocol.Token2Wav`)."""
 
