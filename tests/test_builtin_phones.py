@@ -90,3 +90,17 @@ def test_the_shipped_asset_is_what_the_builder_makes(tmp_path: Path) -> None:
     lex, lts = build(FESTIVAL_CMU, tmp_path)
     for made, shipped in ((lex, "cmulex.txt.xz"), (lts, "cmults.json.xz")):
         assert lzma.decompress(made.read_bytes()) == lzma.decompress((phones.ASSET_DIR / shipped).read_bytes())
+
+
+def test_the_lexicon_reads_every_word_as_its_file_lines_say() -> None:
+    # word -> {pos: phones}, a word's first line per part of speech counting, in file order: built here from the
+    # shipped file's lines as plain dicts, against the compact table every lookup reads
+    want: dict[str, dict[str, tuple[str, ...]]] = {}
+    text = lzma.decompress((phones.ASSET_DIR / "cmulex.txt.xz").read_bytes()).decode("utf-8")
+    for line in text.splitlines():
+        word, pos, ps = line.split("\t")
+        want.setdefault(word, {}).setdefault(pos, tuple(ps.split()))
+    lex = phones._lexicon()
+    assert len(lex) == len(want) and list(lex) == list(want)
+    assert all(lex[w] == e and list(lex[w]) == list(e) for w, e in want.items())
+    assert "vocalis" not in lex and "record" in lex and len(lex["record"]) > 1  # a homograph keeps its readings

@@ -95,3 +95,46 @@ def test_engine_full_pass_on_reduced_compute_matches_its_module_path() -> None:
     got, want = out["auto"], out["modules"]
     assert got.shape == want.shape and want.size == 70 * 2 * 480
     assert np.abs(got - want).max() <= 2e-2 * np.abs(want).max()
+
+
+def test_engine_fp32_full_pass_runs_the_incremental_estimator_and_equals_the_modules() -> None:
+    """At fp32 (no reduced compute) a non-streaming request's full-attention pass also runs on the incremental
+    estimator; its audio equals the same engine on the modules' own forward (`compute="modules"`) to float
+    rounding."""
+    from vocalis.models.hift.generator import HiFTGenerator
+    from vocalis.reference.token2wav import FlowPrompt
+    from vocalis.token2wav.config import Token2WavConfig
+    from vocalis.token2wav.cv2 import engine as engine_mod
+
+    g = torch.Generator().manual_seed(4)
+    prompt = FlowPrompt(torch.randint(0, 6561, (1, 30), generator=g, dtype=torch.int32),
+                        torch.randn(1, 60, 80, generator=g), torch.randn(1, 192, generator=g))
+    tokens = torch.randint(0, 6561, (70,), generator=g).tolist()
+    out, calls = {}, []
+    solve = engine_mod.solve_chunk
+
+    def counted(*args, **kwargs):
+        calls.append(kwargs.get("full_attention", False))
+        return solve(*args, **kwargs)
+
+    for compute in ("auto", "modules"):
+        flow = _flow()
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            hift = HiFTGenerator(PRESETS["tiny"].hift).eval()
+        engine = engine_mod.Token2WavEngine(flow, hift, Token2WavConfig(final_attention="full", compute=compute))
+        assert engine.compute is None  # fp32 weights: no reduced compute either way
+        state = engine.new_stream("r", prompt, streaming=False, generator=torch.Generator().manual_seed(0))
+        state.add_tokens(tokens)
+        state.end_input()
+        calls.clear()
+        engine_mod.solve_chunk = counted
+        try:
+            (chunk,) = engine.step([state])
+        finally:
+            engine_mod.solve_chunk = solve
+        assert calls == ([True] if compute == "auto" else [])  # which path ran the pass
+        out[compute] = chunk.samples
+    got, want = out["auto"], out["modules"]
+    assert got.shape == want.shape and want.size == 70 * 2 * 480
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-4 * np.abs(want).max())

@@ -17,6 +17,10 @@ if TYPE_CHECKING:
 
 FINAL_CHUNKS = ("full", "causal")
 CPU_STREAMS = 16  # default requests in flight on a CPU (`ModelOptions.max_streams`)
+# KV positions the LLM's pool holds per admitted stream (a minute of speech at 25 ids/s, its prompt included): a
+# small model's pool is sized by its streams, not by the fixed budget a large one fills (a longer request waits
+# for free blocks, as on a full pool)
+KV_POSITIONS_PER_STREAM = 1536
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,7 +100,12 @@ class ModelOptions:
                                        **({} if self.token2wav_cache_mib is None
                                           else {"max_cache_mib": self.token2wav_cache_mib}))
         if cap is not None:  # the LLM never holds more requests than are admitted: its KV pool is sized for those
-            tts.engine_config = replace(tts.engine_config or EngineConfig(), max_num_seqs=cap)
+            from vocalis.engine.model_runner import kv_bytes_per_block
+
+            engine = tts.engine_config or EngineConfig()
+            per_position = kv_bytes_per_block(tts.model.llm, engine.block_size) // engine.block_size
+            budget = min(engine.kv_cache_bytes, cap * KV_POSITIONS_PER_STREAM * per_position)
+            tts.engine_config = replace(engine, max_num_seqs=cap, kv_cache_bytes=budget)
         return tts
 
     def as_params(self) -> dict[str, str]:

@@ -21,7 +21,7 @@ import json
 import lzma
 import re
 import unicodedata
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from functools import lru_cache
 from pathlib import Path
 from typing import NamedTuple
@@ -70,14 +70,39 @@ def label_unit(label: int) -> tuple[str, bool]:
     return UNITS[label // 2], bool(label % 2)
 
 
+class Lexicon(Mapping[str, dict[str, tuple[str, ...]]]):
+    """word -> {pos: phones} in file order (addenda first, as festival looks them up; a word's first entry per
+    part of speech counts). A word's entries are held as their text lines and read on lookup: one string per
+    word instead of a dict of tuples keeps the ~100k-word table at a fifth of the memory, and builds faster."""
+
+    def __init__(self, lines: list[str]) -> None:
+        raw: dict[str, str] = {}
+        for line in lines:
+            word, entry = line.split("\t", 1)  # entry: "pos\tphones"
+            have = raw.get(word)
+            raw[word] = entry if have is None else f"{have}\n{entry}"
+        self._raw = raw
+
+    def __getitem__(self, word: str) -> dict[str, tuple[str, ...]]:
+        out: dict[str, tuple[str, ...]] = {}
+        for entry in self._raw[word].split("\n"):
+            pos, phones = entry.split("\t")
+            out.setdefault(pos, tuple(phones.split()))
+        return out
+
+    def __contains__(self, word: object) -> bool:
+        return word in self._raw
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._raw)
+
+    def __len__(self) -> int:
+        return len(self._raw)
+
+
 @lru_cache(maxsize=1)
-def _lexicon() -> dict[str, dict[str, tuple[str, ...]]]:
-    """word -> {pos: phones} in file order (addenda first, as festival looks them up)."""
-    out: dict[str, dict[str, tuple[str, ...]]] = {}
-    for line in lzma.decompress((ASSET_DIR / "cmulex.txt.xz").read_bytes()).decode("utf-8").splitlines():
-        word, pos, phones = line.split("\t")
-        out.setdefault(word, {}).setdefault(pos, tuple(phones.split()))
-    return out
+def _lexicon() -> Lexicon:
+    return Lexicon(lzma.decompress((ASSET_DIR / "cmulex.txt.xz").read_bytes()).decode("utf-8").splitlines())
 
 
 def _choose(entries: dict[str, tuple[str, ...]], previous: str) -> tuple[str, ...]:

@@ -330,14 +330,16 @@ class Token2WavEngine(BudgetCounters):
         mu, valid = self.flow.encode(tokens, lens, streaming=False, finalize=True)  # (R, T, 80), (R, 1, T)
         mu = mu.transpose(1, 2).contiguous()  # (R, 80, T)
         spks, cond = self._conditions(states, [0] * len(states), mu)
-        if self.compute is None:  # the modules as they are: the reference's own pass
+        if self.config.compute == "modules":  # the modules as they are: the reference's own pass
             mel = self.flow.decoder(mu, valid.to(mu.dtype), spks, cond, n_timesteps=self.n_timesteps,
                                     streaming=False)
-        else:  # the same pass on the incremental estimator's reduced-dtype compute (fused GEMMs, native kernels)
+        else:  # the same pass on the incremental estimator (its native attention and pointwise kernels, its time
+            # terms kept, the compute dtype where one is set): fewer, larger calls than the modules' forward, the
+            # same values to float rounding
             frames = [int(n) * self.ratio for n in lens]
             mel = solve_chunk(self.flow.decoder, self.estimator, mu, spks, cond, [0] * len(states), frames,
                               [[] for _ in states], [False] * len(states), self.n_timesteps, None, self.compute,
-                              self.time_terms, full_attention=True)
+                              self.time_terms, full_attention=True, qkv=self.qkv)
         out = {}
         for r, s in enumerate(states):
             frames = int(lens[r]) * self.ratio
