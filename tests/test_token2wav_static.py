@@ -206,3 +206,30 @@ def test_cuda_graph_modes_refuse_cpu_tensors() -> None:
     with pytest.raises(ValueError, match="graph mode"):
         BucketGraphs(lambda key: lambda x: x, "off")
     assert BucketGraphs(lambda key: lambda x: x * 2, "eager")(1, torch.ones(2)).tolist() == [2.0, 2.0]
+
+
+def test_cv3_engine_static_path_equals_the_cached_engine(cv3_model) -> None:
+    """CosyVoice 3's engine with `graphs="eager"`: the same chunks as its cached engine (streaming, causal final)
+    and its full-attention final call, for a streaming and an offline request in one step."""
+    from vocalis.token2wav.cv3 import CV3Token2WavEngine
+
+    flow, spk = cv3_model.flow, cv3_model.flow.spk_embed_affine_layer.in_features
+    specs = [("stream", _prompt(20, 1, 100, spk), 70, True), ("offline", _prompt(10, 2, 100, spk), 20, False)]
+    for final in ("causal", "full"):
+        out = []
+        for graphs in ("off", "eager"):
+            engine = CV3Token2WavEngine(flow, cv3_model.hift, Token2WavConfig(final_attention=final, graphs=graphs,
+                                                                              flow_steps=STEPS))
+            states = [engine.new_stream(name, prompt, streaming=streaming) for name, prompt, _, streaming in specs]
+            for s, (_, _, n, _) in zip(states, specs):
+                s.add_source_tokens(torch.randint(0, 100, (n,), generator=torch.Generator().manual_seed(n)).tolist())
+                s.end_input()
+            chunks: dict[str, list[np.ndarray]] = {name: [] for name, *_ in specs}
+            while not all(s.finished for s in states):
+                for chunk in engine.step(states):
+                    chunks[chunk.request_id].append(chunk.samples)
+            out.append(chunks)
+        assert [len(c) for c in out[1].values()] == [len(c) for c in out[0].values()] == [2, 1]
+        for name in out[0]:
+            for got, want in zip(out[1][name], out[0][name]):
+                assert got.shape == want.shape and float(np.abs(got - want).max()) <= 1e-4  # cv3_support.ATOL

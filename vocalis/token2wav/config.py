@@ -15,7 +15,7 @@ Non-streaming requests always take one full-attention pass, equal to the referen
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -86,6 +86,7 @@ class Token2WavConfig:
     "compile", "cuda-graphs", "reduce-overhead"): each chunk recomputes its request's whole prefix in (rows, tokens)
     buckets, the encoder and every Euler step as one function, HiFT's body in (rows, frames) buckets; no caches.
     graph_dtype: that path's encoder/estimator compute dtype: None (fp32), "bf16" or "fp16" (Euler state fp32).
+    Their defaults are VOCALIS_T2W_GRAPHS and VOCALIS_T2W_GRAPH_DTYPE where set (a GPU run's A/B), else "off", None.
     """
 
     final_attention: str = "causal"
@@ -101,8 +102,8 @@ class Token2WavConfig:
     native_kernels: bool = True
     vocoder_window: bool = True
     workers: int | None = None
-    graphs: str = "off"
-    graph_dtype: str | None = None
+    graphs: str = field(default_factory=lambda: os.environ.get("VOCALIS_T2W_GRAPHS", "off"))
+    graph_dtype: str | None = field(default_factory=lambda: os.environ.get("VOCALIS_T2W_GRAPH_DTYPE") or None)
 
     def __post_init__(self) -> None:
         if self.graphs not in GRAPH_MODES or self.graph_dtype not in CACHE_DTYPES:
