@@ -108,7 +108,7 @@ def cv2_case(flow) -> tuple[list[tuple[FlowRow, torch.Tensor]], list[torch.Tenso
 def test_buckets_hold_the_streaming_schedule_unpadded() -> None:
     """Every non-final call of the first 8 hops' sizes (prompt rounded up to 25 tokens, hops of 25, then 50 and
     100, 3 look-ahead tokens) is a bucket size: the prompt prefix and the early chunks pad nothing."""
-    for prompt in range(0, 150):
+    for prompt in range(150):
         end = -(-prompt // 25) * 25 + 25
         for hop in (0, 50, 100):
             end += hop
@@ -233,3 +233,30 @@ def test_cv3_engine_static_path_equals_the_cached_engine(cv3_model) -> None:
         for name in out[0]:
             for got, want in zip(out[1][name], out[0][name]):
                 assert got.shape == want.shape and float(np.abs(got - want).max()) <= 1e-4  # cv3_support.ATOL
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_graphs_replay_equals_eager_on_cuda(flow, hift, cv2_case) -> None:
+    """On a GPU: the flow calls captured as CUDA graphs per bucket (and replayed on new inputs) equal the eager
+    calls; fp16 graphs stay within the half bound; HiFT's body graphs equal its eager body."""
+    import copy
+
+    flow_cuda, hift_cuda = copy.deepcopy(flow).cuda(), copy.deepcopy(hift).cuda()
+    rows = [row for row, _ in cv2_case[0]]
+    with torch.inference_mode():
+        want = Cv2StaticFlow(flow_cuda, STEPS, "eager")(rows)
+        graphed = Cv2StaticFlow(flow_cuda, STEPS, "cuda-graphs")
+        first = graphed(rows)
+        again = graphed(rows[::-1])[::-1]  # the same buckets replayed on other inputs
+        half = Cv2StaticFlow(flow_cuda, STEPS, "cuda-graphs", torch.float16)(rows)
+    assert len(graphed.graphs) == 2  # (4 rows, 78 tokens) streaming and (1 row, 53 tokens) full attention
+    for w, a, b, h in zip(want, first, again, half):
+        torch.testing.assert_close(a, w, atol=ATOL, rtol=0)
+        torch.testing.assert_close(b, w, atol=ATOL, rtol=0)
+        assert float((h - w).abs().max() / w.abs().max()) <= HALF_REL
+    mels = [torch.randn(80, n, generator=torch.Generator().manual_seed(n)).cuda() for n in (40, 21, 60)]
+    with torch.inference_mode():
+        outs = [vocode_batch(hift_cuda, mels, [None] * 3, [torch.Generator("cuda").manual_seed(i) for i in range(3)],
+                             body=body) for body in (None, BucketedBody(hift_cuda, "cuda-graphs"))]
+    for (g, _), (w, _) in zip(outs[1], outs[0]):
+        torch.testing.assert_close(g, w, atol=1e-5, rtol=0)

@@ -24,6 +24,7 @@ from collections.abc import Callable, Hashable
 import torch
 
 from vocalis.token2wav.config import GRAPH_MODES
+
 ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 TOKEN_BUCKETS = (*(25 * k + 3 for k in range(1, 9)), *(50 * k + 3 for k in range(5, 9)),
                  *(100 * k + 3 for k in range(5, 75)))

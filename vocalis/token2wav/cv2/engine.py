@@ -46,8 +46,8 @@ from vocalis.token2wav.cv2.estimator_cache import EstimatorCache
 from vocalis.token2wav.cv2.hift import HiftBody
 from vocalis.token2wav.cv2.hift_stream import HiftStreamer
 from vocalis.token2wav.cv2.solver import TimeTerms, solve_chunk
-from vocalis.token2wav.cv2.static_flow import StaticPath
 from vocalis.token2wav.cv2.state import StreamState
+from vocalis.token2wav.cv2.static_flow import StaticPath
 from vocalis.token2wav.cv2.voice_prefix import VoicePrefix, start_caches
 from vocalis.token2wav.protocol import Token2WavChunk, Token2WavStats, Work
 from vocalis.token2wav.voice_cache import VoiceCache, voice_key
