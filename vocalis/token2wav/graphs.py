@@ -23,6 +23,7 @@ from collections.abc import Callable, Hashable
 
 import torch
 
+from vocalis.errors import InputError
 from vocalis.token2wav.config import GRAPH_MODES
 
 ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
@@ -33,12 +34,12 @@ HIFT_FRAME_BUCKETS = (*(32 * k for k in range(1, 9)), *(128 * k for k in range(3
 
 
 def bucket(n: int, sizes: tuple[int, ...]) -> int:
-    """The smallest size >= n; ValueError past the largest (the caller splits rows; frames are bounded by the
-    flow's fixed noise, which `TOKEN_BUCKETS` covers)."""
+    """The smallest size >= n; InputError past the largest (the callers split rows; the token buckets reach
+    nearly the flow's fixed noise, 5 minutes of mel)."""
     for s in sizes:
         if s >= n:
             return s
-    raise ValueError(f"{n} exceeds the largest bucket ({sizes[-1]})")
+    raise InputError(f"{n} exceeds the largest static-shape bucket ({sizes[-1]}); synthesise shorter segments")
 
 
 class BucketGraphs:
