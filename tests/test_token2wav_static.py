@@ -161,7 +161,8 @@ def test_cv3_flow_call_compiles_as_one_graph(cv3_model) -> None:
 
 def test_hift_body_in_buckets_equals_unpadded_and_compiles(hift) -> None:
     """HiFT's body on (rows, frames) buckets: each row's audio equals the plain batched vocoder's (itself equal to
-    one row at a time); the bucket's function traces as one graph and equals eager."""
+    one row at a time), in bf16 / fp16 within the bf16 HiFT bound; the bucket's function traces as one graph and
+    equals eager."""
     mels = [torch.randn(80, n, generator=torch.Generator().manual_seed(n)) for n in (40, 21, 60)]
     with torch.inference_mode():
         want = vocode_batch(hift, mels, [None] * 3, [torch.Generator().manual_seed(i) for i in range(3)])
@@ -170,6 +171,13 @@ def test_hift_body_in_buckets_equals_unpadded_and_compiles(hift) -> None:
     for (g, _), (w, _) in zip(got, want):
         torch.testing.assert_close(g, w, atol=1e-6, rtol=0)
     assert len(body.graphs) == 1  # one (4 rows, 64 frames) bucket
+    for dtype in (torch.bfloat16, torch.float16):  # the body's convs cast once: within the bf16 HiFT bound
+        with torch.inference_mode():
+            half = vocode_batch(hift, mels, [None] * 3, [torch.Generator().manual_seed(i) for i in range(3)],
+                                body=BucketedBody(hift, dtype=dtype))
+        for (h, _), (w, _) in zip(half, want):
+            rel = float((h - w).pow(2).mean().sqrt() / w.pow(2).mean().sqrt())
+            assert rel <= 2e-2, (dtype, rel)  # test_backends' _HIFT_BF16_WAV [measured bf16 1.2e-2, fp16 1.7e-3]
     mel = torch.randn(2, 80, 32, generator=torch.Generator().manual_seed(1))
     s_stft = torch.randn(2, 18, 32 * body.frame_rate + 1, generator=torch.Generator().manual_seed(2))
     _compiled_equals_eager(body._call, (mel, s_stft, torch.tensor([32, 20])), 1e-5)

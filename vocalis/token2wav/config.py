@@ -85,7 +85,8 @@ class Token2WavConfig:
     graphs: "off" (default) or how CosyVoice 2's static-shape path runs (`token2wav.graphs.GRAPH_MODES`: "eager",
     "compile", "cuda-graphs", "reduce-overhead"): each chunk recomputes its request's whole prefix in (rows, tokens)
     buckets, the encoder and every Euler step as one function, HiFT's body in (rows, frames) buckets; no caches.
-    graph_dtype: that path's encoder/estimator compute dtype: None (fp32), "bf16" or "fp16" (Euler state fp32).
+    graph_dtype: that path's encoder/estimator compute dtype: None (fp32), "bf16" or "fp16" (Euler state fp32);
+    "fp16" runs CosyVoice 2's HiFT body in fp16 too (bf16 would cost its audio ~1e-2 relative RMS).
     Their defaults are VOCALIS_T2W_GRAPHS and VOCALIS_T2W_GRAPH_DTYPE where set (a GPU run's A/B), else "off", None.
     """
 
