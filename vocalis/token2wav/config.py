@@ -15,11 +15,12 @@ Non-streaming requests always take one full-attention pass, equal to the referen
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 FINAL_ATTENTION = ("causal", "full")
+GRAPH_MODES = ("off", "eager", "compile", "cuda-graphs", "reduce-overhead")  # `Token2WavConfig.graphs`
 CACHE_DTYPES = {None: None, "bf16": torch.bfloat16, "fp16": torch.float16}
 GPU_STEP_BATCH, CPU_STEP_BATCH = 16, 2  # `Token2WavConfig.max_batch` when it is None
 # ...except a CPU with a small flow estimator (fewer weights than SMALL_ESTIMATOR, int8-packed ones counted), whose
@@ -81,6 +82,12 @@ class Token2WavConfig:
     vocoder_window: CosyVoice 3's causal HiFT decodes, per streaming call, only the new samples' frames and the
     frames that can reach them (`token2wav.cv3.vocoder`): linear in the stream's length, the same samples to float
     rounding. False re-runs it over all mel so far, as the official pipeline does (quadratic).
+    graphs: "off" (default) or how CosyVoice 2's static-shape path runs (`token2wav.graphs.GRAPH_MODES`: "eager",
+    "compile", "cuda-graphs", "reduce-overhead"): each chunk recomputes its request's whole prefix in (rows, tokens)
+    buckets, the encoder and every Euler step as one function, HiFT's body in (rows, frames) buckets; no caches.
+    graph_dtype: that path's encoder/estimator compute dtype: None (fp32), "bf16" or "fp16" (Euler state fp32);
+    "fp16" runs CosyVoice 2's HiFT body in fp16 too (bf16 would cost its audio ~1e-2 relative RMS).
+    Their defaults are VOCALIS_T2W_GRAPHS and VOCALIS_T2W_GRAPH_DTYPE where set (a GPU run's A/B), else "off", None.
     """
 
     final_attention: str = "causal"
@@ -96,8 +103,12 @@ class Token2WavConfig:
     native_kernels: bool = True
     vocoder_window: bool = True
     workers: int | None = None
+    graphs: str = field(default_factory=lambda: os.environ.get("VOCALIS_T2W_GRAPHS", "off"))
+    graph_dtype: str | None = field(default_factory=lambda: os.environ.get("VOCALIS_T2W_GRAPH_DTYPE") or None)
 
     def __post_init__(self) -> None:
+        if self.graphs not in GRAPH_MODES or self.graph_dtype not in CACHE_DTYPES:
+            raise ValueError(f"graphs must be one of {GRAPH_MODES} and graph_dtype None, 'bf16' or 'fp16'")
         if self.final_attention not in FINAL_ATTENTION:
             raise ValueError(f"final_attention must be one of {FINAL_ATTENTION}, got {self.final_attention!r}")
         if self.voice_cache_size < 0 or (self.max_batch is not None and self.max_batch < 1):

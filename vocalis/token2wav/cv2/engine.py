@@ -15,8 +15,7 @@ Memory. The caches cost ~4.4 MiB per token (2 mel frames) at the 0.5B shapes wit
 (twice that exact, `cache_dtype=None`): per request, only its own tokens (the prompt's last P - prefix tokens
 and its generated ones), plus each voice's prefix once; `max_cache_mib` bounds the total (`budget.CacheBudget`).
 
-The final chunk: `Token2WavConfig.final_attention` (`token2wav.config`) chooses "causal" (linear cost,
-the default) or "full" (the reference's full-attention last call, exactly).
+The final chunk: `Token2WavConfig.final_attention`. Static shapes (GPUs): `Token2WavConfig.graphs`.
 
 Legend: R requests in a step, P prompt tokens, N generated tokens, n new positions/frames.
 """
@@ -48,6 +47,7 @@ from vocalis.token2wav.cv2.hift import HiftBody
 from vocalis.token2wav.cv2.hift_stream import HiftStreamer
 from vocalis.token2wav.cv2.solver import TimeTerms, solve_chunk
 from vocalis.token2wav.cv2.state import StreamState
+from vocalis.token2wav.cv2.static_flow import StaticPath
 from vocalis.token2wav.cv2.voice_prefix import VoicePrefix, start_caches
 from vocalis.token2wav.protocol import Token2WavChunk, Token2WavStats, Work
 from vocalis.token2wav.voice_cache import VoiceCache, voice_key
@@ -91,7 +91,8 @@ class Token2WavEngine(BudgetCounters):
         self.qkv = FusedQKV() if self.compute is None and self.config.compute != "modules" else None
         self.time_terms = TimeTerms(self.estimator)
         self.ratio = flow.config.token_mel_ratio
-        self.vocoder = HiftStreamer(hift, self.hift_body, self.stream)
+        self.static = None if self.config.graphs == "off" else StaticPath(self)  # whole-prefix calls, bucketed
+        self.vocoder = HiftStreamer(hift, self.hift_body or (self.static and self.static.body), self.stream)
         self.stats = Token2WavStats()
         self._live: weakref.WeakSet[StreamState] = weakref.WeakSet()
         self._voices: VoiceCache[VoicePrefix] = VoiceCache(self.config.voice_cache_size, self.stats,
@@ -194,6 +195,9 @@ class Token2WavEngine(BudgetCounters):
         """Flow and HiFT for a step's requests -> each one's audio, in order. What requests share (the cache budget,
         voice prefixes, the stats) is settled here on the calling thread; after that each request's work touches
         only its own state, so with `workers` the requests run in parts side by side, one core each."""
+        if self.static is not None:  # no caches: no prefixes, no budget, no parts
+            with torch.inference_mode():
+                return self._vocode(todo, self.static.mels(todo))
         inc = [(s, f) for s, f in todo if not self._needs_full_pass(s, f)]
         with torch.inference_mode():  # a new voice's prefix is computed here
             starts = self._start_incremental(inc) if inc else {}
@@ -217,7 +221,6 @@ class Token2WavEngine(BudgetCounters):
         count = min(self.workers, len(todo))
         if count < 2:
             return [todo]
-
         tokens = [self._chunk_end(s, final) - (starts[id(s)][0].num_tokens if id(s) in starts else 0)
                   for s, final in todo]
         parts: list[list[tuple[StreamState, bool]]] = [[] for _ in range(count)]
@@ -445,6 +448,5 @@ class Token2WavEngine(BudgetCounters):
             need += prefix * per_token + per_stream
         return need
 
-    # ---- HiFT ---------------------------------------------------------------------------------------------
     def _vocode(self, items: list[tuple[StreamState, bool]], mels: list[torch.Tensor]) -> list[np.ndarray]:
         return self.vocoder.vocode(items, mels)

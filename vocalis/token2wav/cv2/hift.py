@@ -8,7 +8,8 @@ edge, run per row. The NSF source draws random numbers, so it runs per row with 
 the module's draw order: a batched chunk sounds exactly like the same chunk vocoded alone.
 
 `hift_body` (mel + source STFT + lengths -> conv_post output) is plain tensor code so the ONNX backend can
-export it; `vocode_batch` wraps it with the per-row parts.
+export it, and graph-safe (masks from the lengths tensor): `BucketedBody` runs it on (rows, frames) buckets as
+one graph each; `vocode_batch` wraps a body with the per-row parts.
 
 Legend: B rows, T mel frames (padded), N samples, F = N / istft_hop + 1 STFT frames, C channels.
 """
@@ -22,6 +23,8 @@ import torch.nn.functional as F
 
 from vocalis.errors import InputError
 from vocalis.models.hift.generator import HiFTGenerator, ResBlock
+from vocalis.token2wav.graphs import HIFT_FRAME_BUCKETS, ROW_BUCKETS, BucketGraphs, bucket
+from vocalis.token2wav.static_solve import half_copy
 
 _MAX_MAGNITUDE = 1e2  # the module's iSTFT magnitude clip
 
@@ -62,6 +65,36 @@ def hift_body(hift: HiFTGenerator, mel: torch.Tensor, s_stft: torch.Tensor, mel_
             xs = xs + _resblock(hift.resblocks[i * hift.num_kernels + j], x, m)
         x = xs / hift.num_kernels
     return hift.conv_post(F.leaky_relu(x) * m)  # (B, n_fft + 2, F)
+
+
+class BucketedBody:
+    """`hift_body` on static shapes (a `HiftBody`): rows and mel frames padded to `ROW_BUCKETS` x
+    `HIFT_FRAME_BUCKETS` (padded rows have length 0, the source STFT is zero-padded), one function per bucket run
+    by a `graphs.BucketGraphs` mode, the output cut back. Equal to `hift_body` on the valid frames: every conv
+    input is zeroed past a row's length whatever the padding. dtype: the body's convs cast once (fp32 output)."""
+
+    def __init__(self, hift: HiFTGenerator, mode: str = "eager", dtype: torch.dtype = torch.float32) -> None:
+        self.body = half_copy(hift, dtype)
+        self.dtype = dtype
+        self.frame_rate = 1  # STFT frames per mel frame
+        for rate in hift.config.upsample_rates:
+            self.frame_rate *= rate
+        self.graphs = BucketGraphs(lambda key: self._call, mode)
+
+    def _call(self, mel: torch.Tensor, s_stft: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
+        return hift_body(self.body, mel.to(self.dtype), s_stft.to(self.dtype), lens).float()
+
+    def __call__(self, mel: torch.Tensor, s_stft: torch.Tensor, mel_lens: torch.Tensor) -> torch.Tensor:
+        """mel (B, 80, T), s_stft (B, n_fft + 2, F), mel_lens (B,) -> (B, n_fft + 2, F) fp32."""
+        out = []
+        for a in range(0, mel.shape[0], ROW_BUCKETS[-1]):
+            m, s, lens = (t[a : a + ROW_BUCKETS[-1]] for t in (mel, s_stft, mel_lens))
+            rows, frames = bucket(m.shape[0], ROW_BUCKETS), bucket(m.shape[2], HIFT_FRAME_BUCKETS)
+            padded = (F.pad(m, (0, frames - m.shape[2], 0, 0, 0, rows - m.shape[0])),
+                      F.pad(s, (0, frames * self.frame_rate + 1 - s.shape[2], 0, 0, 0, rows - m.shape[0])),
+                      F.pad(lens, (0, rows - m.shape[0])))
+            out.append(self.graphs((rows, frames), *padded)[: m.shape[0], :, : s.shape[2]])
+        return out[0] if len(out) == 1 else torch.cat(out)
 
 
 def _window(hift: HiFTGenerator, like: torch.Tensor) -> torch.Tensor:

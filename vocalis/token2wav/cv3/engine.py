@@ -53,8 +53,10 @@ from vocalis.token2wav.config import CACHE_DTYPES, Token2WavConfig
 from vocalis.token2wav.cv3.dit import DiTCache, cache_bytes_per_frame, cache_bytes_per_stream, dit_new_frames
 from vocalis.token2wav.cv3.schedule import FlowCall, StreamSchedule
 from vocalis.token2wav.cv3.state import CV3StreamState
+from vocalis.token2wav.cv3.static_flow import Cv3StaticFlow
 from vocalis.token2wav.cv3.vocoder import VocoderRow, stretch, vocode
 from vocalis.token2wav.protocol import Token2WavChunk, Token2WavStats, Work
+from vocalis.token2wav.static_flow import FlowRow
 from vocalis.token2wav.voice_cache import VoiceCache, voice_key
 
 log = logging.getLogger(__name__)
@@ -86,6 +88,9 @@ class CV3Token2WavEngine(BudgetCounters):
                                                               lambda: [s.voice for s in list(self._live)])
         self.held = 0  # streams waiting for cache room after the last step (`wait_for_cache`)
         self.budget = CacheBudget(self)
+        # static shapes (`Token2WavConfig.graphs`): every call over its whole prefix in buckets, no caches
+        self.static = None if self.config.graphs == "off" else Cv3StaticFlow(
+            flow, self.n_timesteps, self.config.graphs, CACHE_DTYPES[self.config.graph_dtype] or torch.float32)
 
     # ---- requests -----------------------------------------------------------------------------------
     def new_stream(self, request_id: str, prompt: FlowPrompt, *, streaming: bool = True, speed: float = 1.0,
@@ -175,6 +180,8 @@ class CV3Token2WavEngine(BudgetCounters):
         """Each row's new mel (C, frames from 2 (P + offset) on): non-final calls of caching requests (and with
         `final_attention="causal"` streaming requests' final calls) over their new frames, the rest as full
         passes."""
+        if self.static is not None:
+            return self._flow_static(items)
         inc = [i for i, (s, call) in enumerate(items) if self._incremental(s, call)]
         self.budget.enforce([items[i][0] for i in inc if not items[i][1].finalize])
         inc = [i for i in inc if items[i][0].cached or items[i][1].finalize]
@@ -185,6 +192,17 @@ class CV3Token2WavEngine(BudgetCounters):
         if full:
             out.update(zip(full, self._flow_full([items[i] for i in full])))
         return [out[i] for i in range(len(items))]
+
+    def _flow_static(self, items: list[tuple[CV3StreamState, FlowCall]]) -> list[torch.Tensor]:
+        """`_flow` on the static-shape path: the same masks per call (block-causal for a causal final call)."""
+        causal = self.config.final_attention == "causal"
+        rows = [FlowRow(self._ids(s, call), 0 if call.finalize else self.stream.pre_lookahead_len, s.prompt,
+                        call.streaming or (call.finalize and s.streaming and causal)) for s, call in items]
+        out = []
+        for (s, call), mel in zip(items, self.static(rows)):
+            s.estimator_frames += mel.shape[1] * self.n_timesteps
+            out.append(mel[:, s.prompt.mel.reshape(-1, mel.shape[0]).shape[0] + call.token_offset * self.ratio :])
+        return out
 
     def _incremental(self, s: CV3StreamState, call: FlowCall) -> bool:
         if call.finalize:  # block-causal over the new frames, keeping nothing (the official call: full attention)
