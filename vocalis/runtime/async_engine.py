@@ -282,10 +282,7 @@ class AsyncEngine:
                     log.exception("engine message %r failed", kind)
                     self._abort(message_job_id(kind, payload), exc)
             if closing:
-                try:
-                    self._settle()
-                except Exception:  # a bug; closing anyway: its requests end with EngineClosed
-                    log.exception("token2wav step failed while closing")
+                self._settle()
                 for job_id in [*self._queue.ids(), *self._jobs]:
                     self._abort(job_id, EngineClosed("the engine was closed"))
                 self._steps.close()
@@ -335,7 +332,14 @@ class AsyncEngine:
 
     def _settle(self) -> None:
         """Wait for the token2wav step in flight (if any) and hand out its chunks; the streams are the loop's again."""
-        self._deliver_all(self._steps.collect(list(self._jobs.values())))
+        try:
+            delivered = self._steps.collect(list(self._jobs.values()))
+        except Exception as exc:  # a bug: fail what is running, as a failing step on the loop thread does
+            log.exception("engine step failed")
+            for job_id in list(self._jobs):
+                self._abort(job_id, exc)
+            return
+        self._deliver_all(delivered)
 
     def _llm_step(self) -> None:
         start = time.perf_counter()
@@ -355,7 +359,6 @@ class AsyncEngine:
     def _token2wav_step(self) -> None:
         ready = self._steps.plan(list(self._jobs.values()), self.llm, self.num_llm_steps, self._llm_step_s)
         if ready:
-            # [memory] while LLM steps go on, new streams may wait for token2wav cache room rather than recompute
             delivered = self._steps.start(ready, self.llm.has_work())
             if delivered is not None:
                 self._deliver_all(delivered)
