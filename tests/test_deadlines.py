@@ -57,8 +57,11 @@ def test_a_new_streams_first_chunk_goes_before_later_chunks_not_yet_due() -> Non
     # a later chunk about to run dry goes with it, earliest first
     ready.append(StreamDue("old-c", now + 0.4))
     assert plan_by_deadline(ON, ready, now, cost) == ["new", "old-c"]
-    # nothing due soon: every ready stream in one step, earliest first (no work put off for nothing)
-    assert plan_by_deadline(ON, [StreamDue("x", now + 5.0), StreamDue("y", now + 2.0)], now, cost) == ["y", "x"]
+    # nothing due soon: LLM steps first while it has work; then every ready stream in one step, earliest first
+    later = [StreamDue("x", now + 5.0), StreamDue("y", now + 2.0)]
+    assert plan_by_deadline(ON, later, now, cost, llm_busy=True) == []
+    assert plan_by_deadline(ON, later, now, cost) == ["y", "x"]
+    assert plan_by_deadline(ON, [*later, StreamDue("z", now)], now, cost, llm_busy=True) == ["z"]
 
 
 def test_overdue_first_chunks_in_steps_sized_by_the_cost_fit() -> None:

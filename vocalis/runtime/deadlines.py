@@ -4,8 +4,9 @@ A stream's next chunk is due when the audio already handed out to its caller run
 chunk (a player starts there); a stream with no chunk yet is due from the moment it was submitted. A step
 runs the streams due within the next couple of steps (earliest first); the others wait for a later step, which
 still ends before their audio runs out. So at 8 streams a new request's first chunk does not wait behind other
-streams' later chunks, whose callers still have seconds of audio to play. With nothing due soon every ready
-stream goes into one step (no work is put off for nothing).
+streams' later chunks, whose callers still have seconds of audio to play. With nothing due soon, the LLM's steps
+go first while it has work (a token2wav step would take the cores they run on, and a new request's first chunk
+waits for its LLM); once it has none, every ready stream goes into one step.
 
 When several chunks are overdue at once (requests that arrived together), one step over all of them makes each
 wait for all; steps of k rows end one after another, and with a step costing f + c * rows seconds the mean wait
@@ -111,17 +112,18 @@ class StepCost:
 
 
 def plan_by_deadline(policy: DeadlineScheduling, ready: Sequence[StreamDue], now: float, cost: StepCost,
-                     max_rows: int | None = None) -> list[str]:
+                     llm_busy: bool = False, max_rows: int | None = None) -> list[str]:
     """Keys of the ready streams to run in the next token2wav step, earliest due first (`ready` kept in order
-    when the policy is off). `max_rows`: the step's width cap (the token2wav engine's max_batch)."""
+    when the policy is off); [] = none now (nothing is due soon and `llm_busy`: LLM steps go first).
+    `max_rows`: the step's width cap (the token2wav engine's max_batch)."""
     if not policy.enabled:
         keys = [s.key for s in ready]
     else:
         order = sorted(ready, key=lambda s: s.due)  # stable: equal deadlines keep the caller's order
         horizon = now + policy.soon_steps * cost.seconds(len(order))
         soon = [s for s in order if s.due <= horizon]
-        if not soon:  # nothing due soon: all of it in one step
-            keys = [s.key for s in order]
+        if not soon:  # nothing due soon: all of it in one step, once the LLM is out of work
+            keys = [] if llm_busy else [s.key for s in order]
         else:
             overdue = sum(1 for s in soon if s.due <= now)
             rows = len(soon)

@@ -78,7 +78,7 @@ class Token2WavSteps:
         # without deadlines: first chunks first, then by submission
         keys.sort(key=lambda k: (ready[k][1].chunks_done > 0, ready[k][0].submitted))
         due = [StreamDue(k, ready[k][0].due()) for k in keys]
-        chosen = plan_by_deadline(self.deadlines, due, now, self.cost)
+        chosen = plan_by_deadline(self.deadlines, due, now, self.cost, llm.has_work())
         if any(self.token2wav.starts_cache(ready[k][1]) for k in chosen):
             # [memory] whether a new stream starts its caches is the cache budget's call, made over every ready
             # stream (with none beside it, it would start one over the budget): the others go too, by deadline
