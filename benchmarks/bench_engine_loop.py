@@ -28,8 +28,8 @@ from vocalis.token2wav.cv2.engine import Token2WavEngine
 VARIANTS = {
     "serial": (OverlapConfig(enabled=False), DeadlineScheduling(enabled=False)),
     "serial+deadlines": (OverlapConfig(enabled=False), DeadlineScheduling()),
-    "overlap": (OverlapConfig(), DeadlineScheduling(enabled=False)),
-    "overlap+deadlines": (OverlapConfig(), DeadlineScheduling()),
+    "overlap": (OverlapConfig(enabled=True), DeadlineScheduling(enabled=False)),
+    "overlap+deadlines": (OverlapConfig(enabled=True), DeadlineScheduling()),
 }
 KEYS = ("first_chunk_s", "audio_s_per_s", "wall_s")
 

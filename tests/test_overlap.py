@@ -23,7 +23,7 @@ from vocalis.token2wav.config import Token2WavConfig
 
 TEXTS = ["Hello there, how are you today?", "Short one.", "The quick brown fox jumps over the lazy dog again."]
 ATOL = 1e-5  # audio in [-1, 1]; float summation order only (steps of other widths)
-SERIAL, OVERLAP = OverlapConfig(enabled=False), OverlapConfig()
+SERIAL, OVERLAP = OverlapConfig(enabled=False), OverlapConfig(enabled=True)
 
 
 class Fixed(AsyncEngine):  # a random LLM may stop after 2 ids: 80 make three chunks (25, 50, the rest)

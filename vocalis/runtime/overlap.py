@@ -34,12 +34,14 @@ R = TypeVar("R")
 class OverlapConfig:
     """Whether and how the async engine runs token2wav steps beside its LLM steps.
 
-    enabled: overlap the two (False: one after the other on the loop thread).
+    enabled: overlap the two (False: one after the other on the loop thread). Off by default: on a CPU the two
+        sides then share the cores rather than each using all of them in turn, and whether that pays depends on
+        the machine (`benchmarks/bench_engine_loop.py` measures it).
     llm_threads: intra-op threads of the LLM's steps while a token2wav step runs beside them; None: half of
         torch's count (at least 1). A token2wav step beside LLM steps takes the rest (at least 1).
     """
 
-    enabled: bool = True
+    enabled: bool = False
     llm_threads: int | None = None
 
     def __post_init__(self) -> None:
