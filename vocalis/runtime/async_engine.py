@@ -52,6 +52,7 @@ from vocalis.kernels.threads import release_openmp_pool
 from vocalis.model_dir import LoadedModel
 from vocalis.runtime.admission import AdmissionQueue
 from vocalis.runtime.deadlines import DeadlineScheduling
+from vocalis.runtime.engine_stats import engine_stats
 from vocalis.runtime.handle import END, EngineClosed, Job, StreamHandle, message_job_id, new_job_id
 from vocalis.runtime.job_prep import prepare_job, start_sentence
 from vocalis.runtime.overlap import OverlapConfig
@@ -216,20 +217,8 @@ class AsyncEngine:
             self._cond.notify()
 
     def stats(self) -> dict[str, float]:
-        """Live counters (read from any thread; values may be one step old): jobs, LLM requests running and
-        waiting, KV-cache usage, steps, the last steps' batch sizes, generated tokens (total and per second over
-        the last few seconds)."""
-        bm = self.llm.block_manager
-        scheduler = getattr(self.llm, "scheduler", None)
-        running = len(scheduler.running) if scheduler is not None else self.llm.num_unfinished
-        waiting = len(scheduler.waiting) if scheduler is not None else 0
-        return {"jobs": len(self._jobs), "jobs_queued": len(self._queue), "llm_requests": self.llm.num_unfinished,
-                "llm_running": running, "llm_waiting": waiting, "kv_usage": 1.0 - bm.num_free_blocks / bm.num_blocks,
-                "llm_steps": self.num_llm_steps, "token2wav_steps": self.num_token2wav_steps,
-                "llm_batch": self.last_llm_batch, "token2wav_batch": self.last_token2wav_batch,
-                "token2wav_waiting": self.token2wav.held,
-                "generated_tokens": self.generated.total, "tokens_per_s": self.generated.rate(),
-                **{f"runaway_{reason}": float(n) for reason, n in self.runaway_stops.items()}}
+        """Live counters (any thread; values may be one step old): `runtime.engine_stats`."""
+        return engine_stats(self, len(self._jobs), len(self._queue))
 
     # ---- preparing a job (executor thread; touches no engine state) ------------------------------------
     def _prepare(self, request: SynthesisRequest | Callable[[], SynthesisRequest], stream: bool,
@@ -293,8 +282,7 @@ class AsyncEngine:
                     self.heap_watch.after_step()
             except Exception as exc:  # a bug: fail what is running rather than hang every caller
                 log.exception("engine step failed")
-                for job_id in list(self._jobs):
-                    self._abort(job_id, exc)
+                self._fail_all(exc)
 
     def _handle(self, kind: str, payload: Any) -> None:
         if kind != "add":  # [ownership] these touch stream states: not while a token2wav step owns them
@@ -334,12 +322,16 @@ class AsyncEngine:
         """Wait for the token2wav step in flight (if any) and hand out its chunks; the streams are the loop's again."""
         try:
             delivered = self._steps.collect(list(self._jobs.values()))
-        except Exception as exc:  # a bug: fail what is running, as a failing step on the loop thread does
+        except Exception as exc:  # a bug, on the worker: as one on the loop thread
             log.exception("engine step failed")
-            for job_id in list(self._jobs):
-                self._abort(job_id, exc)
+            self._fail_all(exc)
             return
         self._deliver_all(delivered)
+
+    def _fail_all(self, exc: Exception) -> None:
+        """A step failed: every running request ends with its error."""
+        for job_id in list(self._jobs):
+            self._abort(job_id, exc)
 
     def _llm_step(self) -> None:
         start = time.perf_counter()
@@ -354,7 +346,10 @@ class AsyncEngine:
                 if job.llm_request.status in _RUNAWAY:
                     self.runaway_stops[job.llm_request.status.value] += 1
                 job.llm_request = None
-                start_sentence(self, job)
+                if job.text is not None:  # [ownership] a bi-stream's next sentence makes a stream: settle first
+                    self._settle()
+                if job.job_id in self._jobs:
+                    start_sentence(self, job)
 
     def _token2wav_step(self) -> None:
         ready = self._steps.plan(list(self._jobs.values()), self.llm, self.num_llm_steps, self._llm_step_s)
