@@ -2,7 +2,7 @@
 
 A stream's next chunk is due when the audio already handed out to its caller runs out, counted from its first
 chunk (a player starts there); a stream with no chunk yet is due from the moment it was submitted. A step
-runs the streams due within the next couple of steps (earliest first); the others wait for a later step, which
+runs the streams due within the next few steps (earliest first); the others wait for a later step, which
 still ends before their audio runs out. So at 8 streams a new request's first chunk does not wait behind other
 streams' later chunks, whose callers still have seconds of audio to play. With nothing due soon, the LLM's steps
 go first while it has work (a token2wav step would take the cores they run on, and a new request's first chunk
@@ -30,13 +30,14 @@ class DeadlineScheduling:
     """How the async engine picks a token2wav step's streams.
 
     enabled: by deadline (False: every ready stream, first chunks first).
-    soon_steps: a chunk due within this many step times (a step over every ready stream) counts as due now.
+    soon_steps: a chunk due within this many step times (a step over every ready stream) counts as due now: the
+        margin for a later chunk costing more than the average row.
     split_overdue: overdue chunks in steps of the size that least delays them on average (`StepCost`), rather
         than all in one step.
     """
 
     enabled: bool = True
-    soon_steps: float = 2.0
+    soon_steps: float = 3.0
     split_overdue: bool = True
 
     def __post_init__(self) -> None:
