@@ -31,6 +31,11 @@ class Fixed(AsyncEngine):  # a random LLM may stop after 2 ids: 80 make three ch
         return dataclasses.replace(super().llm_params(text_ids), min_len=80, max_len=80, stop_all_masked=True)
 
 
+class Short(AsyncEngine):  # 40 ids: a first chunk and a final one
+    def llm_params(self, text_ids: list[int]) -> SamplingParams:
+        return dataclasses.replace(super().llm_params(text_ids), min_len=40, max_len=40, stop_all_masked=True)
+
+
 @pytest.fixture(scope="module")
 def model() -> LoadedModel:
     return random_model("tiny")
@@ -159,11 +164,11 @@ def test_a_new_requests_first_chunk_does_not_wait_for_a_running_streams_later_ch
     default = model.voices["default"]
     recorded = Voice("recorded", "", (), tuple(i % 100 for i in range(30)), torch.full((60, 80), -5.0),
                      default.embedding)
-    vc = SynthesisRequest(recorded, Mode.VC, source_speech_ids=tuple(i % 100 for i in range(4000)), seed=3)
+    vc = SynthesisRequest(recorded, Mode.VC, source_speech_ids=tuple(i % 100 for i in range(1600)), seed=3)
     steps: list[list[str]] = []
 
     async def run(overlap: OverlapConfig) -> None:
-        eng = AsyncEngine.from_model(model, token2wav_config=Token2WavConfig(max_batch=4), overlap=overlap)
+        eng = Short.from_model(model, token2wav_config=Token2WavConfig(max_batch=4), overlap=overlap)
         step = eng.token2wav.step
 
         def recorded_step(states, **kw):  # type: ignore[no-untyped-def]
