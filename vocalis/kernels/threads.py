@@ -135,6 +135,16 @@ class CoreWorkers:
 _worker = threading.local()  # per worker thread: whether our native kernels' thread set-up has run in it
 
 
+def set_thread_count(threads: int) -> None:
+    """Set the calling thread's intra-op thread count after its lazy once-per-thread set-ups (ATen's, and our native
+    kernels' own copy of it) have run: either would otherwise put the process default back over it on its first
+    parallel op. For a long-lived thread that changes its count (the async engine's token2wav worker)."""
+    torch.get_num_threads()
+    if build.settled():
+        _native_thread_setup()
+    torch.set_num_threads(threads)
+
+
 def _native_set_up() -> None:
     """Our kernels' thread set-up in this worker, once they are loaded (a background build may finish after the
     workers start: the first task after that runs it)."""

@@ -1,27 +1,28 @@
-"""The async front: one loop thread owns the models and interleaves batched LLM steps with batched token2wav
-steps for every request; callers submit a `SynthesisRequest` and iterate its audio chunks asynchronously.
+"""The async front: one loop thread owns the models and interleaves batched LLM steps with batched token2wav steps for
+every request; callers submit a `SynthesisRequest` and iterate its audio chunks asynchronously.
 
-Threads: the engine loop thread is the only one touching the LLM engine, the token2wav engine and the jobs'
-stream states. Callers (on an asyncio event loop) only post messages ("add", "abort", "fail", and a bi-stream's
-"text", "text_cut", "text_end") to an inbox guarded by a condition variable that wakes the loop; the loop sends
-chunks back with `call_soon_threadsafe`. Text normalisation and tokenisation run in the default executor before a
-job is posted. No per-request threads, no polling: an idle loop sleeps on the condition.
+Threads: the engine loop thread is the only one touching the LLM engine, the token2wav engine and the jobs' stream
+states (but for the token2wav worker, which owns the latter two while a step it runs is in flight). Callers (on an
+asyncio event loop) only post messages ("add", "abort", "fail", and a bi-stream's "text", "text_cut", "text_end") to an
+inbox guarded by a condition variable that wakes the loop; the loop sends chunks back with `call_soon_threadsafe`. Text
+normalisation and tokenisation run in the default executor before a job is posted. No per-request threads, no polling:
+an idle loop sleeps on the condition.
 
-One iteration: take the inbox; one LLM step (all running requests, prefill chunks and decodes); one token2wav
-step over the requests with a chunk ready (first chunks first), unless the grouping policy (`step_grouping`) holds
-them for a few more LLM steps because other requests are about to have a chunk ready too (one token2wav step over
-all of them costs much less than two). A job speaks its sentences in order: sentence
-k + 1's LLM request starts when sentence k's ends (they share the request's RNG, as on the reference path);
-only the oldest unfinished sentence of a job is vocoded, so chunks arrive in order.
-Text given in pieces (bi-streaming) is read on the caller's event loop (`runtime.text_pump`) and posted to the
-loop piece by piece.
-Abort (explicit, or the consumer cancelled) frees the job's KV blocks and token2wav caches on the loop's next
-iteration boundary: at once when idle, after the step in flight otherwise. Once the loop has been out of work for
-`heap_release_delay_s` it gives the heap's free memory back to the system (`kernels.heap`; `release_heap_when_idle`),
-so a server's RSS does not creep up from burst to burst, while back-to-back requests keep the pages their
-predecessors touched; under sustained load it does so after a step once RSS has grown past a slack (`HeapWatch`),
-so the holes that large batched steps free never add up to more than the machine has; and it fixes glibc's mmap
-threshold when it starts (`cap_mmap_threshold`), so large tensors leave no holes at all.
+One iteration: take the inbox; one LLM step (all running requests, prefill chunks and decodes); one token2wav step over
+the requests with a chunk ready, unless the grouping policy (`step_grouping`) holds them for a few more LLM steps
+because other requests are about to have a chunk ready too (one token2wav step over all of them costs much less than
+two); it takes the chunks due first (`deadlines`). Overlapped (`OverlapConfig`), the token2wav step runs on a worker
+thread beside the LLM steps instead of after one (`overlap`, `token2wav_steps`). A job speaks its sentences in order:
+sentence k + 1's LLM request starts when sentence k's ends (they share the request's RNG, as on the reference path);
+only the oldest unfinished sentence of a job is vocoded, so chunks arrive in order. Text given in pieces (bi-streaming)
+is read on the caller's event loop (`runtime.text_pump`) and posted to the loop piece by piece. Abort (explicit, or the
+consumer cancelled) frees the job's KV blocks and token2wav caches on the loop's next iteration boundary: at once when
+idle, after the step in flight otherwise. Once the loop has been out of work for `heap_release_delay_s` it gives the
+heap's free memory back to the system (`kernels.heap`; `release_heap_when_idle`), so a server's RSS does not creep up
+from burst to burst, while back-to-back requests keep the pages their predecessors touched; under sustained load it
+does so after a step once RSS has grown past a slack (`HeapWatch`), so the holes that large batched steps free never
+add up to more than the machine has; and it fixes glibc's mmap threshold when it starts (`cap_mmap_threshold`), so
+large tensors leave no holes at all.
 """
 
 from __future__ import annotations
@@ -50,12 +51,16 @@ from vocalis.kernels.heap import HeapWatch, cap_mmap_threshold
 from vocalis.kernels.threads import release_openmp_pool
 from vocalis.model_dir import LoadedModel
 from vocalis.runtime.admission import AdmissionQueue
-from vocalis.runtime.handle import END, EngineClosed, Job, StreamHandle, new_job_id
-from vocalis.runtime.job_prep import prepare_job
+from vocalis.runtime.deadlines import DeadlineScheduling
+from vocalis.runtime.engine_stats import engine_stats
+from vocalis.runtime.handle import END, EngineClosed, Job, StreamHandle, message_job_id, new_job_id
+from vocalis.runtime.job_prep import prepare_job, start_sentence
+from vocalis.runtime.overlap import OverlapConfig
 from vocalis.runtime.rate import RateMeter
-from vocalis.runtime.readiness import readiness, vocodable
-from vocalis.runtime.step_grouping import StepGrouping, plan_token2wav_step
-from vocalis.runtime.text_pump import TextPump, route_text, start_segment
+from vocalis.runtime.readiness import vocodable
+from vocalis.runtime.step_grouping import StepGrouping
+from vocalis.runtime.text_pump import TextPump, route_text
+from vocalis.runtime.token2wav_steps import Delivered, Token2WavSteps
 from vocalis.token2wav import Token2Wav, Token2WavChunk, Token2WavConfig, Token2WavStream, token2wav_for
 
 if TYPE_CHECKING:
@@ -74,7 +79,8 @@ class AsyncEngine:
     def __init__(self, model: LoadedModel, llm: LLMEngine | VLLMEngine,
                  token2wav: Token2Wav[Token2WavStream],
                  grouping: StepGrouping | None = None, release_heap_when_idle: bool = True,
-                 heap_release_delay_s: float = HEAP_RELEASE_DELAY_S) -> None:
+                 heap_release_delay_s: float = HEAP_RELEASE_DELAY_S, overlap: OverlapConfig | None = None,
+                 deadlines: DeadlineScheduling | None = None) -> None:
         if not heap_release_delay_s >= 0:
             raise InputError(f"heap_release_delay_s must be >= 0 seconds, got {heap_release_delay_s}")
         self.model = model
@@ -86,6 +92,9 @@ class AsyncEngine:
         self.llm = llm
         self.token2wav = token2wav
         self.grouping = grouping if grouping is not None else StepGrouping()
+        device = next(model.flow.parameters()).device
+        self._steps = Token2WavSteps(token2wav, device, overlap or OverlapConfig(), self.grouping,
+                                     deadlines or DeadlineScheduling(), self._wake)
         self._llm_step_s = 0.0  # recent seconds per LLM step (moving average), for the grouping's time bound
         self.frontend = frontend_for(model)  # text normalisation, voices, prompts (the reference path shares it)
         self.sample_rate = model.config.sample_rate
@@ -109,8 +118,9 @@ class AsyncEngine:
     def from_model(cls, model: LoadedModel, config: EngineConfig | None = None,
                    token2wav_config: Token2WavConfig | None = None, stream: StreamConfig | None = None,
                    grouping: StepGrouping | None = None, runtime: Runtime | None = None,
-                   release_heap_when_idle: bool = True,
-                   heap_release_delay_s: float = HEAP_RELEASE_DELAY_S) -> AsyncEngine:
+                   release_heap_when_idle: bool = True, heap_release_delay_s: float = HEAP_RELEASE_DELAY_S,
+                   overlap: OverlapConfig | None = None, deadlines: DeadlineScheduling | None = None
+                   ) -> AsyncEngine:
         """Build the LLM engine (ours, or vLLM's when `runtime`, what `apply_backend` returned, is the vllm
         backend's) and the batched token2wav engine of the model's family (CosyVoice 2 or 3) over a loaded model's
         modules; InputError for modules neither runs."""
@@ -118,7 +128,7 @@ class AsyncEngine:
             token2wav_config = replace(token2wav_config or Token2WavConfig(), native_kernels=False)
         token2wav = token2wav_for(model.flow, model.hift, token2wav_config, stream)
         return cls(model, make_llm_engine(model, config, runtime), token2wav, grouping, release_heap_when_idle,
-                   heap_release_delay_s)
+                   heap_release_delay_s, overlap, deadlines)
 
     # ---- lifecycle ------------------------------------------------------------------------------------
     def start(self) -> Self:
@@ -128,6 +138,7 @@ class AsyncEngine:
             # make every op of the loop wait for sleeping workers (threads.release_openmp_pool)
             release_openmp_pool()
             cap_mmap_threshold()  # [memory] large tensors mapped whole, not left as arena holes (kernels.heap)
+            self._steps.open()
             self._thread = threading.Thread(target=self._run, name="vocalis-engine", daemon=True)
             self._thread.start()
         return self
@@ -201,21 +212,13 @@ class AsyncEngine:
             self._inbox.append(message)
             self._cond.notify()
 
+    def _wake(self) -> None:  # the token2wav worker: its step has ended
+        with self._cond:
+            self._cond.notify()
+
     def stats(self) -> dict[str, float]:
-        """Live counters (read from any thread; values may be one step old): jobs, LLM requests running and
-        waiting, KV-cache usage, steps, the last steps' batch sizes, generated tokens (total and per second over
-        the last few seconds)."""
-        bm = self.llm.block_manager
-        scheduler = getattr(self.llm, "scheduler", None)
-        running = len(scheduler.running) if scheduler is not None else self.llm.num_unfinished
-        waiting = len(scheduler.waiting) if scheduler is not None else 0
-        return {"jobs": len(self._jobs), "jobs_queued": len(self._queue), "llm_requests": self.llm.num_unfinished,
-                "llm_running": running, "llm_waiting": waiting, "kv_usage": 1.0 - bm.num_free_blocks / bm.num_blocks,
-                "llm_steps": self.num_llm_steps, "token2wav_steps": self.num_token2wav_steps,
-                "llm_batch": self.last_llm_batch, "token2wav_batch": self.last_token2wav_batch,
-                "token2wav_waiting": self.token2wav.held,
-                "generated_tokens": self.generated.total, "tokens_per_s": self.generated.rate(),
-                **{f"runaway_{reason}": float(n) for reason, n in self.runaway_stops.items()}}
+        """Live counters (any thread; values may be one step old): `runtime.engine_stats`."""
+        return engine_stats(self, len(self._jobs), len(self._queue))
 
     # ---- preparing a job (executor thread; touches no engine state) ------------------------------------
     def _prepare(self, request: SynthesisRequest | Callable[[], SynthesisRequest], stream: bool,
@@ -239,6 +242,8 @@ class AsyncEngine:
     def _run(self) -> None:
         while True:
             with self._cond:
+                while self._waiting():  # [no polling] the token2wav step in flight is all there is: its end wakes us
+                    self._cond.wait()
                 idle = self._idle()
                 if idle and self._heap_used and self.release_heap_when_idle:
                     # [memory] give the heap back only after a quiet spell: the next request's first token2wav
@@ -264,10 +269,12 @@ class AsyncEngine:
                     self._handle(kind, payload)
                 except Exception as exc:  # a bug: fail that message's request rather than end the loop
                     log.exception("engine message %r failed", kind)
-                    self._abort(_job_id(kind, payload), exc)
+                    self._abort(message_job_id(kind, payload), exc)
             if closing:
+                self._settle()
                 for job_id in [*self._queue.ids(), *self._jobs]:
                     self._abort(job_id, EngineClosed("the engine was closed"))
+                self._steps.close()
                 return
             try:
                 self._iteration()
@@ -275,10 +282,11 @@ class AsyncEngine:
                     self.heap_watch.after_step()
             except Exception as exc:  # a bug: fail what is running rather than hang every caller
                 log.exception("engine step failed")
-                for job_id in list(self._jobs):
-                    self._abort(job_id, exc)
+                self._fail_all(exc)
 
     def _handle(self, kind: str, payload: Any) -> None:
+        if kind != "add":  # [ownership] these touch stream states: not while a token2wav step owns them
+            self._settle()
         if kind == "add":
             self._add(payload)
         elif kind == "abort":
@@ -291,48 +299,72 @@ class AsyncEngine:
     def _idle(self) -> bool:
         return not (self._inbox or self._closing or self._has_work())
 
+    def _waiting(self) -> bool:
+        return not (self._inbox or self._closing or self.llm.has_work()) and self._steps.waiting()
+
     def _has_work(self) -> bool:
-        return self.llm.has_work() or any(vocodable(self.token2wav, j) is not None for j in self._jobs.values())
+        return (self.llm.has_work() or self._steps.in_flight
+                or any(vocodable(self.token2wav, j) is not None for j in self._jobs.values()))
 
     def _iteration(self) -> None:
+        steps = self._steps
+        if steps.in_flight and not steps.waiting():
+            self._settle()
+        if steps.overlapped and not steps.in_flight:
+            self._token2wav_step()  # launched: it runs beside the LLM step below
         if self.llm.has_work():
-            start = time.perf_counter()
-            events = self.llm.step()
-            elapsed = time.perf_counter() - start
-            self.last_llm_batch = len(events)
-            self.generated.add(sum(1 for _, token in events if token is not None))
-            self._llm_step_s = elapsed if self.num_llm_steps == 0 else 0.8 * self._llm_step_s + 0.2 * elapsed
-            self.num_llm_steps += 1
-            for job in list(self._jobs.values()):
-                if job.llm_request is not None and job.llm_request.finished:
-                    if job.llm_request.status in _RUNAWAY:
-                        self.runaway_stops[job.llm_request.status.value] += 1
-                    job.llm_request = None
-                    self._start_llm(job)
-        ready = self._grouped_ready()
-        if not ready:
+            steps.before_llm_step()
+            self._llm_step()
+        if not steps.overlapped:
+            self._token2wav_step()
+
+    def _settle(self) -> None:
+        """Wait for the token2wav step in flight (if any) and hand out its chunks; the streams are the loop's again."""
+        try:
+            delivered = self._steps.collect(list(self._jobs.values()))
+        except Exception as exc:  # a bug, on the worker: as one on the loop thread
+            log.exception("engine step failed")
+            self._fail_all(exc)
             return
-        ready.sort(key=lambda js: (js[1].chunks_done > 0, js[0].submitted))  # [latency] first chunks first
-        # [memory] while LLM steps go on, new streams may wait for token2wav cache room rather than recompute
-        chunks = self.token2wav.step([s for _, s in ready], hold_new=self.llm.has_work())
-        if chunks:
+        self._deliver_all(delivered)
+
+    def _fail_all(self, exc: Exception) -> None:
+        """A step failed: every running request ends with its error."""
+        for job_id in list(self._jobs):
+            self._abort(job_id, exc)
+
+    def _llm_step(self) -> None:
+        start = time.perf_counter()
+        events = self.llm.step()
+        elapsed = time.perf_counter() - start
+        self.last_llm_batch = len(events)
+        self.generated.add(sum(1 for _, token in events if token is not None))
+        self._llm_step_s = elapsed if self.num_llm_steps == 0 else 0.8 * self._llm_step_s + 0.2 * elapsed
+        self.num_llm_steps += 1
+        for job in list(self._jobs.values()):
+            if job.llm_request is not None and job.llm_request.finished:
+                if job.llm_request.status in _RUNAWAY:
+                    self.runaway_stops[job.llm_request.status.value] += 1
+                job.llm_request = None
+                if job.text is not None:  # [ownership] a bi-stream's next sentence makes a stream: settle first
+                    self._settle()
+                if job.job_id in self._jobs:
+                    start_sentence(self, job)
+
+    def _token2wav_step(self) -> None:
+        ready = self._steps.plan(list(self._jobs.values()), self.llm, self.num_llm_steps, self._llm_step_s)
+        if ready:
+            delivered = self._steps.start(ready, self.llm.has_work())
+            if delivered is not None:
+                self._deliver_all(delivered)
+
+    def _deliver_all(self, delivered: Delivered) -> None:
+        if delivered:
             self.num_token2wav_steps += 1
-            self.last_token2wav_batch = len(chunks)
-        by_state = {s.request_id: job for job, s in ready}
-        for chunk in chunks:
-            job = by_state[chunk.request_id]
+            self.last_token2wav_batch = len(delivered)
+        for job, chunk in delivered:
             job.ready_since = None
             self._deliver(job, chunk)
-
-    def _grouped_ready(self) -> list[tuple[Job, Token2WavStream]]:
-        """The jobs (with their emitting stream) to vocode now: [] while none is ready, or while the grouping
-        policy holds the ready ones for a job a few LLM steps from its own chunk."""
-        views, ready = readiness(list(self._jobs.values()), self.llm, self.token2wav, self.num_llm_steps,
-                                 time.monotonic())
-        if not ready:
-            return []
-        keys = plan_token2wav_step(self.grouping, views, self.llm.has_work(), self._llm_step_s)
-        return [ready[k] for k in keys]
 
     def _add(self, job: Job) -> None:
         if job.handle._aborted:
@@ -347,34 +379,11 @@ class AsyncEngine:
 
     def _start(self, job: Job) -> None:
         self._jobs[job.job_id] = job
+        job.gate = self._steps.gate
         if job.segments or job.text is not None:
-            self._start_llm(job)
+            start_sentence(self, job)
         else:  # voice conversion: its tokens are given, token2wav starts on the next iteration
             job.handle.started = time.monotonic()
-
-    def _start_llm(self, job: Job) -> None:
-        """Start the next sentence's LLM request, if any (a bi-stream's one request at once)."""
-        if job.text is not None:
-            if job.next_segment == 0 or (job.cut and job.early_text):  # the first sentence, or one after a cut
-                start_segment(self, job)
-            return
-        if job.next_segment >= len(job.segments):
-            return
-        i = job.next_segment
-        job.next_segment += 1
-        text_ids = job.segments[i]
-        state = job.states[i]
-
-        sink = job.token_sink(state)
-        engine = self.llm
-        params = self.llm_params(text_ids)
-        req = engine.make_request(text_ids, *job.llm_prompt, params, request_id=f"{job.job_id}/{i}", sink=sink,
-                                  generator=job.llm_gen)
-        job.llm_request = req
-        try:
-            engine.add_request(req)
-        except InputError as exc:
-            self._abort(job.job_id, exc)
 
     def llm_params(self, text_ids: list[int]) -> SamplingParams:
         """Sampling of one sentence: the model's RAS settings and length bounds (the bench forces a count)."""
@@ -388,6 +397,7 @@ class AsyncEngine:
             if job.first_chunk_at is None:
                 job.first_chunk_at = time.monotonic()
             samples = np.asarray(chunk.samples, dtype=np.float32)
+            job.audio_s += len(samples) / self.sample_rate
             job.handle._put(AudioChunk(samples, self.sample_rate, job.emitting, final))
         if chunk.final:
             if last_segment:
@@ -417,6 +427,7 @@ class AsyncEngine:
         self._admit()
 
     def _abort(self, job_id: str, error: BaseException | None) -> None:
+        self._settle()  # [ownership] its streams may be in the token2wav step in flight
         queued = self._queue.pop(job_id)
         if queued is not None:  # nothing started: no KV blocks or caches to free
             queued.handle._put(error if error is not None else END)
@@ -432,9 +443,3 @@ class AsyncEngine:
         job.handle._put(error if error is not None else END)
         self._admit()
 
-
-def _job_id(kind: str, payload: Any) -> str:
-    """The request a loop message is about ("add": a Job; "fail" and "text": (job id, ...); else the id)."""
-    if kind == "add":
-        return payload.job_id
-    return payload[0] if isinstance(payload, tuple) else payload

@@ -32,8 +32,26 @@ def new_job_id() -> str:
     return f"job-{next(_job_ids)}"
 
 
+def message_job_id(kind: str, payload: Any) -> str:
+    """The request a loop message is about ("add": a Job; "fail" and "text": (job id, ...); else the id)."""
+    if kind == "add":
+        return payload.job_id
+    return payload[0] if isinstance(payload, tuple) else payload
+
+
 class EngineClosed(VocalisError):
     """The engine stopped before the request finished."""
+
+
+class TokenGate:
+    """Whether the LLM's ids go into their token2wav streams at once (open) or wait in their job (closed: a
+    token2wav step owns the streams on the worker thread, `runtime.overlap`). One per engine, shared by its jobs."""
+
+    def __init__(self) -> None:
+        self.closed = False
+
+
+_OPEN = TokenGate()  # a job not started by an overlapping engine: ids go straight in
 
 
 @dataclass(eq=False)
@@ -58,6 +76,9 @@ class Job:
     cut: bool = False  # a bi-stream's running LLM request had its text ended at a sentence (text_pump)
     text_closed: bool = False  # a bi-stream's text ended after a cut: the cut sentence was its last
     new_state: Callable[[int], Token2WavStream] | None = None  # a bi-stream's token2wav stream for its sentence i
+    gate: TokenGate = _OPEN
+    held: list[tuple[Token2WavStream, int | None, bool]] = field(default_factory=list)  # ids the gate held back
+    audio_s: float = 0.0  # seconds of audio handed out (its next chunk is due when they have played)
 
     @property
     def seq(self) -> int:
@@ -70,12 +91,30 @@ class Job:
         def sink(req: Request, token: int | None, finished: bool) -> None:
             if self.handle.started is None:
                 self.handle.started = time.monotonic()
-            if token is not None:
-                state.add_tokens((token,))
-            if finished:
-                state.end_input()
+            if self.gate.closed:
+                self.held.append((state, token, finished))
+            else:
+                _feed(state, token, finished)
 
         return sink
+
+    def release_held(self) -> None:
+        """Put the ids the gate held back into their streams, in order (the gate is open again)."""
+        held, self.held = self.held, []
+        for state, token, finished in held:
+            _feed(state, token, finished)
+
+    def due(self) -> float:
+        """When its next chunk is due (monotonic): once the audio handed out has played from its first chunk;
+        before that, from its submission."""
+        return self.submitted if self.first_chunk_at is None else self.first_chunk_at + self.audio_s
+
+
+def _feed(state: Token2WavStream, token: int | None, finished: bool) -> None:
+    if token is not None:
+        state.add_tokens((token,))
+    if finished:
+        state.end_input()
 
 
 class StreamHandle:
