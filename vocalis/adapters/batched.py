@@ -1,10 +1,11 @@
 """Batched LoRA: many adapters of one base model in one forward pass, each row with its own adapter.
 
-A bank stacks the adapters per adapted Linear layer, A as (K, r, in) and B (already scaled by alpha / r) as
-(K, out, r), ranks zero-padded to the largest (padded rows and columns add exact zeros). A batch's rows carry an
-adapter index (-1: none, the base model); the update y += B_k A_k x is computed per adapter present, over that
-adapter's rows only (two small GEMMs per adapter and layer: the grouped form multi-adapter servers use), so a
-row's result does not depend on which adapters its neighbours use.
+A bank stacks the adapters per adapted Linear layer, A as (K r, in) and B (already scaled by alpha / r) as
+(out, K r), ranks zero-padded to the largest (padded rows and columns add exact zeros). A batch's rows carry an
+adapter index (-1: none, the base model); the update is y += B (m * (A x)), m zeroing the K r columns that are not
+the row's adapter's: two GEMMs per layer whatever the adapters in the batch, with no data-dependent shapes or
+host synchronisation (so a captured step can replay it), and a row's update is its adapter's alone (the other
+adapters' columns contribute exact zeros).
 
 `bank_linears` swaps the adapted `nn.Linear`s of a model for `BankedLinear`s that read the rows' indices from the
 bank (`AdapterBank.rows`, set by the caller before each forward pass), so any code that calls the modules (the
@@ -15,12 +16,13 @@ Legend: K adapters, r largest rank, N rows, in/out the Linear's widths.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 import torch
 from torch import nn
 
-from vocalis.adapters.lora_file import LoraAdapter
+from vocalis.adapters.lora_file import LoraAdapter, load_adapters, merge_at_load, resolve_adapter
 from vocalis.errors import InputError
 
 
@@ -36,20 +38,19 @@ class AdapterBank:
         if len(digests) > 1:
             raise InputError("the adapters were trained on different base models")
         r = max(a.config.rank for a in adapters)
-        self.a: dict[str, torch.Tensor] = {}  # path -> (K, r, in)
-        self.b: dict[str, torch.Tensor] = {}  # path -> (K, out, r), scaled
-        self.present: dict[str, torch.Tensor] = {}  # path -> (K,) bool: the adapter adapts this layer
+        self.rank = r
         k = len(adapters)
+        self.a: dict[str, torch.Tensor] = {}  # path -> (K r, in)
+        self.b: dict[str, torch.Tensor] = {}  # path -> (out, K r), scaled
         for i, adapter in enumerate(adapters):
             for path, (a, b) in adapter.layers().items():
                 if path not in self.a:
-                    self.a[path] = torch.zeros(k, r, a.shape[1], device=device, dtype=dtype)
-                    self.b[path] = torch.zeros(k, b.shape[0], r, device=device, dtype=dtype)
-                    self.present[path] = torch.zeros(k, dtype=torch.bool)
+                    self.a[path] = torch.zeros(k * r, a.shape[1], device=device, dtype=dtype)
+                    self.b[path] = torch.zeros(b.shape[0], k * r, device=device, dtype=dtype)
                 rank = a.shape[0]
-                self.a[path][i, :rank] = a.to(device, dtype)
-                self.b[path][i, :, :rank] = (b * adapter.config.scale).to(device, dtype)
-                self.present[path][i] = True
+                self.a[path][i * r:i * r + rank] = a.to(device, dtype)
+                self.b[path][:, i * r:i * r + rank] = (b * adapter.config.scale).to(device, dtype)
+        self.owner = torch.arange(k * r, device=device) // r  # (K r,) the adapter each stacked column belongs to
         self.rows: torch.Tensor | None = None  # (N,) or (B,) adapter index per row of the next forward; -1 none
 
     def index(self, name: str | None) -> int:
@@ -63,16 +64,10 @@ class AdapterBank:
 
     def delta(self, path: str, x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         """x (N, in), rows (N,) adapter indices -> the LoRA update (N, out) of layer `path` (zeros for rows with
-        no adapter, or whose adapter leaves this layer alone)."""
+        no adapter, or whose adapter leaves this layer alone). Graph-safe: fixed shapes, no host sync."""
         a, b = self.a[path], self.b[path]
-        out = x.new_zeros(x.shape[0], b.shape[1])
-        for k in torch.unique(rows).tolist():
-            if k < 0 or not self.present[path][k]:
-                continue
-            sel = (rows == k).nonzero().squeeze(1)  # (n_k,)
-            xk = x.index_select(0, sel)  # (n_k, in)
-            out.index_copy_(0, sel, (xk @ a[k].t()) @ b[k].t())  # (n_k, r) -> (n_k, out)
-        return out
+        mask = self.owner[None, :] == rows[:, None]  # (N, K r)
+        return ((x @ a.t().to(x.dtype)) * mask) @ b.t().to(x.dtype)  # (N, K r) -> (N, out)
 
 
 class BankedLinear(nn.Module):
@@ -110,3 +105,23 @@ def bank_linears(model: nn.Module, bank: AdapterBank) -> int:
         setattr(modules[parent_path] if parent_path else model, leaf, BankedLinear(linear, bank, path))
         count += 1
     return count
+
+
+def banked_adapters(model: nn.Module) -> AdapterBank | None:
+    """The bank whose `BankedLinear`s `model` holds (`bank_linears`), else None."""
+    for m in model.modules():
+        if isinstance(m, BankedLinear):
+            return m.bank
+    return None
+
+
+def attach_at_load(llm: nn.Module, specs: Mapping[str, str | Path], model_dir: Path | None) -> tuple[bool, tuple[str, ...]]:
+    """`TTS.load(adapters=...)`: check each adapter against `llm`; one adapter is merged into the weights (no cost
+    per step, every request gets it), several are kept apart in a bank on `llm`'s device (each request names one,
+    or none for the base model). Returns (banked, the adapter names)."""
+    if len(specs) == 1:
+        return False, merge_at_load(llm, specs, model_dir)
+    adapters = load_adapters({name: resolve_adapter(path, model_dir) for name, path in specs.items()}, llm)
+    device = next(llm.parameters()).device
+    bank_linears(llm, AdapterBank(list(adapters.values()), device=device))
+    return True, tuple(adapters)

@@ -369,7 +369,7 @@ class AsyncEngine:
         engine = self.llm
         params = self.llm_params(text_ids)
         req = engine.make_request(text_ids, *job.llm_prompt, params, request_id=f"{job.job_id}/{i}", sink=sink,
-                                  generator=job.llm_gen)
+                                  generator=job.llm_gen, adapter=job.adapter)
         job.llm_request = req
         try:
             engine.add_request(req)

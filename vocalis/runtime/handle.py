@@ -58,6 +58,7 @@ class Job:
     cut: bool = False  # a bi-stream's running LLM request had its text ended at a sentence (text_pump)
     text_closed: bool = False  # a bi-stream's text ended after a cut: the cut sentence was its last
     new_state: Callable[[int], Token2WavStream] | None = None  # a bi-stream's token2wav stream for its sentence i
+    adapter: str | None = None  # the LoRA adapter its LLM requests run with (None: the base model)
 
     @property
     def seq(self) -> int:

@@ -38,4 +38,4 @@ def prepare_job(frontend: Frontend, token2wav: Token2Wav[Token2WavStream], reque
         states[0].add_source_tokens(request.source_speech_ids)
         states[0].end_input()
     return Job(handle.request_id, handle, segments, llm_prompt, states, llm_gen,
-               text=request.text if request.bistream else None, new_state=new_state)
+               text=request.text if request.bistream else None, new_state=new_state, adapter=request.adapter)
