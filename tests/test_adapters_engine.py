@@ -38,8 +38,8 @@ def _engine(llm: torch.nn.Module, **kw: object) -> LLMEngine:
 
 
 def _run(engine: LLMEngine, jobs: list[tuple[list[int], str | None, int]]) -> list[list[int]]:
-    reqs = [engine.make_request(text, params=engine.sampling_params(len(text), seed=seed, max_len=12), request_id=f"r{i}",
-                                adapter=adapter) for i, (text, adapter, seed) in enumerate(jobs)]
+    reqs = [engine.make_request(text, params=engine.sampling_params(len(text), seed=seed, max_len=12),
+                                request_id=f"r{i}", adapter=adapter) for i, (text, adapter, seed) in enumerate(jobs)]
     out = engine.generate(reqs)
     return [out[r.request_id] for r in reqs]
 
@@ -66,7 +66,7 @@ def _merged(llm: torch.nn.Module, adapter: LoraAdapter | None) -> torch.nn.Modul
     return m
 
 
-def test_engine_batch_of_two_adapters_and_base_equals_each_alone_and_merged(models) -> None:  # noqa: ANN001
+def test_engine_batch_of_two_adapters_and_base_equals_each_alone_and_merged(models) -> None:
     llm, a, b = models
     banked = _banked(llm, a, b)
     engine = _engine(banked)
@@ -84,7 +84,7 @@ def test_engine_batch_of_two_adapters_and_base_equals_each_alone_and_merged(mode
     assert outs[0] != outs[1] and outs[0] != outs[2] and outs[1] != outs[2]
 
 
-def test_prefix_cache_is_not_shared_across_adapters(models) -> None:  # noqa: ANN001
+def test_prefix_cache_is_not_shared_across_adapters(models) -> None:
     llm, a, b = models
     engine = _engine(_banked(llm, a, b))
     text = list(range(3, 3 + 40))  # 40 text ids: two whole 16-position blocks of prompt
@@ -97,7 +97,7 @@ def test_prefix_cache_is_not_shared_across_adapters(models) -> None:  # noqa: AN
     assert hits[3] > 0 and hits[4] > hits[3]
 
 
-def test_unknown_adapter_is_one_error_line(models) -> None:  # noqa: ANN001
+def test_unknown_adapter_is_one_error_line(models) -> None:
     llm, a, b = models
     engine = _engine(_banked(llm, a, b))
     with pytest.raises(InputError, match="unknown adapter 'c' \\(loaded: a, b\\)"):

@@ -105,6 +105,9 @@ class TTS:
         if adapters:
             from vocalis.adapters.batched import attach_at_load
 
+            if len(adapters) > 1 and resolve(backend, precision, dev)[0] == "vllm":
+                raise InputError("several adapters are served per request by our engine (--backend torch); the vllm "
+                                 "backend takes one adapter, merged")
             banked, names = attach_at_load(model.llm, adapters, model.path)
         if model.kind == "cosyvoice3" and resolve(backend, precision, dev)[0] in ("onnx", "tensorrt"):
             raise InputError(f"the {backend} backend exports CosyVoice 2's flow and vocoder; a CosyVoice 3 model runs "

@@ -26,8 +26,7 @@ def write_prompts(path: Path, voice: str, n: int) -> None:
 
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", encoding="utf-8") as f:
-        for text in recipe(n):
-            f.write(json.dumps({"text": text, "voice": voice}) + "\n")
+        f.writelines(json.dumps({"text": text, "voice": voice}) + "\n" for text in recipe(n))
 
 
 def train(args: argparse.Namespace) -> None:
