@@ -40,18 +40,35 @@ class AdapterBank:
         r = max(a.config.rank for a in adapters)
         self.rank = r
         k = len(adapters)
-        self.a: dict[str, torch.Tensor] = {}  # path -> (K r, in)
-        self.b: dict[str, torch.Tensor] = {}  # path -> (out, K r), scaled
+        # stored transposed, so that a step multiplies by them as they are
+        self.a: dict[str, torch.Tensor] = {}  # path -> A^T (in, K r)
+        self.b: dict[str, torch.Tensor] = {}  # path -> B^T (K r, out), scaled
         for i, adapter in enumerate(adapters):
             for path, (a, b) in adapter.layers().items():
                 if path not in self.a:
-                    self.a[path] = torch.zeros(k * r, a.shape[1], device=device, dtype=dtype)
-                    self.b[path] = torch.zeros(b.shape[0], k * r, device=device, dtype=dtype)
+                    self.a[path] = torch.zeros(a.shape[1], k * r, device=device, dtype=dtype)
+                    self.b[path] = torch.zeros(k * r, b.shape[0], device=device, dtype=dtype)
                 rank = a.shape[0]
-                self.a[path][i * r:i * r + rank] = a.to(device, dtype)
-                self.b[path][:, i * r:i * r + rank] = (b * adapter.config.scale).to(device, dtype)
+                self.a[path][:, i * r:i * r + rank] = a.t().to(device, dtype)
+                self.b[path][i * r:i * r + rank] = (b * adapter.config.scale).t().to(device, dtype)
+        self.dtype = dtype
         self.owner = torch.arange(k * r, device=device) // r  # (K r,) the adapter each stacked column belongs to
-        self.rows: torch.Tensor | None = None  # (N,) or (B,) adapter index per row of the next forward; -1 none
+        self._rows: torch.Tensor | None = None
+        self.mask: torch.Tensor | None = None  # (N, K r) of `rows`, made once per forward pass, not per layer
+
+    @property
+    def rows(self) -> torch.Tensor | None:
+        """(N,) or (B,) adapter index per row of the next forward pass (-1: none); None: no updates at all."""
+        return self._rows
+
+    @rows.setter
+    def rows(self, rows: torch.Tensor | None) -> None:
+        self._rows = rows
+        self.mask = None if rows is None else self.column_mask(rows)
+
+    def column_mask(self, rows: torch.Tensor) -> torch.Tensor:
+        """rows (N,) -> (N, K r): 1 on the stacked columns of each row's adapter, else 0."""
+        return (self.owner[None, :] == rows[:, None]).to(self.dtype)
 
     def index(self, name: str | None) -> int:
         """A request's adapter name -> its row index (None: -1, the base model)."""
@@ -65,9 +82,14 @@ class AdapterBank:
     def delta(self, path: str, x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         """x (N, in), rows (N,) adapter indices -> the LoRA update (N, out) of layer `path` (zeros for rows with
         no adapter, or whose adapter leaves this layer alone). Graph-safe: fixed shapes, no host sync."""
+        return self.update(path, x, self.column_mask(rows))
+
+    def update(self, path: str, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """x (N, in) and its column mask (N, K r) (`column_mask`) -> the update (N, out) of layer `path`."""
         a, b = self.a[path], self.b[path]
-        mask = self.owner[None, :] == rows[:, None]  # (N, K r)
-        return ((x @ a.t().to(x.dtype)) * mask) @ b.t().to(x.dtype)  # (N, K r) -> (N, out)
+        if x.dtype != a.dtype:
+            a, b, mask = a.to(x.dtype), b.to(x.dtype), mask.to(x.dtype)
+        return ((x @ a) * mask) @ b  # (N, K r) -> (N, out)
 
 
 class BankedLinear(nn.Module):
@@ -82,14 +104,17 @@ class BankedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.base(x)
-        rows = self.bank.rows
-        if rows is None:
+        bank = self.bank
+        rows, mask = bank.rows, bank.mask
+        if rows is None or mask is None:
             return y
-        lead = x.shape[0]
-        per_row = rows.repeat_interleave(x[0].numel() // x.shape[-1]) if x.dim() > 2 else rows  # (N,)
+        if x.dim() == 2:  # the engine's flat positions: the mask made once for the step
+            assert mask.shape[0] == x.shape[0], f"{x.shape[0]} rows, {mask.shape[0]} adapter indices"
+            return y + bank.update(self.path, x, mask).to(y.dtype)
+        per_row = rows.repeat_interleave(x[0].numel() // x.shape[-1])  # (B * T,)
         flat = x.reshape(-1, x.shape[-1])  # (N, in)
-        assert per_row.shape[0] == flat.shape[0], f"{lead} rows, {rows.shape[0]} adapter indices"
-        return y + self.bank.delta(self.path, flat, per_row).reshape(y.shape).to(y.dtype)
+        assert per_row.shape[0] == flat.shape[0], f"{x.shape[0]} rows, {rows.shape[0]} adapter indices"
+        return y + bank.delta(self.path, flat, per_row).reshape(y.shape).to(y.dtype)
 
 
 def bank_linears(model: nn.Module, bank: AdapterBank) -> int:
