@@ -68,3 +68,14 @@ def test_bad_pairs_file_is_one_error_line(tmp_path: Path) -> None:
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 2 and len(lines) == 1, done.stderr[-2000:]
     assert lines[0].startswith("vocalis: error:") and "out of range" in lines[0]
+
+
+def test_shuffled_positions_are_epochs_of_one_seeded_shuffle() -> None:
+    """DPO's pairs and GRPO's prompts: every epoch a permutation, the same stream however it is cut into steps."""
+    from vocalis.train.policy_data import shuffled_positions
+
+    stream = shuffled_positions(5, 3, 0, 15)
+    assert all(sorted(stream[e * 5:(e + 1) * 5]) == list(range(5)) for e in range(3))
+    assert stream[:5] != stream[5:10]  # each epoch its own order
+    assert shuffled_positions(5, 3, 3, 8) == stream[3:11]
+    assert shuffled_positions(5, 4, 0, 5) != stream[:5]

@@ -46,6 +46,7 @@ class Options(TypedDict, total=False):
     seed: int | None
     language: str
     text_frontend: bool
+    adapter: str | None
 
 
 class TTS:
@@ -73,7 +74,8 @@ class TTS:
         self.engine_config = engine
         self.token2wav_config = token2wav if token2wav is not None else Token2WavConfig(final_attention="full")
         self._voices: dict[str, Voice] = dict(model.voices)
-        self.adapters: tuple[str, ...] = ()  # LoRA adapters merged into the LLM at load (`load(adapters=...)`)
+        self.adapters: tuple[str, ...] = ()  # LoRA adapters loaded with the LLM (`load(adapters=...)`)
+        self.adapters_banked = False  # several adapters, kept apart: each request names one (or none)
         self._lock = threading.Lock()
         self._engine: AsyncEngine | None = None
         self._blocking: BlockingEngine | None = None
@@ -91,24 +93,30 @@ class TTS:
         flow_steps: Euler steps of the flow, a speed/quality setting (default: the model's, 10 for CosyVoice 2; the
         mel error of fewer is in docs/benchmarks.md); it sets `flow_steps` of the token2wav config in use.
         adapters: {name: folder or name under the model's `adapters/`} of LoRA adapters trained on this very model
-        (`vocalis train llm --lora`); one is merged into the LLM weights at load (`vocalis.adapters`).
+        (`vocalis train llm --lora`). One is merged into the LLM weights at load (no cost per step; every request
+        gets it); several stay apart (batched LoRA, `vocalis.adapters.batched`): a request names one with
+        `adapter=` and runs with it, in the same batch as requests with other adapters or none (the base model).
         """
         dev = torch.device(device)
         resolve(backend, precision, dev, kernels)  # fail fast, before loading
         # the LLM converted to its precision as it loads (never whole in fp32); adapters merge into fp32 weights
         model = load_model(path, None if adapters else llm_load_converter(backend, precision, dev, kernels))
         names: tuple[str, ...] = ()
-        if adapters:
-            from vocalis.adapters.lora_file import merge_at_load
-
-            names = merge_at_load(model.llm, adapters, model.path)
+        banked = False
         model = model.to(dev)
+        if adapters:
+            from vocalis.adapters.batched import attach_at_load
+
+            if len(adapters) > 1 and resolve(backend, precision, dev)[0] == "vllm":
+                raise InputError("several adapters are served per request by our engine (--backend torch); the vllm "
+                                 "backend takes one adapter, merged")
+            banked, names = attach_at_load(model.llm, adapters, model.path)
         if model.kind == "cosyvoice3" and resolve(backend, precision, dev)[0] in ("onnx", "tensorrt"):
             raise InputError(f"the {backend} backend exports CosyVoice 2's flow and vocoder; a CosyVoice 3 model runs "
                              "with --backend torch (or compile)")  # at load, not as a failed export later
         runtime = apply_backend(model, backend, precision, dev, kernels=kernels)
         tts = cls(model, engine, token2wav, runtime)
-        tts.adapters = names
+        tts.adapters, tts.adapters_banked = names, banked
         if flow_steps is not None:
             tts.token2wav_config = dataclasses.replace(tts.token2wav_config, flow_steps=flow_steps)
         return tts
@@ -181,8 +189,13 @@ class TTS:
         seed: int | None = None,
         language: str = "auto",
         text_frontend: bool = True,
+        adapter: str | None = None,
     ) -> SynthesisRequest:
-        """The typed request the other methods run; the mode follows from what is given (see `Mode`)."""
+        """The typed request the other methods run; the mode follows from what is given (see `Mode`).
+        adapter: one of the LoRA adapters loaded (`load(adapters=...)`); None: the base model (with one adapter
+        loaded, it is merged and every request has it)."""
+        if adapter is not None and adapter not in self.adapters:
+            raise InputError(f"unknown adapter {adapter!r} (loaded: {', '.join(self.adapters) or 'none'})")
         if prompt_wav is not None and voice is not None:
             raise InputError("give either a voice or a prompt recording, not both")
         if prompt_wav is not None:
@@ -203,7 +216,8 @@ class TTS:
             mode = Mode.ZERO_SHOT
         else:
             mode = Mode.CROSS_LINGUAL
-        return SynthesisRequest(chosen, mode, text, instruct or "", (), speed, seed, language, text_frontend)
+        return SynthesisRequest(chosen, mode, text, instruct or "", (), speed, seed, language, text_frontend,
+                                adapter if self.adapters_banked else None)
 
     def vc_request(self, source_wav: AudioSource, *, voice: str | Voice | None = None,
                    prompt_wav: AudioSource | None = None, speed: float = 1.0, seed: int | None = None
@@ -217,7 +231,8 @@ class TTS:
     # ---- blocking ----------------------------------------------------------------------------------------
     def stream(self, text: str | Iterable[str], **options: Unpack[Options]) -> Iterator[AudioChunk]:
         """Audio chunks as they are made. `text` may be an iterable of pieces still being written.
-        Options as `request` (voice, prompt_wav, prompt_text, instruct, speed, seed, language, text_frontend)."""
+        Options as `request` (voice, prompt_wav, prompt_text, instruct, speed, seed, language, text_frontend,
+        adapter)."""
         return self.run(self.request(text, **options), stream=True)
 
     def synthesize(self, text: str, **options: Unpack[Options]) -> np.ndarray:

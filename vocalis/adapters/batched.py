@@ -1,10 +1,11 @@
 """Batched LoRA: many adapters of one base model in one forward pass, each row with its own adapter.
 
-A bank stacks the adapters per adapted Linear layer, A as (K, r, in) and B (already scaled by alpha / r) as
-(K, out, r), ranks zero-padded to the largest (padded rows and columns add exact zeros). A batch's rows carry an
-adapter index (-1: none, the base model); the update y += B_k A_k x is computed per adapter present, over that
-adapter's rows only (two small GEMMs per adapter and layer: the grouped form multi-adapter servers use), so a
-row's result does not depend on which adapters its neighbours use.
+A bank stacks the adapters per adapted Linear layer, A as (K r, in) and B (already scaled by alpha / r) as
+(out, K r), ranks zero-padded to the largest (padded rows and columns add exact zeros). A batch's rows carry an
+adapter index (-1: none, the base model); the update is y += B (m * (A x)), m zeroing the K r columns that are not
+the row's adapter's: two GEMMs per layer whatever the adapters in the batch, with no data-dependent shapes or
+host synchronisation (so a captured step can replay it), and a row's update is its adapter's alone (the other
+adapters' columns contribute exact zeros).
 
 `bank_linears` swaps the adapted `nn.Linear`s of a model for `BankedLinear`s that read the rows' indices from the
 bank (`AdapterBank.rows`, set by the caller before each forward pass), so any code that calls the modules (the
@@ -15,12 +16,13 @@ Legend: K adapters, r largest rank, N rows, in/out the Linear's widths.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 import torch
 from torch import nn
 
-from vocalis.adapters.lora_file import LoraAdapter
+from vocalis.adapters.lora_file import LoraAdapter, load_adapters, merge_at_load, resolve_adapter
 from vocalis.errors import InputError
 
 
@@ -36,21 +38,37 @@ class AdapterBank:
         if len(digests) > 1:
             raise InputError("the adapters were trained on different base models")
         r = max(a.config.rank for a in adapters)
-        self.a: dict[str, torch.Tensor] = {}  # path -> (K, r, in)
-        self.b: dict[str, torch.Tensor] = {}  # path -> (K, out, r), scaled
-        self.present: dict[str, torch.Tensor] = {}  # path -> (K,) bool: the adapter adapts this layer
+        self.rank = r
         k = len(adapters)
+        # stored transposed, so that a step multiplies by them as they are
+        self.a: dict[str, torch.Tensor] = {}  # path -> A^T (in, K r)
+        self.b: dict[str, torch.Tensor] = {}  # path -> B^T (K r, out), scaled
         for i, adapter in enumerate(adapters):
             for path, (a, b) in adapter.layers().items():
                 if path not in self.a:
-                    self.a[path] = torch.zeros(k, r, a.shape[1], device=device, dtype=dtype)
-                    self.b[path] = torch.zeros(k, b.shape[0], r, device=device, dtype=dtype)
-                    self.present[path] = torch.zeros(k, dtype=torch.bool)
+                    self.a[path] = torch.zeros(a.shape[1], k * r, device=device, dtype=dtype)
+                    self.b[path] = torch.zeros(k * r, b.shape[0], device=device, dtype=dtype)
                 rank = a.shape[0]
-                self.a[path][i, :rank] = a.to(device, dtype)
-                self.b[path][i, :, :rank] = (b * adapter.config.scale).to(device, dtype)
-                self.present[path][i] = True
-        self.rows: torch.Tensor | None = None  # (N,) or (B,) adapter index per row of the next forward; -1 none
+                self.a[path][:, i * r:i * r + rank] = a.t().to(device, dtype)
+                self.b[path][i * r:i * r + rank] = (b * adapter.config.scale).t().to(device, dtype)
+        self.dtype = dtype
+        self.owner = torch.arange(k * r, device=device) // r  # (K r,) the adapter each stacked column belongs to
+        self._rows: torch.Tensor | None = None
+        self.mask: torch.Tensor | None = None  # (N, K r) of `rows`, made once per forward pass, not per layer
+
+    @property
+    def rows(self) -> torch.Tensor | None:
+        """(N,) or (B,) adapter index per row of the next forward pass (-1: none); None: no updates at all."""
+        return self._rows
+
+    @rows.setter
+    def rows(self, rows: torch.Tensor | None) -> None:
+        self._rows = rows
+        self.mask = None if rows is None else self.column_mask(rows)
+
+    def column_mask(self, rows: torch.Tensor) -> torch.Tensor:
+        """rows (N,) -> (N, K r): 1 on the stacked columns of each row's adapter, else 0."""
+        return (self.owner[None, :] == rows[:, None]).to(self.dtype)
 
     def index(self, name: str | None) -> int:
         """A request's adapter name -> its row index (None: -1, the base model)."""
@@ -63,16 +81,15 @@ class AdapterBank:
 
     def delta(self, path: str, x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         """x (N, in), rows (N,) adapter indices -> the LoRA update (N, out) of layer `path` (zeros for rows with
-        no adapter, or whose adapter leaves this layer alone)."""
+        no adapter, or whose adapter leaves this layer alone). Graph-safe: fixed shapes, no host sync."""
+        return self.update(path, x, self.column_mask(rows))
+
+    def update(self, path: str, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """x (N, in) and its column mask (N, K r) (`column_mask`) -> the update (N, out) of layer `path`."""
         a, b = self.a[path], self.b[path]
-        out = x.new_zeros(x.shape[0], b.shape[1])
-        for k in torch.unique(rows).tolist():
-            if k < 0 or not self.present[path][k]:
-                continue
-            sel = (rows == k).nonzero().squeeze(1)  # (n_k,)
-            xk = x.index_select(0, sel)  # (n_k, in)
-            out.index_copy_(0, sel, (xk @ a[k].t()) @ b[k].t())  # (n_k, r) -> (n_k, out)
-        return out
+        if x.dtype != a.dtype:
+            a, b, mask = a.to(x.dtype), b.to(x.dtype), mask.to(x.dtype)
+        return ((x @ a) * mask) @ b  # (N, K r) -> (N, out)
 
 
 class BankedLinear(nn.Module):
@@ -87,14 +104,17 @@ class BankedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.base(x)
-        rows = self.bank.rows
-        if rows is None:
+        bank = self.bank
+        rows, mask = bank.rows, bank.mask
+        if rows is None or mask is None:
             return y
-        lead = x.shape[0]
-        per_row = rows.repeat_interleave(x[0].numel() // x.shape[-1]) if x.dim() > 2 else rows  # (N,)
+        if x.dim() == 2:  # the engine's flat positions: the mask made once for the step
+            assert mask.shape[0] == x.shape[0], f"{x.shape[0]} rows, {mask.shape[0]} adapter indices"
+            return y + bank.update(self.path, x, mask).to(y.dtype)
+        per_row = rows.repeat_interleave(x[0].numel() // x.shape[-1])  # (B * T,)
         flat = x.reshape(-1, x.shape[-1])  # (N, in)
-        assert per_row.shape[0] == flat.shape[0], f"{lead} rows, {rows.shape[0]} adapter indices"
-        return y + self.bank.delta(self.path, flat, per_row).reshape(y.shape).to(y.dtype)
+        assert per_row.shape[0] == flat.shape[0], f"{x.shape[0]} rows, {rows.shape[0]} adapter indices"
+        return y + bank.delta(self.path, flat, per_row).reshape(y.shape).to(y.dtype)
 
 
 def bank_linears(model: nn.Module, bank: AdapterBank) -> int:
@@ -110,3 +130,23 @@ def bank_linears(model: nn.Module, bank: AdapterBank) -> int:
         setattr(modules[parent_path] if parent_path else model, leaf, BankedLinear(linear, bank, path))
         count += 1
     return count
+
+
+def banked_adapters(model: nn.Module) -> AdapterBank | None:
+    """The bank whose `BankedLinear`s `model` holds (`bank_linears`), else None."""
+    for m in model.modules():
+        if isinstance(m, BankedLinear):
+            return m.bank
+    return None
+
+
+def attach_at_load(llm: nn.Module, specs: Mapping[str, str | Path], model_dir: Path | None) -> tuple[bool, tuple[str, ...]]:
+    """`TTS.load(adapters=...)`: check each adapter against `llm`; one adapter is merged into the weights (no cost
+    per step, every request gets it), several are kept apart in a bank on `llm`'s device (each request names one,
+    or none for the base model). Returns (banked, the adapter names)."""
+    if len(specs) == 1:
+        return False, merge_at_load(llm, specs, model_dir)
+    adapters = load_adapters({name: resolve_adapter(path, model_dir) for name, path in specs.items()}, llm)
+    device = next(llm.parameters()).device
+    bank_linears(llm, AdapterBank(list(adapters.values()), device=device))
+    return True, tuple(adapters)

@@ -163,12 +163,9 @@ def resolve_adapter(spec: str | Path, model_dir: Path | None) -> Path:
 
 
 def merge_at_load(llm: nn.Module, specs: Mapping[str, str | Path], model_dir: Path | None) -> tuple[str, ...]:
-    """`TTS.load(adapters=...)`: check each adapter against `llm` and merge it into the weights. One adapter at a
-    time: serving several on one base model per request needs the engine's batched LoRA (`adapters.batched`),
-    which the engine does not run yet."""
-    if len(specs) > 1:
-        raise InputError(f"{len(specs)} adapters given; one adapter at a time is merged at load (several adapters on "
-                         "one base model per request are not served yet)")
+    """One adapter, checked against `llm` and merged into its weights (several: `batched.attach_at_load`)."""
+    if len(specs) != 1:
+        raise InputError(f"{len(specs)} adapters given; one is merged at load (several: `TTS.load` keeps them apart)")
     adapters = load_adapters({name: resolve_adapter(path, model_dir) for name, path in specs.items()}, llm)
     for adapter in adapters.values():
         merge_adapter(llm, adapter)

@@ -14,6 +14,7 @@ from vocalis.engine.id_space import IdSpace
 from vocalis.engine.label_path import LabelPath
 from vocalis.engine.lm_family import SpeechLM
 from vocalis.engine.request import Request, SamplingParams, TokenSink
+from vocalis.errors import InputError
 
 
 class EngineFront:
@@ -21,6 +22,7 @@ class EngineFront:
 
     llm: SpeechLM
     ids: IdSpace
+    adapters: tuple[str, ...] = ()  # LoRA adapters a request may name (`LLMEngine` with an adapter bank)
 
     def add_request(self, request: Request) -> None:
         raise NotImplementedError
@@ -44,15 +46,21 @@ class EngineFront:
     def make_request(self, text_ids: Sequence[int], prompt_text_ids: Sequence[int] = (),
                      prompt_speech_ids: Sequence[int] = (), params: SamplingParams | None = None, *,
                      request_id: str | None = None, sink: TokenSink | None = None,
-                     generator: torch.Generator | None = None) -> Request:
+                     generator: torch.Generator | None = None, adapter: str | None = None) -> Request:
         """A unistream request: [sos] + prompt text + text + [task] + prompt speech; default params from
-        `sampling_params(len(text_ids))`."""
+        `sampling_params(len(text_ids))`. adapter: one of `adapters` (None: the base model)."""
+        self.check_adapter(adapter)
         prompt = self.ids.prompt(text_ids, prompt_text_ids, prompt_speech_ids)
         params = params or self.sampling_params(len(text_ids))
         path = None
         if params.follow_phones:
             path = LabelPath(text_ids, self.llm.config.eos_token, self.ids.num_speech)
-        return Request(prompt, params, request_id, sink, generator, label_path=path)
+        return Request(prompt, params, request_id, sink, generator, label_path=path, adapter=adapter)
+
+    def check_adapter(self, adapter: str | None) -> None:
+        """InputError unless `adapter` is None or one this engine serves."""
+        if adapter is not None and adapter not in self.adapters:
+            raise InputError(f"unknown adapter {adapter!r} (loaded: {', '.join(self.adapters) or 'none'})")
 
     def generate(self, requests: Iterable[Request]) -> dict[str, list[int]]:
         """Run requests to completion (a convenience for tests and benchmarks) -> speech ids by request id."""

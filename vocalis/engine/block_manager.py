@@ -7,6 +7,9 @@ layout is [sos] + prompt_text + text + [task] + prompt_speech, so the reusable p
 text, in whole blocks; the prompt speech sits after the text and its K/V depends on the text. Identical
 requests (same voice, same text) share everything but the last block.
 
+Requests with different LoRA adapters never share a block: the chain of a request with an adapter starts from
+a root digest of the adapter's name (the same ids give other K/V under other weights).
+
 Freed blocks keep their hash and stay findable until they are reallocated (least recently freed first;
 a request's tail blocks are freed before its head, so shared prefixes outlive the tails).
 """
@@ -22,6 +25,13 @@ from dataclasses import dataclass
 from vocalis.engine.request import Request
 
 _ROOT = b"vocalis-kv-v1"  # parent digest of a sequence's first block
+
+
+def chain_root(adapter: str | None) -> bytes:
+    """The parent digest of a sequence's first block: one chain per LoRA adapter (None: the base model's)."""
+    if adapter is None:
+        return _ROOT
+    return hashlib.blake2b(_ROOT + b"/adapter/" + adapter.encode(), digest_size=16).digest()
 
 
 def block_hash(parent: bytes, token_ids: Sequence[int]) -> bytes:
@@ -67,7 +77,7 @@ class BlockManager:
             return []
         bs = self.block_size
         hits: list[int] = []
-        parent = _ROOT
+        parent = chain_root(request.adapter)
         for j in range((request.num_tokens - 1) // bs):
             h = block_hash(parent, request.token_ids[j * bs:(j + 1) * bs])
             bid = self._cached.get(h)
@@ -82,7 +92,7 @@ class BlockManager:
         if not self.enable_prefix_caching:
             return
         bs = self.block_size
-        parent = request.block_hashes[-1] if request.block_hashes else _ROOT
+        parent = request.block_hashes[-1] if request.block_hashes else chain_root(request.adapter)
         for j in range(len(request.block_hashes), request.num_computed_tokens // bs):
             h = block_hash(parent, request.token_ids[j * bs:(j + 1) * bs])
             request.block_hashes.append(h)

@@ -7,11 +7,13 @@ owner (e.g. `AsyncEngine`'s loop thread) calls every method.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Sequence
 
 import torch
 
+from vocalis.adapters.batched import banked_adapters
 from vocalis.engine.base import EngineFront
 from vocalis.engine.bistream import BistreamInput
 from vocalis.engine.block_manager import BlockManager
@@ -33,6 +35,10 @@ class LLMEngine(EngineFront):
         self.llm = llm
         self.family = family_of(llm)  # InputError here, at load, for a module the engine cannot drive
         self.ids = self.family.ids
+        self.bank = banked_adapters(llm)
+        if self.bank is not None:  # per-request LoRA runs through the modules: no fused or captured paths
+            cfg = self.config = dataclasses.replace(cfg, pack_weights=False, fused_decode=(), cuda_graphs=False)
+            self.adapters = tuple(self.bank.names)
         # fused q/k/v and gate/up GEMMs on every device: fewer, wider GEMMs (and, on a GPU, fewer kernels per step)
         packed = pack_llm(llm) if cfg.pack_weights else None
         num_blocks = cfg.num_kv_blocks or self._blocks_for_budget()
@@ -40,6 +46,7 @@ class LLMEngine(EngineFront):
                                  num_blocks * cfg.block_size)
         self.runner = ModelRunner(llm, num_blocks, cfg.block_size, self.max_model_len, packed, cfg.cuda_graphs,
                                   cfg.fused_decode, cfg.huge_pages, cfg.reserve_kv_cache)
+        self.runner.adapter_bank = self.bank
         self.block_manager = BlockManager(num_blocks, cfg.block_size, cfg.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, cfg.max_num_seqs, cfg.max_num_batched_tokens,
                                    self.family.stop_ids)
@@ -62,15 +69,16 @@ class LLMEngine(EngineFront):
     def make_bistream_request(self, prompt_text_ids: Sequence[int] = (), prompt_speech_ids: Sequence[int] = (),
                               params: SamplingParams | None = None, *, max_len: int | None = None,
                               request_id: str | None = None, sink: TokenSink | None = None,
-                              generator: torch.Generator | None = None) -> Request:
+                              generator: torch.Generator | None = None, adapter: str | None = None) -> Request:
         """A request whose text arrives later in pieces (`add_text`, `end_text`); see `bistream.py`.
         max_len bounds the speech ids after the text ended (default: max_token_text_ratio x text ids)."""
+        self.check_adapter(adapter)
         if not self.family.bistream:
             raise InputError(f"text in pieces (bi-streaming) is not available for {self.family.name} models yet; "
                              "send the whole text")
         params = params or self.sampling_params(0)
         state = BistreamInput(self.llm.config, prompt_text_ids, prompt_speech_ids, max_len)
-        return Request([], params, request_id, sink, generator, bistream=state)
+        return Request([], params, request_id, sink, generator, bistream=state, adapter=adapter)
 
     def add_text(self, request_id: str, text_ids: Sequence[int]) -> None:
         """One more piece of a bi-stream's text (Qwen text ids)."""
@@ -110,6 +118,8 @@ class LLMEngine(EngineFront):
     def add_request(self, request: Request) -> None:
         if request.request_id in self._requests:
             raise ValueError(f"request id {request.request_id!r} is already running")
+        self.check_adapter(request.adapter)
+        request.adapter_index = self.bank.index(request.adapter) if self.bank is not None else -1
         if request.bistream is not None:
             self._requests[request.request_id] = request
             self._idle[request.request_id] = request

@@ -26,6 +26,7 @@ import logging
 from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -40,6 +41,9 @@ from vocalis.engine.request import Request
 from vocalis.kernels.huge_pages import to_huge_pages
 from vocalis.models.qwen2 import Qwen2DecoderLayer, Qwen2RMSNorm, apply_rotary, rotary_tables
 from vocalis.precision.int8_linear import Int8Linear
+
+if TYPE_CHECKING:
+    from vocalis.adapters.batched import AdapterBank
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +84,7 @@ class StepInputs:
     prefills: list[_Prefill]
     sample_rows: torch.Tensor  # (R,) rows whose output is sampled, in scheduled order
     all_speech: bool
+    adapter_rows: torch.Tensor | None = None  # (N,) each position's LoRA adapter (-1: none), with an adapter bank
 
 
 class ModelRunner:
@@ -105,6 +110,7 @@ class ModelRunner:
         self.dtype = llm.speech_embedding.weight.dtype
         self.num_heads, self.num_kv_heads, self.head_dim = q.num_attention_heads, q.num_key_value_heads, q.head_dim
         self.packed = list(packed) if packed is not None else [None] * q.num_hidden_layers
+        self.adapter_bank: AdapterBank | None = None  # per-request LoRA (`adapters.batched`), set by the engine
         shape = (q.num_hidden_layers, (num_blocks + 1) * block_size, q.num_key_value_heads, q.head_dim)
         # [empty] never-written slots are only ever read as masked padding, which repeats a written slot
         self.k_cache = torch.empty(shape, dtype=self.dtype, device=self.device)
@@ -183,6 +189,7 @@ class ModelRunner:
             row_of[id(r)] = start + n - 1
             ctx_slots = torch.tensor(self._slots(r.block_table, 0, c0 + n), device=dev)
             prefills.append(_Prefill(start, n, c0, ctx_slots))
+        adapters = [r.adapter_index for r, _ in single] + [r.adapter_index for r, n in multi for _ in range(n)]
         sample_rows = [row_of[id(r)] for r, n in scheduled
                        if r.sample_at_end and r.num_computed_tokens + n == r.num_tokens]  # as SchedulerOutput.sampled
         return StepInputs(
@@ -196,6 +203,7 @@ class ModelRunner:
             prefills=prefills,
             sample_rows=torch.tensor(sample_rows, dtype=torch.long, device=dev),
             all_speech=max(ids) < self.ids.num_speech,
+            adapter_rows=torch.tensor(adapters, device=dev) if self.adapter_bank is not None else None,
         )
 
     # ---- forward -------------------------------------------------------------------------------------
@@ -213,6 +221,8 @@ class ModelRunner:
         # [decode speed] a batch-1 decode step is ~170 weight GEMMs plus ~40 small ops per layer; at the 0.5B
         # shapes every small op costs a dispatch and may wake the thread pool, so the loop keeps them few:
         # fused RMSNorm (fp32 activations), one rotary pass over q and k together, SDPA for single-query rows
+        if self.adapter_bank is not None:  # the banked Linear layers read each row's adapter from here
+            self.adapter_bank.rows = inp.adapter_rows
         if self.graphs is not None and self.graphs.applies(inp):
             return self.graphs.forward(inp)
         x = self.embed(inp.ids, inp.all_speech)  # (N, D)
@@ -286,6 +296,8 @@ class ModelRunner:
 
     def _head(self, x: torch.Tensor, inp: StepInputs) -> torch.Tensor:
         """Final hidden states (N, D) -> log-probs (R, V) of the sampled rows."""
+        if self.adapter_bank is not None and inp.adapter_rows is not None:  # the head sees the sampled rows only
+            self.adapter_bank.rows = inp.adapter_rows.index_select(0, inp.sample_rows)
         return self._logits(x.index_select(0, inp.sample_rows)).float().log_softmax(dim=-1)  # (R, V)
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:

@@ -92,16 +92,18 @@ class Request:
     num_computed_tokens counts positions whose K/V sit in the cache; the last generated id is fed (and so
     computed) on the next step. block_table lists the KV blocks covering positions 0.. in order.
     sample_at_end: computing the last fed position yields an id (False while a bi-stream waits for text).
+    adapter: the LoRA adapter this request runs with (None: the base model), by name; adapter_index is its row in
+    the engine's adapter bank (-1: none), set when the engine accepts the request.
     """
 
-    __slots__ = ("arrival_time", "bistream", "block_hashes", "block_table", "cycle_watch", "generator", "label_path",
+    __slots__ = ("adapter", "adapter_index", "arrival_time", "bistream", "block_hashes", "block_table", "cycle_watch", "generator", "label_path",
                  "num_cached_tokens", "num_computed_tokens", "num_preemptions", "num_prompt_tokens", "output_ids",
                  "params", "request_id", "sample_at_end", "sink", "status", "token_ids")
 
     def __init__(self, prompt_ids: Sequence[int], params: SamplingParams | None = None,
                  request_id: str | None = None, sink: TokenSink | None = None,
                  generator: torch.Generator | None = None, bistream: BistreamInput | None = None,
-                 label_path: LabelPath | None = None) -> None:
+                 label_path: LabelPath | None = None, adapter: str | None = None) -> None:
         if not prompt_ids and bistream is None:
             raise ValueError("a request needs at least one prompt id")
         self.request_id = request_id if request_id is not None else f"req-{next(_ids)}"
@@ -123,6 +125,8 @@ class Request:
         self.sink = sink
         self.arrival_time = time.monotonic()
         self.num_preemptions = 0
+        self.adapter = adapter
+        self.adapter_index = -1
 
     @property
     def num_tokens(self) -> int:

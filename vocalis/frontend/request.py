@@ -35,6 +35,7 @@ class SynthesisRequest:
 
     text: a string, or an iterable of text pieces arriving over time (bi-streaming; no normalisation).
     source_speech_ids: speech tokens to re-voice (vc only).
+    adapter: the LoRA adapter of the engine's bank the LLM runs with (None: the base model).
     """
 
     voice: Voice
@@ -46,6 +47,7 @@ class SynthesisRequest:
     seed: int | None = None
     language: str = "auto"
     text_frontend: bool = True
+    adapter: str | None = None
 
     def __post_init__(self) -> None:
         if not (MIN_SPEED <= self.speed <= MAX_SPEED):

@@ -79,6 +79,7 @@ class Job:
     gate: TokenGate = _OPEN
     held: list[tuple[Token2WavStream, int | None, bool]] = field(default_factory=list)  # ids the gate held back
     audio_s: float = 0.0  # seconds of audio handed out (its next chunk is due when they have played)
+    adapter: str | None = None  # the LoRA adapter its LLM requests run with (None: the base model)
 
     @property
     def seq(self) -> int:

@@ -41,7 +41,7 @@ def prepare_job(frontend: Frontend, token2wav: Token2Wav[Token2WavStream], reque
         states[0].add_source_tokens(request.source_speech_ids)
         states[0].end_input()
     return Job(handle.request_id, handle, segments, llm_prompt, states, llm_gen,
-               text=request.text if request.bistream else None, new_state=new_state)
+               text=request.text if request.bistream else None, new_state=new_state, adapter=request.adapter)
 
 
 def start_sentence(engine: AsyncEngine, job: Job) -> None:
@@ -57,7 +57,8 @@ def start_sentence(engine: AsyncEngine, job: Job) -> None:
     text_ids = job.segments[i]
     sink = job.token_sink(job.states[i])
     req = engine.llm.make_request(text_ids, *job.llm_prompt, engine.llm_params(text_ids),
-                                  request_id=f"{job.job_id}/{i}", sink=sink, generator=job.llm_gen)
+                                  request_id=f"{job.job_id}/{i}", sink=sink, generator=job.llm_gen,
+                                  adapter=job.adapter)
     job.llm_request = req
     try:
         engine.llm.add_request(req)

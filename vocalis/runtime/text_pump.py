@@ -152,7 +152,7 @@ def start_segment(engine: AsyncEngine, job: Job) -> None:
     sink = job.token_sink(job.states[i])
     try:  # the vllm backend's engine cannot take text in pieces: it says so here
         req = engine.llm.make_bistream_request(*job.llm_prompt, engine.llm_params([]), request_id=f"{job.job_id}/{i}",
-                                               sink=sink, generator=job.llm_gen)
+                                               sink=sink, generator=job.llm_gen, adapter=job.adapter)
     except InputError as exc:
         engine.fail(job.job_id, exc)
         return

@@ -126,9 +126,11 @@ def api_router() -> APIRouter:
         said = req.input if ssml is None else " ".join(p.text for p in ssml if p.text)
         ctx.budget.check(text=said, voice=voice, prompt_text=req.ref_text or "", instruct=req.instructions or "",
                          prompt_seconds=audio_seconds(prompt) if prompt is not None else 0.0)
+        adapter = req.adapter or (ctx.config.voice_adapters.get(voice.name) if voice is not None else None)
+        ctx.backend.check_adapter(adapter)
         job = SpeechJob(text=req.input, voice=voice, prompt_wav=prompt, prompt_text=req.ref_text or "",
                         instruct=req.instructions or "", speed=req.speed, seed=req.seed, language=req.language,
-                        stream=req.stream or req.stream_format == "sse")
+                        stream=req.stream or req.stream_format == "sse", adapter=adapter)
         stream = await start_job(ctx, job, request, "/v1/audio/speech", t0, ssml)
         if req.stream_format == "sse":
             return sse_response(stream, fmt, len(req.input))

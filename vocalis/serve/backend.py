@@ -93,6 +93,7 @@ class SpeechJob:
     seed: int | None = None
     language: str = "auto"
     stream: bool = True
+    adapter: str | None = None  # a LoRA adapter the TTS loaded (None: the base model)
 
     def request(self, tts: TTS, async_text: bool = True) -> SynthesisRequest:
         """The engine's request for this job (uploaded clips decoded, the voice made): CPU work, not for the event
@@ -106,7 +107,8 @@ class SpeechJob:
             raise InputError("input text is empty")
         text = self.text.pieces() if async_text and isinstance(self.text, TextFeed) else self.text
         return tts.request(text, voice=self.voice, prompt_wav=prompt, prompt_text=self.prompt_text or None,
-                           instruct=self.instruct or None, speed=self.speed, seed=self.seed, language=self.language)
+                           instruct=self.instruct or None, speed=self.speed, seed=self.seed, language=self.language,
+                           adapter=self.adapter)
 
 
 class JobHandle(Protocol):
@@ -165,6 +167,8 @@ class Backend(Protocol):
     @property
     def builtin_voices(self) -> dict[str, Voice]: ...
 
+    def check_adapter(self, name: str | None) -> None: ...
+
     @property
     def can_clone(self) -> bool: ...
 
@@ -222,6 +226,11 @@ class ModelFacts:
     @property
     def builtin_voices(self) -> dict[str, Voice]:
         return dict(self.tts.model.voices)
+
+    def check_adapter(self, name: str | None) -> None:
+        """InputError (a 400) unless `name` is None or one of the LoRA adapters the TTS loaded."""
+        if name is not None and name not in self.tts.adapters:
+            raise InputError(f"unknown adapter {name!r} (loaded: {', '.join(self.tts.adapters) or 'none'})")
 
     def _clone_parts(self) -> list[tuple[str, object]]:
         """What making a voice from audio reads: the speech tokenizer, and the speaker encoder unless the flow was

@@ -24,6 +24,10 @@ def add_serve_commands(sub: argparse._SubParsersAction) -> None:
     sv.add_argument("--voices-dir", help="folder of saved voices (default: $XDG_DATA_HOME/vocalis/voices)")
     sv.add_argument("--voice-alias", action="append", default=[], metavar="NAME=VOICE",
                     help="map a requested voice name onto a voice, e.g. alloy=my_voice (repeatable)")
+    sv.add_argument("--adapter", action="append", default=[], metavar="NAME=PATH",
+                    help="a LoRA adapter of the model, served per request by its name (repeatable)")
+    sv.add_argument("--voice-adapter", action="append", default=[], metavar="VOICE=ADAPTER",
+                    help="the adapter a voice speaks with when a request names none (repeatable)")
     sv.add_argument("--max-queue", type=int, default=64, help="queued requests before answering 503")
     sv.add_argument("--max-input-chars", type=int, default=4096,
                     help="the cap on every text field (input, instructions, prompt/ref text, a WebSocket's text)")
@@ -62,12 +66,12 @@ def add_serve_commands(sub: argparse._SubParsersAction) -> None:
     tr.set_defaults(func=export_triton_command)
 
 
-def _aliases(pairs: list[str]) -> dict[str, str]:
+def _aliases(pairs: list[str], flag: str = "--voice-alias NAME=VOICE") -> dict[str, str]:
     out = {}
     for pair in pairs:
         name, sep, voice = pair.partition("=")
         if not sep or not name or not voice:
-            raise InputError(f"--voice-alias wants NAME=VOICE, got {pair!r}")
+            raise InputError(f"{flag.split()[0]} wants {flag.split()[1]}, got {pair!r}")
         out[name] = voice
     return out
 
@@ -97,6 +101,7 @@ def serve_config(args: argparse.Namespace):  # -> ServeConfig
             model_name=model_name(args.model),
             voices_dir=Path(args.voices_dir) if args.voices_dir else default_voices_dir(),
             voice_aliases=_aliases(args.voice_alias), web_page=not args.no_web_page,
+            voice_adapters=_aliases(args.voice_adapter, "--voice-adapter VOICE=ADAPTER"),
         )
     except ValueError as exc:
         raise InputError(f"vocalis serve: {exc}") from None
@@ -124,7 +129,10 @@ def serve_command(args: argparse.Namespace) -> int:
 
         torch.set_num_threads(args.threads)
     os.environ.setdefault(BUILD_ENV, "wait")  # a server starts once: its requests run on our kernels from the first
-    tts = options.load(args.model)
+    tts = options.load(args.model, adapters=_aliases(args.adapter, "--adapter NAME=PATH") or None)
+    unknown = sorted(set(config.voice_adapters.values()) - set(tts.adapters))
+    if unknown:
+        raise InputError(f"--voice-adapter names adapters not loaded with --adapter: {', '.join(unknown)}")
     if tts.model.kind == "random":
         log.warning("no trained model is installed: the built-in model has RANDOM weights and makes noise")
     app = create_app(EngineBackend(tts, **backend_opts), config)

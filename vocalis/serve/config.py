@@ -39,6 +39,7 @@ class ServeConfig:
     api_key: when set, every route but /health and the web page needs `Authorization: Bearer <key>`.
     model_name: what /health, /v1/models and error messages call the model (never its filesystem path).
     voice_aliases: extra name -> voice mappings, consulted before the automatic OpenAI-name mapping.
+    voice_adapters: voice name -> LoRA adapter (`--voice-adapter`), for requests that name no adapter.
     """
 
     max_input_chars: int = 4096
@@ -61,6 +62,7 @@ class ServeConfig:
     model_name: str = "vocalis"
     voices_dir: Path | None = None  # None: saved voices live in memory only (tests, throwaway servers)
     voice_aliases: dict[str, str] = field(default_factory=dict)
+    voice_adapters: dict[str, str] = field(default_factory=dict)  # voice name -> the LoRA adapter it speaks with
     web_page: bool = True
 
     def __post_init__(self) -> None:

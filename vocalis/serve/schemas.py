@@ -58,6 +58,7 @@ class SpeechRequest(SynthesisOptions):
     ref_audio: str | None = Field(None, description="one-off reference clip: base64 or a data: URL (JSON body)")
     ref_text: str | None = Field(None, description="transcript of ref_audio (zero-shot cloning)")
     stream: bool = Field(True, description="false: synthesise the whole utterance, then send one exact file")
+    adapter: str | None = Field(None, description="a LoRA adapter the server loaded (default: the voice's, else none)")
 
     @property
     def voice_name(self) -> str | None:

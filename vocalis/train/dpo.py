@@ -10,13 +10,12 @@ and each side's implicit reward beta * (pi - ref).
 
 from __future__ import annotations
 
-import random
 from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
 
-from vocalis.train.policy_data import Pair, read_pairs
+from vocalis.train.policy_data import Pair, read_pairs, shuffled_positions
 from vocalis.train.policy_trainer import PolicyObjective, PolicyTrainer
 from vocalis.train.sequence_logp import token_logprobs
 
@@ -33,14 +32,9 @@ class DPOObjective(PolicyObjective):
 
     def items_for_step(self, step: int) -> list[Pair]:
         """The step's pairs over all ranks: epochs of a seeded shuffle, read in order."""
-        n, k = len(self.pairs), self.trainer.config.policy.global_batch
-        out = []
-        for j in range(step * k, (step + 1) * k):
-            epoch, i = divmod(j, n)
-            order = list(range(n))
-            random.Random(f"{self.trainer.config.trainer.seed}-{epoch}").shuffle(order)
-            out.append(self.pairs[order[i]])
-        return out
+        k = self.trainer.config.policy.global_batch
+        return [self.pairs[i] for i in shuffled_positions(len(self.pairs), self.trainer.config.trainer.seed,
+                                                           step * k, k)]
 
     def loss(self, items: Sequence[Pair], micro_batch: int) -> tuple[torch.Tensor, dict[str, float]]:
         seqs = [p.chosen for p in items] + [p.rejected for p in items]

@@ -14,7 +14,6 @@ log-probs (the KL estimator is 0 while the policy equals the reference). A round
 from __future__ import annotations
 
 import json
-import random
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -25,7 +24,7 @@ import torch
 
 from vocalis.errors import InputError
 from vocalis.train.distributed import gather_objects, sum_over_ranks
-from vocalis.train.policy_data import Prompt, SpeechSequence, read_prompts
+from vocalis.train.policy_data import Prompt, SpeechSequence, read_prompts, shuffled_positions
 from vocalis.train.policy_trainer import PolicyObjective, PolicyTrainer
 from vocalis.train.rewards import Rollout, build_scorers
 from vocalis.train.rollout import RolloutAudio, RolloutEngine, RolloutPrompt
@@ -67,7 +66,8 @@ class GRPOObjective(PolicyObjective):
         self.audio = RolloutAudio(self.model) if self.needs_audio and self.model else None
         self.prompts = [self._resolve(p, i) for i, p in enumerate(read_prompts(config.policy.data))]
         share = config.policy.global_batch // trainer.info.world_size
-        self.engine = RolloutEngine(trainer.policy, trainer.model_config.sampling, g, share)
+        self.engine = RolloutEngine(trainer.policy, trainer.model_config.sampling, g, share,
+                                    [p.sequence for p in self.prompts])
         self.round = -1
         self.batch: list[Sample] = []
         self.metrics: dict[str, float] = {}
@@ -100,14 +100,9 @@ class GRPOObjective(PolicyObjective):
     def items_for_step(self, step: int) -> list[tuple[int, int, int]]:
         """(round, sample index in the round, prompt index) for every sample of the step's round."""
         rnd = step // self.cfg.updates_per_rollout
-        n, k = len(self.prompts), self.prompts_per_round
-        out = []
-        for j in range(rnd * k, (rnd + 1) * k):
-            epoch, i = divmod(j, n)
-            order = list(range(n))
-            random.Random(f"{self.trainer.config.trainer.seed}-{epoch}").shuffle(order)
-            out += [(rnd, (j - rnd * k) * self.group + g, order[i]) for g in range(self.group)]
-        return out
+        k = self.prompts_per_round
+        order = shuffled_positions(len(self.prompts), self.trainer.config.trainer.seed, rnd * k, k)
+        return [(rnd, j * self.group + g, p) for j, p in enumerate(order) for g in range(self.group)]
 
     def _seed(self, rnd: int, index: int) -> int:
         return zlib.crc32(f"{self.trainer.config.trainer.seed}-{rnd}-{index}".encode())

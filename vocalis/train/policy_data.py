@@ -13,10 +13,25 @@ Prompts (`vocalis train grpo`), one per line: {"text": "..."} read with the mode
 from __future__ import annotations
 
 import json
+import random
 from dataclasses import dataclass
 from pathlib import Path
 
 from vocalis.errors import InputError
+
+
+def shuffled_positions(n: int, seed: int, start: int, count: int) -> list[int]:
+    """Item indices at positions start .. start + count of a stream of epochs over n items, each epoch a seeded
+    shuffle (the same on every rank and after a resume): what DPO's pairs and GRPO's prompts are read in."""
+    out: list[int] = []
+    orders: dict[int, list[int]] = {}
+    for j in range(start, start + count):
+        epoch, i = divmod(j, n)
+        if epoch not in orders:
+            orders[epoch] = list(range(n))
+            random.Random(f"{seed}-{epoch}").shuffle(orders[epoch])
+        out.append(orders[epoch][i])
+    return out
 
 
 @dataclass(frozen=True, slots=True)

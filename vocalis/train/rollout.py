@@ -42,15 +42,28 @@ class RolloutPrompt:
 
 
 class RolloutEngine:
-    def __init__(self, policy: Qwen2LM, sampling: SamplingConfig, config: GRPOConfig, max_num_seqs: int) -> None:
+    """max_num_seqs: the rollouts sampled at once (a rank's share of a round); prompts: every prompt the run may
+    sample from, which with the length bound sizes the KV cache (every sequence at its longest at once)."""
+
+    def __init__(self, policy: Qwen2LM, sampling: SamplingConfig, config: GRPOConfig, max_num_seqs: int,
+                 prompts: Sequence[SpeechSequence]) -> None:
         device = policy.speech_embedding.weight.device
         self.llm = Qwen2LM(policy.config).to(device).eval().requires_grad_(False)
         self.sync(policy)
         self.sampling = dataclasses.replace(sampling, temperature=sampling.temperature * config.temperature)
         self.max_len = config.max_len
+        # [sos] prompt text + text [task] prompt speech, then the speech ids and the fed-back last one
+        longest = max((2 + len(p.prompt_text_ids) + len(p.text_ids) + len(p.prompt_speech_ids) + 1
+                       + self._max_len(len(p.text_ids)) for p in prompts), default=2)
+        seqs, block = max(1, max_num_seqs), EngineConfig().block_size
         self.engine = LLMEngine(self.llm, EngineConfig(
             enable_prefix_caching=False, pack_weights=False, cuda_graphs=False, fused_decode=(), huge_pages=False,
-            max_num_seqs=max(1, max_num_seqs), kv_cache_bytes=1 << 30))
+            max_num_seqs=seqs, max_model_len=max(2, longest), num_kv_blocks=seqs * -(-longest // block)))
+
+    def _max_len(self, num_text_ids: int) -> int:
+        """Most speech ids one rollout of a text this long may sample (the model's bound, or grpo.max_len)."""
+        bound = self.llm.length_bounds(num_text_ids)[1]
+        return min(bound, self.max_len) if self.max_len > 0 else bound
 
     @torch.no_grad()
     def sync(self, policy: Qwen2LM) -> None:
@@ -62,8 +75,9 @@ class RolloutEngine:
         requests = []
         for i, (p, seed) in enumerate(zip(prompts, seeds)):
             params = self.engine.sampling_params(len(p.text_ids), self.sampling, seed=seed)
-            if self.max_len > 0 and params.max_len > self.max_len:
-                params = dataclasses.replace(params, max_len=self.max_len, min_len=min(params.min_len, self.max_len))
+            if params.max_len > self._max_len(len(p.text_ids)):
+                limit = self._max_len(len(p.text_ids))
+                params = dataclasses.replace(params, max_len=limit, min_len=min(params.min_len, limit))
             requests.append(self.engine.make_request(p.text_ids, p.prompt_text_ids, p.prompt_speech_ids, params,
                                                      request_id=f"rollout-{i}"))
         out = self.engine.generate(requests)
@@ -76,15 +90,17 @@ class RolloutAudio:
     """speech ids -> 16 kHz waveforms through a model's flow and vocoder: voice-conversion requests (no LLM) on the
     inference engine, all of a round's at once from threads, so that its token2wav batches them. A voice without a
     prompt recording (an embedding only, which voice conversion does not take) goes through the reference
-    token2wav with an empty flow prompt."""
+    token2wav with an empty flow prompt. At most `workers` render at once (the token2wav engine batches what they
+    submit; more threads would only wait)."""
 
-    def __init__(self, model: LoadedModel) -> None:
+    def __init__(self, model: LoadedModel, workers: int = 8) -> None:
         from vocalis.reference.token2wav import Token2Wav
         from vocalis.tts import TTS
 
         self.tts = TTS(model)
         self.reference = Token2Wav(model.flow, model.hift)
         self.mel_bins = model.config.flow.output_size
+        self.workers = max(1, workers)
 
     def render(self, items: Sequence[tuple[Sequence[int], Voice, int]]) -> list[np.ndarray]:
         """(speech ids, voice, seed) per rollout -> waveform (N,) float32 at AUDIO_RATE (empty ids: empty)."""
@@ -107,7 +123,7 @@ class RolloutAudio:
                 wav = out.reshape(-1).float().cpu().numpy()
             return soxr.resample(wav, SAMPLE_RATE, AUDIO_RATE).astype(np.float32)
 
-        with ThreadPoolExecutor(max_workers=max(1, len(items))) as pool:
+        with ThreadPoolExecutor(max_workers=max(1, min(len(items), self.workers))) as pool:
             return list(pool.map(one, items))
 
     def close(self) -> None:
