@@ -136,15 +136,18 @@ class Frontend:
     def segments(self, request: SynthesisRequest) -> list[list[int]]:
         """Text -> token ids per sentence; no sentence dropped, none repeated."""
         assert isinstance(request.text, str)
-        if request.text_frontend:
-            pieces = self._normalize(request.text, request.language)
-        else:
-            pieces = [request.text]
-        ids = [self.tokenizer.encode(p) for p in pieces]
-        ids = [x for x in ids if x]
-        if not ids:
+        return [ids for _, ids in self._sentences(request.text, request.language, request.text_frontend)]
+
+    def segment_texts(self, text: str, language: str = "auto", text_frontend: bool = True) -> list[str]:
+        """The text each sentence of `segments` says (normalised), in order: what word timestamps align."""
+        return [piece for piece, _ in self._sentences(text, language, text_frontend)]
+
+    def _sentences(self, text: str, language: str, text_frontend: bool) -> list[tuple[str, list[int]]]:
+        pieces = self._normalize(text, language) if text_frontend else [text]
+        out = [(p, ids) for p in pieces if (ids := self.tokenizer.encode(p))]
+        if not out:
             raise InputError("text has nothing to say after normalisation (only punctuation or symbols?)")
-        return ids
+        return out
 
     def llm_prompt(self, request: SynthesisRequest) -> tuple[list[int], list[int]]:
         """(prompt text ids, prompt speech ids) the LLM sees before the text."""

@@ -384,11 +384,12 @@ class AsyncEngine:
         # a bi-stream's sentence ended by a cut (text_pump) is not its last while its text goes on
         last_segment = job.emitting == len(job.states) - 1 and not (job.cut and not job.text_closed)
         final = chunk.final and last_segment
-        if len(chunk.samples) or final:
+        if len(chunk.samples) or chunk.final:
             if job.first_chunk_at is None:
                 job.first_chunk_at = time.monotonic()
             samples = np.asarray(chunk.samples, dtype=np.float32)
-            job.handle._put(AudioChunk(samples, self.sample_rate, job.emitting, final))
+            ids = tuple(job.states[job.emitting].tokens) if chunk.final else ()  # a sentence's end: its speech ids
+            job.handle._put(AudioChunk(samples, self.sample_rate, job.emitting, final, ids))
         if chunk.final:
             if last_segment:
                 self.end_job(job)

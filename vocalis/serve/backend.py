@@ -24,6 +24,7 @@ from vocalis.serve.errors import Aborted, JobTimeout
 
 if TYPE_CHECKING:
     from vocalis.frontend.request import SynthesisRequest
+    from vocalis.frontend.word_times import WordTimer
     from vocalis.tts import TTS
 
 END = object()  # marks the end of a stream of items (a text feed, a job's output)
@@ -201,6 +202,11 @@ class Backend(Protocol):
         """Live counters for /metrics."""
         ...
 
+    def word_timer(self, text: str, language: str = "auto") -> WordTimer:
+        """What times the words of a synthesis of `text` (`frontend.word_times`); InputError where no aligner
+        reads the model or language. CPU work (text normalisation): not for the event loop."""
+        ...
+
 
 
 
@@ -222,6 +228,9 @@ class ModelFacts:
     @property
     def builtin_voices(self) -> dict[str, Voice]:
         return dict(self.tts.model.voices)
+
+    def word_timer(self, text: str, language: str = "auto") -> WordTimer:
+        return self.tts.word_timer(text, language)
 
     def _clone_parts(self) -> list[tuple[str, object]]:
         """What making a voice from audio reads: the speech tokenizer, and the speaker encoder unless the flow was

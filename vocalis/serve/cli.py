@@ -48,6 +48,11 @@ def add_serve_commands(sub: argparse._SubParsersAction) -> None:
     sv.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     add_model_arguments(sv)
     sv.add_argument("--no-web-page", action="store_true", help="do not serve the web page at /")
+    sv.add_argument("--keep-silence", action="store_true",
+                    help="send a response's trailing silence as made (default: trimmed, the end faded)")
+    sv.add_argument("--aligner", default="auto", metavar="SPEC",
+                    help="word timestamps' aligner: auto (the built-in model's labels; pocketsphinx for English) "
+                         "or module:factory (docs/serving.md)")
     sv.add_argument("--ray", action="store_true", help="run as a Ray Serve deployment (needs ray[serve])")
     sv.add_argument("--replicas", type=int, default=1, help="Ray Serve replicas (with --ray)")
     sv.set_defaults(func=serve_command)
@@ -97,6 +102,7 @@ def serve_config(args: argparse.Namespace):  # -> ServeConfig
             model_name=model_name(args.model),
             voices_dir=Path(args.voices_dir) if args.voices_dir else default_voices_dir(),
             voice_aliases=_aliases(args.voice_alias), web_page=not args.no_web_page,
+            trim_silence=not args.keep_silence,
         )
     except ValueError as exc:
         raise InputError(f"vocalis serve: {exc}") from None
@@ -109,6 +115,9 @@ def serve_command(args: argparse.Namespace) -> int:
     except ImportError:
         raise InputError("serving needs the serve extra: pip install 'vocalis[serve]'") from None
     config = serve_config(args)
+    from vocalis.frontend.word_times import load_aligner
+
+    aligner = load_aligner(args.aligner)  # a bad spec fails before the model loads
     options = model_options(args, "serve")
     backend_opts = {"max_queue": args.max_queue}  # the app's deadlines apply the queue and request timeouts
     if args.ray:
@@ -125,6 +134,8 @@ def serve_command(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     os.environ.setdefault(BUILD_ENV, "wait")  # a server starts once: its requests run on our kernels from the first
     tts = options.load(args.model)
+    if aligner is not None:
+        tts.aligner = aligner()
     if tts.model.kind == "random":
         log.warning("no trained model is installed: the built-in model has RANDOM weights and makes noise")
     app = create_app(EngineBackend(tts, **backend_opts), config)
