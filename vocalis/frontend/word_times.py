@@ -100,7 +100,8 @@ class LabelAligner:
         return [WordTime(words[w].text, f * frame_s, end[w] * frame_s) for w, f in sorted(start.items())]
 
 
-_PS_WORD = re.compile(r"[a-z]+(?:'[a-z]+)*")
+_PS_TOKEN = re.compile(r"[a-z]+(?:'[a-z]+)*|[,.;:!?]")  # words and the punctuation a pause may follow
+_SIL = "<sil>"  # pocketsphinx's silence word
 
 
 class PocketsphinxAligner:
@@ -120,12 +121,20 @@ class PocketsphinxAligner:
             wav = soxr.resample(wav, sample_rate, ALIGN_RATE)
         # a fresh decoder per sentence: one reused carries its cepstral-mean normalisation over from the last
         decoder = self._decoder_class(samprate=ALIGN_RATE, loglevel="FATAL")
-        words = [w for w in _PS_WORD.findall(text.lower()) if self._known(decoder, w)]
-        if not words or len(wav) < ALIGN_RATE // 10:
+        tokens: list[str] = []  # the words it knows, and a silence where punctuation may make a pause
+        for token in _PS_TOKEN.findall(text.lower()):
+            if token[0].isalpha():
+                if self._known(decoder, token):
+                    tokens.append(token)
+            elif tokens and tokens[-1] != _SIL:  # else the pause is heard as part of the next word
+                tokens.append(_SIL)
+        while tokens and tokens[-1] == _SIL:
+            tokens.pop()
+        if not tokens or len(wav) < ALIGN_RATE // 10:
             return []
         pcm = (np.clip(wav, -1.0, 1.0) * 32767).astype("<i2").tobytes()  # 16-bit little-endian PCM
         try:
-            decoder.set_align_text(" ".join(words))
+            decoder.set_align_text(" ".join(tokens))
             decoder.start_utt()
             decoder.process_raw(pcm, full_utt=True)
             decoder.end_utt()
