@@ -172,3 +172,30 @@ def test_builtin_stream_tail_is_the_whole_utterances_tail(builtin) -> None:
     assert streamed[-1] == whole[-1] == 0.0
     raw = np.concatenate([c.samples for c in builtin.run(builtin.request(text, seed=2), stream=False)])
     assert len(whole) <= len(raw) and np.abs(raw[-1]) > 0  # the raw end did not reach zero: the fade did
+
+
+def test_server_sends_word_times_as_sse_events_and_json(builtin) -> None:
+    """A real loopback server (built-in model, trimming on as `vocalis serve` has it): the JSON form's words and
+    audio are the Python API's (trimmed), the SSE form's `speech.word` events the same words; SSML is a 400."""
+    import base64
+    import json
+
+    import httpx
+    from serve_support import decode_audio, serve
+
+    wav, expected = builtin.synthesize_timed(DROPPED, seed=1)
+    trimmed = next(trim_chunks([AudioChunk(wav, SR, 0, True)])).samples
+    body = {"input": DROPPED, "seed": 1, "response_format": "pcm", "timestamps": True}
+    with serve(builtin, trim_silence=True) as srv, httpx.Client(base_url=srv.url, timeout=600) as c:
+        r = c.post("/v1/audio/speech", json={**body, "stream": False})
+        assert r.status_code == 200 and r.headers["content-type"] == "application/json", r.text
+        data = r.json()
+        assert data["words"] == [w.as_dict() for w in expected] and data["sample_rate"] == SR
+        np.testing.assert_allclose(decode_audio("pcm", base64.b64decode(data["audio"])), trimmed, atol=2e-4)
+        r = c.post("/v1/audio/speech", json={**body, "stream_format": "sse"})
+        assert r.status_code == 200, r.text
+        events = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: ")]
+        said = [{k: e[k] for k in ("word", "start", "end")} for e in events if e["type"] == "speech.word"]
+        assert said == data["words"] and events[-1]["type"] == "speech.audio.done"
+        r = c.post("/v1/audio/speech", json={**body, "input": "<speak>Hi.</speak>", "input_format": "ssml"})
+        assert r.status_code == 400 and "ssml" in r.json()["error"]["message"]
