@@ -180,7 +180,7 @@ class AsyncEngine:
                 self._post(("add", job))
                 if job.text is not None:
                     with collect_notices(into=handle.warnings):  # what reading the pieces notes reaches the caller
-                        handle._pump = loop.create_task(self._text_pump().pump(job.job_id, job.text, loop))
+                        handle._pump = loop.create_task(self._text_pump().pump(job.job_id, job.text, loop, job.reader))
 
         future.add_done_callback(posted)
         return handle
@@ -232,7 +232,7 @@ class AsyncEngine:
     def _text_pump(self) -> TextPump:
         with self._cond:
             if self._text is None:  # a model without a text tokenizer never gets here (prepare_job checks)
-                self._text = TextPump(self.frontend.encode_piece, self._post)
+                self._text = TextPump(self._post)
             return self._text
 
     # ---- the loop (engine thread) -----------------------------------------------------------------------

@@ -164,14 +164,17 @@ def audio_response(job: StartedJob, fmt: str) -> StreamingResponse:
     encoder = AudioEncoder(fmt, job.sample_rate)
 
     async def body() -> AsyncIterator[bytes]:
-        async with aclosing(job.chunks()) as chunks:
-            async for chunk in chunks:
-                data = encoder.push(chunk.samples)
-                if data:
-                    yield data
-        tail = encoder.finish()
-        if tail:
-            yield tail
+        try:
+            async with aclosing(job.chunks()) as chunks:
+                async for chunk in chunks:
+                    data = encoder.push(chunk.samples)
+                    if data:
+                        yield data
+            tail = encoder.finish()
+            if tail:
+                yield tail
+        finally:  # a client that left (the generator is closed) or a failure: the encoder's memory goes now
+            encoder.close()
 
     return CutOnErrorResponse(body(), media_type=encoder.media_type, headers=_timing_headers(job, fmt))
 
@@ -186,6 +189,14 @@ def sse_response(job: StartedJob, fmt: str, input_chars: int) -> StreamingRespon
         return f"data: {json.dumps(payload)}\n\n".encode()
 
     async def body() -> AsyncIterator[bytes]:
+        try:
+            async with aclosing(events()) as stream:
+                async for event_bytes in stream:
+                    yield event_bytes
+        finally:  # a client that left (the generator is closed) or a failure: the encoder's memory goes now
+            encoder.close()
+
+    async def events() -> AsyncIterator[bytes]:
         for warning in job.watch.handle.warnings:
             yield event({"type": "speech.warning", "message": warning})
         try:
