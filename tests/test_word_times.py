@@ -7,6 +7,7 @@ says every word of a sentence it used to drop into silence; a stream's trimmed t
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import numpy as np
@@ -15,10 +16,10 @@ from system_deps import need_festival, require
 
 from vocalis.audio_trim import TailTrimmer, TrimConfig, trim_chunks
 from vocalis.corpus.alignment import FRAME_RATE, Segment, frame_labels, read_segments
-from vocalis.frontend.phones import PAUSE, words
-from vocalis.frontend.word_times import LabelAligner, PocketsphinxAligner, WordTime, WordTimer, load_aligner
 from vocalis.errors import InputError
+from vocalis.frontend.phones import PAUSE, words
 from vocalis.frontend.request import AudioChunk
+from vocalis.frontend.word_times import LabelAligner, PocketsphinxAligner, WordTime, WordTimer, load_aligner
 
 SR = 24000
 DROPPED = "Client eighteen is here today."  # the built-in model paused after "Client" until its length bound
@@ -105,7 +106,7 @@ def test_forced_alignment_finds_festivals_word_starts(tmp_path: Path) -> None:
     got = PocketsphinxAligner()(text, wav, sr, ())
     assert [w.word for w in got] == [w.text.lower() for w in words(text)]
     assert np.abs(np.array([w.start for w in got]) - np.array(starts)).max() < 0.05
-    assert all(a.end <= b.start + 1e-9 for a, b in zip(got, got[1:]))
+    assert all(a.end <= b.start + 1e-9 for a, b in itertools.pairwise(got))
 
 
 def _has_pocketsphinx() -> bool:
@@ -121,7 +122,7 @@ def test_trim_is_the_same_however_the_audio_is_cut() -> None:
     speech = rng.uniform(-0.5, 0.5, SR).astype(np.float32)
     wav = np.concatenate([speech, np.full(SR // 2, 0.001, np.float32), speech[:100], rng.uniform(
         -0.005, 0.005, SR).astype(np.float32)])
-    whole = list(trim_chunks([AudioChunk(wav, SR, 0, True)]))[0].samples
+    whole = next(trim_chunks([AudioChunk(wav, SR, 0, True)])).samples
     cuts = sorted(rng.choice(len(wav), 12, replace=False))
     pieces = np.split(wav, cuts)
     chunked = np.concatenate([c.samples for c in trim_chunks(
@@ -154,6 +155,7 @@ def test_builtin_says_every_word_and_times_it(builtin) -> None:
         span = wav[round(w.start * SR): round(w.end * SR)]
         assert 0.05 < w.end - w.start and np.sqrt(np.mean(span**2)) > 0.01, w
     assert len(wav) / SR < 3.0 and got[-1].end > len(wav) / SR - 0.5
+    assert [w for _, said in builtin.stream_timed(DROPPED, seed=1) for w in said] == got  # streamed: the same
     quiet = np.array([np.abs(wav[i:i + 960]).max() < 0.01 for i in range(0, len(wav) - 960, 960)])
     longest = max((len(r) for r in "".join("q" if q else "s" for q in quiet).split("s")), default=0)
     assert longest * 0.04 <= 0.5  # no silence longer than 0.5 s anywhere

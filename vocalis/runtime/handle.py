@@ -20,8 +20,8 @@ from vocalis.errors import VocalisError
 from vocalis.frontend.request import AudioChunk
 
 if TYPE_CHECKING:
-    from vocalis.frontend.pieces import PieceReader
     from vocalis.engine.request import Request
+    from vocalis.frontend.pieces import PieceReader
     from vocalis.runtime.async_engine import AsyncEngine
     from vocalis.token2wav.protocol import Token2WavStream
 
