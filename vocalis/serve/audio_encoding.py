@@ -86,6 +86,8 @@ class _AacEncoder:
         return data
 
     def push(self, samples: np.ndarray) -> bytes:
+        if not len(samples):  # an empty chunk (a held-back silence, a stream's empty end): FFmpeg takes no empty frame
+            return b""
         frame = self._av.AudioFrame.from_ndarray(np.clip(samples, -1.0, 1.0).astype(np.float32)[None, :],
                                                  format="flt", layout="mono")  # (1, N): one plane
         frame.sample_rate = self.sample_rate
