@@ -32,6 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import httpx
+from probe_speech import speech_rows
 
 KEY = "probe-key-7f3a"
 APP_ORIGIN = "https://app.example"  # started with --allowed-origins: a web app that may call the API
@@ -251,6 +252,7 @@ def probe_table(srv: Server, clip: bytes) -> list[tuple[str, str, str, float]]:
         b"\r\nContent-Type: application/json\r\nContent-Length: 500\r\n\r\n", 15, trickle=b'{"input": "hello'))
     http("whole long utterance (--request-timeout 5)", "504", lambda: c.post(
         "/v1/audio/speech", json={"input": LONG_TEXT * 3, "stream": False}))
+    rows += speech_rows(c, ws_probe, url)  # what it says and when (probe_speech.py)
     health = httpx.get(url + "/health", timeout=30).json()
     leaks = [k for k in ("pid",) if k in health] + (["path"] if "/" in str(health.get("model")) else [])
     rows.append(("/health: no pid, no path", "model name only",

@@ -11,9 +11,9 @@ import torch
 from vocalis.config import PRESETS
 from vocalis.corpus.alignment import Segment, frame_labels, label_units
 from vocalis.engine.config import EngineConfig
-from vocalis.engine.label_path import LabelPath
+from vocalis.engine.label_path import MAX_PAUSE_FRAMES, LabelPath
 from vocalis.engine.llm_engine import LLMEngine
-from vocalis.frontend.phones import NUM_LABELS, PAUSE, PUNCTUATION, WORD_BOUNDARY, g2p, text_ids
+from vocalis.frontend.phones import NUM_LABELS, PAUSE, PUNCTUATION, WORD_BOUNDARY, g2p, label_id, text_ids
 from vocalis.models.speech_lm import Qwen2LM
 from vocalis.reference.decode import generate
 
@@ -95,3 +95,30 @@ def test_the_engine_draws_the_reference_decoders_ids_on_the_path() -> None:
         # random weights keep to the path too (a run cut at max_len spells a prefix)
         spelled = [u for u in label_units(want) if u != PAUSE]
         assert spelled == _phones(text)[: len(spelled)] and spelled
+
+
+def test_a_pause_ends_after_max_pause_frames() -> None:
+    """A model that would pause for ever (as the built-in model did after "Client" in "Client eighteen is here
+    today.", until its length bound): after MAX_PAUSE_FRAMES pause labels only the next phone may follow, and
+    after the last phone eos, once min_len ids are out (eos is masked before, so the pause may go on until then)."""
+    pauses = {label_id(PAUSE, False), label_id(PAUSE, True)}
+    min_len = 200  # past the last phone of this always-pausing path
+    path, out = LabelPath(text_ids(TEXT), EOS, V, min_len=min_len), []
+    while True:  # a model that always pauses when it may, and ends only when it must
+        allowed = path.allowed(out)
+        paused = [i for i in (label_id(PAUSE, True), label_id(PAUSE, False)) if i in allowed]
+        if paused:
+            out.append(paused[0])
+        elif EOS in allowed:
+            break
+        else:
+            out.append(allowed[-1])
+        assert len(out) < 1000
+    assert [u for u in label_units(out) if u != PAUSE] == _phones(TEXT)
+    runs, run = [], 0
+    for label in out:
+        run = run + 1 if label in pauses else 0
+        runs.append(run)
+    last_phone = max(i for i, label in enumerate(out) if label not in pauses)
+    assert max(runs[: last_phone + 1]) == MAX_PAUSE_FRAMES  # every pause inside the text stops at the bound
+    assert len(out) == min_len  # the final pause lasted until eos was allowed, no longer

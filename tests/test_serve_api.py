@@ -285,3 +285,24 @@ def test_request_timeout_is_504(tts) -> None:
 
 def test_voice_dir_untouched_by_speech_errors(server) -> None:
     assert sorted(Path(server.voices_dir).iterdir()) == []
+
+
+@pytest.mark.parametrize("fmt", ["wav", "pcm", "flac", "mp3", "opus", *(["aac"] if AAC else [])])
+def test_encoder_takes_empty_chunks_and_closes_unfinished(fmt: str) -> None:
+    """Empty chunks (a trimmed stream's held-back silence, a bi-stream's empty end) change nothing in the file, and
+    an encoder whose client left is closed without finishing (twice is harmless)."""
+    from vocalis.serve.audio_encoding import AudioEncoder
+
+    x, empty = np.sin(np.arange(12000, dtype=np.float32) / 9) * 0.3, np.zeros(0, np.float32)
+    plain = AudioEncoder(fmt, 24000)
+    want = plain.push(x) + plain.finish()
+    gaps = AudioEncoder(fmt, 24000)
+    got = gaps.push(empty) + gaps.push(x) + gaps.push(empty) + gaps.finish()
+    if fmt == "opus":  # an Ogg stream's serial number is random: the same audio, other bytes
+        np.testing.assert_array_equal(decode_audio(fmt, got), decode_audio(fmt, want))
+    else:
+        assert got == want
+    left = AudioEncoder(fmt, 24000)
+    left.push(x)
+    left.close()
+    left.close()

@@ -154,7 +154,8 @@ def test_websocket_disconnect_aborts(server) -> None:
     ws = websockets_sync.connect(ws_url(server))
     ws.send(json.dumps({"type": "start", "response_format": "pcm"}))
     ws.recv(timeout=30)
-    ws.send(json.dumps({"type": "text", "text": "Some text that will never be finished "}))
+    # a complete sentence (read at once; text in pieces is read a sentence at a time), then one that never ends
+    ws.send(json.dumps({"type": "text", "text": "Some text. And more that will never be finished "}))
     deadline = time.monotonic() + 30
     while backend.active == 0:  # the worker is now waiting for more text
         assert time.monotonic() < deadline

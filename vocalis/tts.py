@@ -26,6 +26,7 @@ from vocalis.frontend.family import frontend_for
 from vocalis.frontend.prompt import AudioSource
 from vocalis.frontend.request import AudioChunk, Mode, SynthesisRequest
 from vocalis.frontend.voice import Voice, check_voice_name
+from vocalis.frontend.word_times import Aligner, WordTime, WordTimer, default_aligner
 from vocalis.kernels.config import KernelConfig
 from vocalis.model_dir import LoadedModel, load_model
 from vocalis.runtime.async_engine import AsyncEngine
@@ -58,6 +59,7 @@ class TTS:
     ...     play(chunk.samples)
     >>> async for chunk in tts.astream("Hello there."):   # inside a coroutine
     ...     await send(chunk.samples)
+    >>> wav, words = tts.synthesize_timed("Hello there.")  # words: [WordTime("hello", 0.16, 0.52), ...]
 
     engine: the LLM engine's memory and batching knobs; token2wav: the token2wav engine's (its default final
     chunk is the reference's full-attention pass; `Token2WavConfig(final_attention="causal")` is cheaper).
@@ -76,6 +78,7 @@ class TTS:
         self._voices: dict[str, Voice] = dict(model.voices)
         self.adapters: tuple[str, ...] = ()  # LoRA adapters loaded with the LLM (`load(adapters=...)`)
         self.adapters_banked = False  # several adapters, kept apart: each request names one (or none)
+        self.aligner: Aligner | None = None  # word timestamps' aligner (None: `word_times.default_aligner`)
         self._lock = threading.Lock()
         self._engine: AsyncEngine | None = None
         self._blocking: BlockingEngine | None = None
@@ -250,6 +253,27 @@ class TTS:
     def run(self, request: SynthesisRequest, *, stream: bool = True) -> Iterator[AudioChunk]:
         """A prepared request's chunks, blocking (streaming: chunk by chunk; else one chunk per sentence)."""
         return self._faces()[1].stream(request, stream=stream)
+
+    # ---- word timestamps -------------------------------------------------------------------------------
+    def word_timer(self, text: str, language: str = "auto", text_frontend: bool = True) -> WordTimer:
+        """A `WordTimer` for `text`'s chunks: the model's labels for the built-in model, forced alignment
+        (pocketsphinx) for English with other models, or `self.aligner` when set."""
+        aligner = self.aligner or default_aligner(self.frontend.tokenizer, language)
+        return WordTimer(aligner, self.frontend.segment_texts(text, language, text_frontend))
+
+    def stream_timed(self, text: str, **options: Unpack[Options]) -> Iterator[tuple[AudioChunk, list[WordTime]]]:
+        """`stream`, each chunk with the words whose sentence it ended (times from the start of the audio)."""
+        timer = self.word_timer(text, options.get("language", "auto"), options.get("text_frontend", True))
+        for chunk in self.stream(text, **options):
+            yield chunk, timer.push(chunk)
+
+    def synthesize_timed(self, text: str, **options: Unpack[Options]) -> tuple[np.ndarray, list[WordTime]]:
+        """`synthesize` and every word's start and end in it."""
+        timer = self.word_timer(text, options.get("language", "auto"), options.get("text_frontend", True))
+        chunks = list(self.run(self.request(text, **options), stream=False))
+        for chunk in chunks:
+            timer.push(chunk)
+        return np.concatenate([c.samples for c in chunks]), timer.words
 
     # ---- async -------------------------------------------------------------------------------------------
     async def astream(self, text: Text, **options: Unpack[Options]) -> AsyncIterator[AudioChunk]:

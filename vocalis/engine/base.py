@@ -54,7 +54,7 @@ class EngineFront:
         params = params or self.sampling_params(len(text_ids))
         path = None
         if params.follow_phones:
-            path = LabelPath(text_ids, self.llm.config.eos_token, self.ids.num_speech)
+            path = LabelPath(text_ids, self.llm.config.eos_token, self.ids.num_speech, params.min_len)
         return Request(prompt, params, request_id, sink, generator, label_path=path, adapter=adapter)
 
     def check_adapter(self, adapter: str | None) -> None:

@@ -9,6 +9,12 @@ skips, repeats or invents words; the labels it may write are therefore only thos
 - in a pause: the pause again (inside, or a new pause), the next phone;
 - at the start: a pause or the first phone; eos once the last phone has begun.
 
+A pause lasts at most `MAX_PAUSE_FRAMES`: the teacher's pauses last 1-5 frames (0.2 s at most), and a model
+that pauses far longer has lost its place: left free it goes on pausing until the text's length bound, its words
+unsaid (the rest of the sentence dropped into silence) or, after the last word, the sentence never ended. Past the
+bound only the next phone may follow (after the last phone: eos, once `min_len` ids are out, as eos is masked
+before).
+
 What the model does choose among them (how long each phone lasts, where it pauses) stays its own. `LabelPath` is
 per-request state: the engine's sampler and the reference decoder ask it for the ids to mask before each draw,
 giving it the ids drawn so far.
@@ -23,12 +29,14 @@ from collections.abc import Sequence
 from vocalis.frontend.phones import NUM_TEXT_IDS, PAUSE, PUNCTUATION, TEXT_SYMBOLS, UNIT_IDS, WORD_BOUNDARY, label_id
 
 _PAUSE_BEGIN, _PAUSE_INSIDE = label_id(PAUSE, False), label_id(PAUSE, True)
+MAX_PAUSE_FRAMES = 10  # 0.4 s at 25 Hz: twice the teacher's longest pause
 
 
 class LabelPath:
-    def __init__(self, text_ids: Sequence[int], eos_id: int, num_ids: int) -> None:
-        """text_ids: the phone model's text ids (`phones.text_ids`); eos_id: its end of speech; num_ids: V."""
-        self.eos_id, self.num_ids = eos_id, num_ids
+    def __init__(self, text_ids: Sequence[int], eos_id: int, num_ids: int, min_len: int = 0) -> None:
+        """text_ids: the phone model's text ids (`phones.text_ids`); eos_id: its end of speech; num_ids: V;
+        min_len: ids before which eos is masked (a final pause may then outlast `MAX_PAUSE_FRAMES`)."""
+        self.eos_id, self.num_ids, self.min_len = eos_id, num_ids, min_len
         self.units: list[str] = []
         self.pause_after: list[bool] = []  # a pause may follow phone k: a word ends there
         for i in text_ids:
@@ -42,12 +50,16 @@ class LabelPath:
             self.pause_after[-1] = True
         self._phone = -1  # index of the phone begun last (-1: none yet)
         self._in_pause = False
+        self._pause_run = 0  # pause labels in a row up to the last one read
         self._seen = 0  # how many of the request's ids the state has read (0: at the start)
 
     def _read(self, label: int) -> None:
         if label in (_PAUSE_BEGIN, _PAUSE_INSIDE):
             self._in_pause = True
-        elif self._phone + 1 < len(self.units) and label == label_id(self.units[self._phone + 1], False):
+            self._pause_run += 1
+            return
+        self._pause_run = 0
+        if self._phone + 1 < len(self.units) and label == label_id(self.units[self._phone + 1], False):
             self._phone += 1
             self._in_pause = False
 
@@ -59,10 +71,12 @@ class LabelPath:
         k, n = self._phone, len(self.units)
         ids = []
         started = self._seen > 0
+        pause_over = self._pause_run >= MAX_PAUSE_FRAMES and (k + 1 < n or self._seen >= self.min_len)
         if not started:
             ids.append(_PAUSE_BEGIN)
         elif self._in_pause:
-            ids += [_PAUSE_INSIDE, _PAUSE_BEGIN]
+            if not pause_over:
+                ids += [_PAUSE_INSIDE, _PAUSE_BEGIN]
         else:
             ids.append(label_id(self.units[k], True))
             if self.pause_after[k]:

@@ -216,8 +216,16 @@ class PhoneTokenizer:
         """Accented Latin letters read as their base letters ("Köln" as "Koln"); words in another script are
         transliterated (`romanize`: "привет" as "privet"), or left out where no Latin spelling exists; CosyVoice's
         control tags (`[laughter]`, `<strong>`) are left out, the words they mark kept."""
+        return text_ids(self.readable(text))
+
+    def readable(self, text: str) -> str:
+        """What `encode` reads of `text`: ASCII text in Latin letters, control tags left out."""
         text = romanize(CONTROL_TAG_RE.sub(" ", text).translate(LATIN_LETTERS)).text
-        return text_ids(unicodedata.normalize("NFKD", text).encode("ascii", "ignore").decode("ascii"))
+        return unicodedata.normalize("NFKD", text).encode("ascii", "ignore").decode("ascii")
+
+    def spoken_words(self, text: str) -> list[Word]:
+        """The words `encode(text)` spells, with their phones, in order (what a phone model's labels follow)."""
+        return words(self.readable(text))
 
     def warnings(self, text: str) -> tuple[str, ...]:
         """What `encode(text)` reads otherwise than written (one note per control tag and per foreign word)."""

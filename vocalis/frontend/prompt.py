@@ -25,6 +25,7 @@ from vocalis.frontend import audio as audio_fe
 from vocalis.frontend import text as text_fe
 from vocalis.frontend.notices import notice
 from vocalis.frontend.phones import PhoneTokenizer
+from vocalis.frontend.pieces import PieceReader
 from vocalis.frontend.request import Mode, SynthesisRequest
 from vocalis.frontend.tokenizer import TextTokenizer
 from vocalis.frontend.voice import Voice
@@ -127,24 +128,37 @@ class Frontend:
                 for note in reads_otherwise(piece):
                     notice(note)
 
-    def encode_piece(self, text: str) -> list[int]:
-        """One piece of text sent in pieces, as token ids; what it reads otherwise is noticed as for whole text."""
-        self._notice_readings((text,))
-        return self.tokenizer.encode(text)
+    def piece_reader(self, language: str = "auto", text_frontend: bool = True) -> PieceReader:
+        """A reader of text sent in pieces: each complete sentence normalised as whole text is (`text_frontend`;
+        else as written), as token ids; what it reads otherwise is noticed as for whole text."""
+        read_as: list[str] = [language]
+
+        def normalize(text: str) -> list[str]:
+            read_as[0] = text_fe.resolve_language(getattr(self.tokenizer, "language", language)
+                                                  if language == "auto" else language, text)
+            if not text_frontend:
+                self._notice_readings((text,))
+                return [text]
+            return self._normalize(text, language)
+
+        return PieceReader(normalize, self.tokenizer.encode, lambda: read_as[0] not in ("zh", "ja"))
 
     # ---- request preparation ------------------------------------------------------------------------------
     def segments(self, request: SynthesisRequest) -> list[list[int]]:
         """Text -> token ids per sentence; no sentence dropped, none repeated."""
         assert isinstance(request.text, str)
-        if request.text_frontend:
-            pieces = self._normalize(request.text, request.language)
-        else:
-            pieces = [request.text]
-        ids = [self.tokenizer.encode(p) for p in pieces]
-        ids = [x for x in ids if x]
-        if not ids:
+        return [ids for _, ids in self._sentences(request.text, request.language, request.text_frontend)]
+
+    def segment_texts(self, text: str, language: str = "auto", text_frontend: bool = True) -> list[str]:
+        """The text each sentence of `segments` says (normalised), in order: what word timestamps align."""
+        return [piece for piece, _ in self._sentences(text, language, text_frontend)]
+
+    def _sentences(self, text: str, language: str, text_frontend: bool) -> list[tuple[str, list[int]]]:
+        pieces = self._normalize(text, language) if text_frontend else [text]
+        out = [(p, ids) for p in pieces if (ids := self.tokenizer.encode(p))]
+        if not out:
             raise InputError("text has nothing to say after normalisation (only punctuation or symbols?)")
-        return ids
+        return out
 
     def llm_prompt(self, request: SynthesisRequest) -> tuple[list[int], list[int]]:
         """(prompt text ids, prompt speech ids) the LLM sees before the text."""

@@ -71,12 +71,17 @@ class SynthesisRequest:
 
 @dataclass(frozen=True)
 class AudioChunk:
-    """A piece of output audio. samples: (N,) float32 in [-1, 1]."""
+    """A piece of output audio. samples: (N,) float32 in [-1, 1].
+
+    speech_ids: on the last chunk of a sentence, the speech ids the LLM wrote for it (word timestamps read a phone
+    model's labels from them, `frontend.word_times`); () on every other chunk.
+    """
 
     samples: np.ndarray
     sample_rate: int
     segment: int  # index of the text segment (sentence) it belongs to
     final: bool  # last chunk of the whole request
+    speech_ids: tuple[int, ...] = ()
 
     @property
     def duration(self) -> float:

@@ -52,7 +52,7 @@ def generate(
     if sampling is not None and sampling.follow_phones and sample_fn is None:
         from vocalis.engine.label_path import LabelPath
 
-        path = LabelPath(torch.as_tensor(text_ids).flatten().tolist(), eos, lm.config.num_speech_rows)
+        path = LabelPath(torch.as_tensor(text_ids).flatten().tolist(), eos, lm.config.num_speech_rows, min_len)
     lm_input = lm.prefill_embeddings(text_ids, prompt_text_ids, prompt_speech_ids)  # (1, L, D)
     cache: KVCache | None = None
     out: list[int] = []

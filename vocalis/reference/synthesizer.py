@@ -17,6 +17,7 @@ import torch
 from vocalis.backends.choice import Runtime, vllm_precision
 from vocalis.config import SamplingConfig, StreamConfig
 from vocalis.errors import InputError
+from vocalis.frontend.pieces import PieceReader
 from vocalis.frontend.prompt import AudioSource, FlowPrompt, Frontend
 from vocalis.frontend.request import AudioChunk, Mode, SynthesisRequest
 from vocalis.model_dir import LoadedModel
@@ -59,7 +60,7 @@ class Synthesizer(Frontend):
                                                         generator=gen))
             return
         if request.bistream:
-            pieces = (self.tokenizer.encode(p) for p in request.text if p)
+            pieces = _read(self.piece_reader(request.language, request.text_frontend), request.text)
             yield generate_bistream(self.model.llm, pieces, prompt_text_ids, prompt_speech_ids, sampling=sampling,
                                     generator=gen)
             return
@@ -123,3 +124,12 @@ class Synthesizer(Frontend):
                 yield t2w.stream_step(state, torch.tensor([ids], dtype=torch.int32), speed), False
         if ids:  # also flushes the tail held back by the last chunk
             yield t2w.finish(state, torch.tensor([ids], dtype=torch.int32), speed), True
+
+
+def _read(reader: PieceReader, pieces: Iterable[str]) -> Iterator[list[int]]:
+    """Text pieces -> token ids a sentence at a time, as the engine reads them (`frontend.pieces`)."""
+    for piece in pieces:
+        if piece and (ids := reader.feed(piece)):
+            yield ids
+    if ids := reader.flush():
+        yield ids

@@ -191,7 +191,7 @@ class AsyncEngine:
                 self._post(("add", job))
                 if job.text is not None:
                     with collect_notices(into=handle.warnings):  # what reading the pieces notes reaches the caller
-                        handle._pump = loop.create_task(self._text_pump().pump(job.job_id, job.text, loop))
+                        handle._pump = loop.create_task(self._text_pump().pump(job.job_id, job.text, loop, job.reader))
 
         future.add_done_callback(posted)
         return handle
@@ -235,7 +235,7 @@ class AsyncEngine:
     def _text_pump(self) -> TextPump:
         with self._cond:
             if self._text is None:  # a model without a text tokenizer never gets here (prepare_job checks)
-                self._text = TextPump(self.frontend.encode_piece, self._post)
+                self._text = TextPump(self._post)
             return self._text
 
     # ---- the loop (engine thread) -----------------------------------------------------------------------
@@ -393,12 +393,13 @@ class AsyncEngine:
         # a bi-stream's sentence ended by a cut (text_pump) is not its last while its text goes on
         last_segment = job.emitting == len(job.states) - 1 and not (job.cut and not job.text_closed)
         final = chunk.final and last_segment
-        if len(chunk.samples) or final:
+        if len(chunk.samples) or chunk.final:
             if job.first_chunk_at is None:
                 job.first_chunk_at = time.monotonic()
             samples = np.asarray(chunk.samples, dtype=np.float32)
             job.audio_s += len(samples) / self.sample_rate
-            job.handle._put(AudioChunk(samples, self.sample_rate, job.emitting, final))
+            ids = tuple(job.states[job.emitting].tokens) if chunk.final else ()  # a sentence's end: its speech ids
+            job.handle._put(AudioChunk(samples, self.sample_rate, job.emitting, final, ids))
         if chunk.final:
             if last_segment:
                 self.end_job(job)

@@ -21,6 +21,7 @@ from vocalis.frontend.request import AudioChunk
 
 if TYPE_CHECKING:
     from vocalis.engine.request import Request
+    from vocalis.frontend.pieces import PieceReader
     from vocalis.runtime.async_engine import AsyncEngine
     from vocalis.token2wav.protocol import Token2WavStream
 
@@ -65,6 +66,7 @@ class Job:
     states: list[Token2WavStream]  # one per sentence, created as its LLM request starts
     llm_gen: torch.Generator
     text: Any = None  # a bi-stream's pieces (an iterable or async iterable of str), read by `_pump`
+    reader: PieceReader | None = None  # a bi-stream's: reads its pieces sentence by sentence (`frontend.pieces`)
     llm_request: Request | None = None
     next_segment: int = 0  # next sentence whose LLM request has not started
     emitting: int = 0  # sentence whose audio is being emitted

@@ -40,8 +40,10 @@ def prepare_job(frontend: Frontend, token2wav: Token2Wav[Token2WavStream], reque
     if request.mode is Mode.VC:
         states[0].add_source_tokens(request.source_speech_ids)
         states[0].end_input()
+    reader = frontend.piece_reader(request.language, request.text_frontend) if request.bistream else None
     return Job(handle.request_id, handle, segments, llm_prompt, states, llm_gen,
-               text=request.text if request.bistream else None, new_state=new_state, adapter=request.adapter)
+               text=request.text if request.bistream else None, reader=reader, new_state=new_state,
+               adapter=request.adapter)
 
 
 def start_sentence(engine: AsyncEngine, job: Job) -> None:

@@ -1,5 +1,8 @@
 """Text given in pieces (bi-streaming): read on the caller's event loop and posted, tokenised, to the engine loop.
 
+The pieces are read a sentence at a time, normalised as a whole text is (`frontend.pieces.PieceReader`, in the
+default executor: normalisation is CPU work, not for the caller's loop).
+
 An async iterable is awaited on the caller's loop. A blocking iterable is waited on in a small reader pool, the one
 place a thread waits per request: only a thread can wait on a blocking iterator.
 
@@ -14,6 +17,7 @@ without pauses is one bi-stream, as the official schedule lays it out.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -24,6 +28,7 @@ from vocalis.frontend.text import ends_sentence
 from vocalis.runtime.handle import END
 
 if TYPE_CHECKING:
+    from vocalis.frontend.pieces import PieceReader
     from vocalis.runtime.async_engine import AsyncEngine
     from vocalis.runtime.handle import Job
 
@@ -35,16 +40,16 @@ class TextPump:
     """Posts ("text", (job_id, ids)) per piece, ("text_cut", job_id) where a sentence ends before a pause, then
     ("text_end", job_id), or ("fail", (job_id, exc)) when the caller's text source raises."""
 
-    def __init__(self, encode: Callable[[str], list[int]], post: Callable[[tuple[str, Any]], None],
-                 max_readers: int = 64, cut_after_s: float = CUT_AFTER_S) -> None:
-        self._encode = encode
+    def __init__(self, post: Callable[[tuple[str, Any]], None], max_readers: int = 64,
+                 cut_after_s: float = CUT_AFTER_S) -> None:
         self._post = post
         self._max_readers = max_readers
         self.cut_after_s = cut_after_s
         self._lock = threading.Lock()
         self._readers: ThreadPoolExecutor | None = None  # made on the first blocking iterable
 
-    async def pump(self, job_id: str, pieces: Any, loop: asyncio.AbstractEventLoop) -> None:
+    async def pump(self, job_id: str, pieces: Any, loop: asyncio.AbstractEventLoop, reader: PieceReader) -> None:
+        """Read `pieces` into the job `job_id`: `reader` makes token ids of them a sentence at a time."""
         if hasattr(pieces, "__aiter__"):
             source = pieces.__aiter__()
 
@@ -63,6 +68,7 @@ class TextPump:
                 if since_cut and ends_sentence(since_cut):
                     done, _ = await asyncio.wait({waiting}, timeout=self.cut_after_s)
                     if not done:  # [latency] the writer paused after a sentence: say it now
+                        self._send(job_id, await _off_loop(loop, reader.flush))
                         self._post(("text_cut", job_id))
                         since_cut = ""
                 piece = await waiting
@@ -70,8 +76,9 @@ class TextPump:
                 if piece is END:
                     break
                 if piece:
-                    self._post(("text", (job_id, self._encode(piece))))
+                    self._send(job_id, await _off_loop(loop, reader.feed, piece))
                     since_cut += piece
+            self._send(job_id, await _off_loop(loop, reader.flush))
             self._post(("text_end", job_id))
         except asyncio.CancelledError:
             raise
@@ -80,6 +87,10 @@ class TextPump:
         finally:
             if waiting is not None:
                 waiting.cancel()
+
+    def _send(self, job_id: str, ids: list[int]) -> None:
+        if ids:
+            self._post(("text", (job_id, ids)))
 
     def _pool(self) -> ThreadPoolExecutor:
         with self._lock:
@@ -93,6 +104,11 @@ class TextPump:
             readers, self._readers = self._readers, None
         if readers is not None:
             readers.shutdown(wait=False, cancel_futures=True)
+
+
+def _off_loop(loop: asyncio.AbstractEventLoop, fn: Callable[..., list[int]], *args: str) -> asyncio.Future[list[int]]:
+    """`fn(*args)` in the default executor, in this task's context (its notices reach the request's caller)."""
+    return loop.run_in_executor(None, contextvars.copy_context().run, fn, *args)
 
 
 # ---- the engine loop's side (loop thread) -------------------------------------------------------------------

@@ -26,6 +26,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from vocalis.errors import InputError, VocalisError
+from vocalis.frontend.word_times import WordTimer
 from vocalis.serve.audio_encoding import check_format, supported_formats
 from vocalis.serve.backend import Backend, SpeechJob
 from vocalis.serve.config import ServeConfig
@@ -98,6 +99,13 @@ def install_error_handlers(app: FastAPI) -> None:
         return _json_error(500, f"internal error ({type(exc).__name__}); see the server log")
 
 
+async def word_timer(ctx: ServerContext, req: SpeechRequest) -> WordTimer:
+    """The timer of a request's words (its sentences read as synthesis reads them, off the loop)."""
+    if req.input_format == "ssml":
+        raise InputError("timestamps are given for input_format text, not ssml")
+    return await asyncio.get_running_loop().run_in_executor(None, ctx.backend.word_timer, req.input, req.language)
+
+
 # ---- routes ------------------------------------------------------------------------------------------
 def api_router() -> APIRouter:
     router = APIRouter()  # the API key is checked by ApiKeyMiddleware, before any body is read
@@ -128,13 +136,14 @@ def api_router() -> APIRouter:
                          prompt_seconds=audio_seconds(prompt) if prompt is not None else 0.0)
         adapter = req.adapter or (ctx.config.voice_adapters.get(voice.name) if voice is not None else None)
         ctx.backend.check_adapter(adapter)
+        timer = await word_timer(ctx, req) if req.timestamps else None
         job = SpeechJob(text=req.input, voice=voice, prompt_wav=prompt, prompt_text=req.ref_text or "",
                         instruct=req.instructions or "", speed=req.speed, seed=req.seed, language=req.language,
                         stream=req.stream or req.stream_format == "sse", adapter=adapter)
-        stream = await start_job(ctx, job, request, "/v1/audio/speech", t0, ssml)
+        stream = await start_job(ctx, job, request, "/v1/audio/speech", t0, ssml, timer)
         if req.stream_format == "sse":
             return sse_response(stream, fmt, len(req.input))
-        if not req.stream:
+        if not req.stream or timer is not None:
             return await whole_response(stream, fmt)
         return audio_response(stream, fmt)
 

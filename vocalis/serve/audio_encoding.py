@@ -86,6 +86,8 @@ class _AacEncoder:
         return data
 
     def push(self, samples: np.ndarray) -> bytes:
+        if not len(samples):  # an empty chunk (a held-back silence, a stream's empty end): FFmpeg takes no empty frame
+            return b""
         frame = self._av.AudioFrame.from_ndarray(np.clip(samples, -1.0, 1.0).astype(np.float32)[None, :],
                                                  format="flt", layout="mono")  # (1, N): one plane
         frame.sample_rate = self.sample_rate
@@ -98,6 +100,10 @@ class _AacEncoder:
             self._container.mux(packet)
         self._container.close()
         return self._take()
+
+    def close(self) -> None:
+        """Free FFmpeg's encoder and container without finishing the file (a client that left); idempotent."""
+        self._container.close()
 
 
 def check_format(fmt: str) -> str:
@@ -186,7 +192,8 @@ class AudioEncoder:
 
     def finish(self) -> bytes:
         if self._aac is not None:
-            return self._aac.finish()
+            aac, self._aac = self._aac, None
+            return aac.finish()
         if self._file is not None:
             assert self._buf is not None
             self._file.close()
@@ -196,6 +203,19 @@ class AudioEncoder:
             self._started = True
             return wav_header(self.sample_rate)
         return b""
+
+    def close(self) -> None:
+        """Free the native encoder (FFmpeg's, libsndfile's) of a stream that ends without `finish` (the client
+        left, the job failed): a response's or a session's `finally` calls it; after `finish` it does nothing."""
+        if self._aac is not None:
+            self._aac.close()
+            self._aac = None
+        if self._file is not None:
+            try:
+                self._file.close()
+            except (RuntimeError, sf.SoundFileError):  # the format's end could not be written: nobody reads it
+                pass
+            self._file = None
 
 
 def encode_whole(fmt: str, samples: np.ndarray, sample_rate: int) -> bytes:

@@ -24,6 +24,7 @@ from vocalis.serve.errors import Aborted, JobTimeout
 
 if TYPE_CHECKING:
     from vocalis.frontend.request import SynthesisRequest
+    from vocalis.frontend.word_times import WordTimer
     from vocalis.tts import TTS
 
 END = object()  # marks the end of a stream of items (a text feed, a job's output)
@@ -205,6 +206,11 @@ class Backend(Protocol):
         """Live counters for /metrics."""
         ...
 
+    def word_timer(self, text: str, language: str = "auto") -> WordTimer:
+        """What times the words of a synthesis of `text` (`frontend.word_times`); InputError where no aligner
+        reads the model or language. CPU work (text normalisation): not for the event loop."""
+        ...
+
 
 
 
@@ -231,6 +237,9 @@ class ModelFacts:
         """InputError (a 400) unless `name` is None or one of the LoRA adapters the TTS loaded."""
         if name is not None and name not in self.tts.adapters:
             raise InputError(f"unknown adapter {name!r} (loaded: {', '.join(self.tts.adapters) or 'none'})")
+
+    def word_timer(self, text: str, language: str = "auto") -> WordTimer:
+        return self.tts.word_timer(text, language)
 
     def _clone_parts(self) -> list[tuple[str, object]]:
         """What making a voice from audio reads: the speech tokenizer, and the speaker encoder unless the flow was

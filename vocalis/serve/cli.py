@@ -52,6 +52,11 @@ def add_serve_commands(sub: argparse._SubParsersAction) -> None:
     sv.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     add_model_arguments(sv)
     sv.add_argument("--no-web-page", action="store_true", help="do not serve the web page at /")
+    sv.add_argument("--keep-silence", action="store_true",
+                    help="send a response's trailing silence as made (default: trimmed, the end faded)")
+    sv.add_argument("--aligner", default="auto", metavar="SPEC",
+                    help="word timestamps' aligner: auto (the built-in model's labels; pocketsphinx for English) "
+                         "or module:factory (docs/serving.md)")
     sv.add_argument("--ray", action="store_true", help="run as a Ray Serve deployment (needs ray[serve])")
     sv.add_argument("--replicas", type=int, default=1, help="Ray Serve replicas (with --ray)")
     sv.set_defaults(func=serve_command)
@@ -102,6 +107,7 @@ def serve_config(args: argparse.Namespace):  # -> ServeConfig
             voices_dir=Path(args.voices_dir) if args.voices_dir else default_voices_dir(),
             voice_aliases=_aliases(args.voice_alias), web_page=not args.no_web_page,
             voice_adapters=_aliases(args.voice_adapter, "--voice-adapter VOICE=ADAPTER"),
+            trim_silence=not args.keep_silence,
         )
     except ValueError as exc:
         raise InputError(f"vocalis serve: {exc}") from None
@@ -114,6 +120,9 @@ def serve_command(args: argparse.Namespace) -> int:
     except ImportError:
         raise InputError("serving needs the serve extra: pip install 'vocalis[serve]'") from None
     config = serve_config(args)
+    from vocalis.frontend.word_times import load_aligner
+
+    aligner = load_aligner(args.aligner)  # a bad spec fails before the model loads
     options = model_options(args, "serve")
     backend_opts = {"max_queue": args.max_queue}  # the app's deadlines apply the queue and request timeouts
     if args.ray:
@@ -133,6 +142,8 @@ def serve_command(args: argparse.Namespace) -> int:
     unknown = sorted(set(config.voice_adapters.values()) - set(tts.adapters))
     if unknown:
         raise InputError(f"--voice-adapter names adapters not loaded with --adapter: {', '.join(unknown)}")
+    if aligner is not None:
+        tts.aligner = aligner()
     if tts.model.kind == "random":
         log.warning("no trained model is installed: the built-in model has RANDOM weights and makes noise")
     app = create_app(EngineBackend(tts, **backend_opts), config)

@@ -64,6 +64,8 @@ class ServeConfig:
     voice_aliases: dict[str, str] = field(default_factory=dict)
     voice_adapters: dict[str, str] = field(default_factory=dict)  # voice name -> the LoRA adapter it speaks with
     web_page: bool = True
+    trim_silence: bool = False  # a response's trailing silence trimmed, its end faded (`vocalis.audio_trim`);
+    # `vocalis serve` turns it on (--keep-silence: off); here off, so a response is the engine's audio as made
 
     def __post_init__(self) -> None:
         if self.max_input_chars < 1 or self.max_upload_bytes < 1 or self.max_body_bytes < self.max_upload_bytes:

@@ -69,12 +69,13 @@ class Shutdown:
         for watch in list(self._watches):
             watch.fire(Overloaded("the server is shutting down and this request had not finished; retry shortly"))
 
-    def _add(self, watch: JobWatch) -> None:
+    def watch(self, watch: JobWatch) -> None:
+        """Have the drain end `watch`'s job when the grace is over (at once when it is already over)."""
         if self.expired:
             watch.fire(Overloaded("the server is shutting down; retry on another instance"))
         self._watches.add(watch)
 
-    def _discard(self, watch: JobWatch) -> None:
+    def unwatch(self, watch: JobWatch) -> None:
         self._watches.discard(watch)
 
 
@@ -111,7 +112,7 @@ class JobWatch:
         self.sample_rate = 0
         self._outcome: str | None = None  # "finished" | "failed"
         if shutdown is not None:
-            shutdown._add(self)
+            shutdown.watch(self)
         self._watch_queue()
 
     # ---- timers ------------------------------------------------------------------------------------------
@@ -168,7 +169,7 @@ class JobWatch:
             self._timer.cancel()
             self._timer = None
         if self._shutdown is not None:
-            self._shutdown._discard(self)
+            self._shutdown.unwatch(self)
 
     def close(self) -> None:
         """No more deadlines for this job (it ended, or its reader left); a job not read to its end is aborted."""

@@ -1,7 +1,7 @@
 """Request and message schemas of the HTTP and WebSocket APIs (pydantic), and the error body.
 
 `SpeechRequest` is OpenAI's `POST /v1/audio/speech` body plus Vocalis extensions (input_format, ref_audio, ref_text,
-seed, language, stream). Unknown fields are rejected, so a misspelt option fails loudly instead of being ignored.
+seed, language, stream, timestamps). Unknown fields are rejected, so a misspelt option fails loudly instead of being ignored.
 Text lengths are checked by the routes against the server's one limit (limits.py), not here.
 """
 
@@ -59,6 +59,8 @@ class SpeechRequest(SynthesisOptions):
     ref_text: str | None = Field(None, description="transcript of ref_audio (zero-shot cloning)")
     stream: bool = Field(True, description="false: synthesise the whole utterance, then send one exact file")
     adapter: str | None = Field(None, description="a LoRA adapter the server loaded (default: the voice's, else none)")
+    timestamps: bool = Field(False, description="word timestamps: speech.word events (sse), else one JSON body "
+                             "{audio, response_format, sample_rate, words}")
 
     @property
     def voice_name(self) -> str | None:

@@ -182,16 +182,19 @@ async def _session(ws: WebSocket, ctx: ServerContext, watch: JobWatch, feed: Tex
     async def writer() -> None:
         encoder = AudioEncoder(fmt, ctx.backend.sample_rate)
         told = 0  # warnings sent so far (reading text pieces may add more as they come)
-        async for chunk in watch:
-            for warning in handle.warnings[told:]:
-                await ws.send_json({"type": "warning", "message": warning})
-            told = len(handle.warnings)
-            data = encoder.push(chunk.samples)
-            if data:
-                await ws.send_bytes(data)
-        tail = encoder.finish()
-        if tail:
-            await ws.send_bytes(tail)
+        try:
+            async for chunk in watch:
+                for warning in handle.warnings[told:]:
+                    await ws.send_json({"type": "warning", "message": warning})
+                told = len(handle.warnings)
+                data = encoder.push(chunk.samples)
+                if data:
+                    await ws.send_bytes(data)
+            tail = encoder.finish()
+            if tail:
+                await ws.send_bytes(tail)
+        finally:  # the client left or the session failed: the encoder's memory goes now
+            encoder.close()
 
     read_task = asyncio.create_task(reader())
     write_task = asyncio.create_task(writer())
