@@ -14,7 +14,6 @@ voice's prompt prefix (its first 25 * floor((P - 3) / 25) tokens) is computed on
 Memory. The caches cost ~4.4 MiB per token (2 mel frames) at the 0.5B shapes with the default bf16 storage
 (twice that exact, `cache_dtype=None`): per request, only its own tokens (the prompt's last P - prefix tokens
 and its generated ones), plus each voice's prefix once; `max_cache_mib` bounds the total (`budget.CacheBudget`).
-
 The final chunk: `Token2WavConfig.final_attention`. Static shapes (GPUs): `Token2WavConfig.graphs`.
 
 Legend: R requests in a step, P prompt tokens, N generated tokens, n new positions/frames.
@@ -336,9 +335,8 @@ class Token2WavEngine(BudgetCounters):
         if self.config.compute == "modules":  # the modules as they are: the reference's own pass
             mel = self.flow.decoder(mu, valid.to(mu.dtype), spks, cond, n_timesteps=self.n_timesteps,
                                     streaming=False)
-        else:  # the same pass on the incremental estimator (its native attention and pointwise kernels, its time
-            # terms kept, the compute dtype where one is set): fewer, larger calls than the modules' forward, the
-            # same values to float rounding
+        else:  # the incremental estimator's pass (native kernels, time terms kept, the compute dtype where one is
+            # set): fewer, larger calls than the modules' forward, the same values to float rounding
             frames = [int(n) * self.ratio for n in lens]
             mel = solve_chunk(self.flow.decoder, self.estimator, mu, spks, cond, [0] * len(states), frames,
                               [[] for _ in states], [False] * len(states), self.n_timesteps, None, self.compute,
