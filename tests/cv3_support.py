@@ -74,7 +74,8 @@ def reference_audio(tts, request, stream: bool, pieces: list[str] | None = None)
     """What the batch-1 reference path makes of `request` (tts: a `vocalis.tts.TTS` of a CV3 model), sampled as the
     engine samples: the model's RAS settings and length bounds, the LLM generator of `request.seed` shared by the
     sentences. Per sentence `reference.cv3.generate` -> silent-token filter -> `reference.cv3.stream_token2wav`;
-    with `pieces` (the text as it arrived) one `reference.cv3.generate_bistream` over the pieces' ids instead.
+    with `pieces` (the text as it arrived) one `reference.cv3.generate_bistream` over the ids of its sentences,
+    read as the engine reads pieces (`Frontend.piece_reader`), instead.
     The chunks in order."""
     from vocalis.reference.cv3 import generate, generate_bistream, stream_token2wav
     from vocalis.token2wav.cv3.schedule import keep_token
@@ -84,7 +85,9 @@ def reference_audio(tts, request, stream: bool, pieces: list[str] | None = None)
     prompt = fe.flow_prompt(request)
     prompt_text, prompt_speech = fe.llm_prompt(request)
     if pieces is not None:
-        piece_ids = [fe.tokenizer.encode(p) for p in pieces if p]
+        reader = fe.piece_reader(request.language, request.text_frontend)  # a sentence at a time, as the engine
+        piece_ids = [ids for p in pieces if p and (ids := reader.feed(p))]
+        piece_ids += [ids] if (ids := reader.flush()) else []
         runs = [generate_bistream(model.llm, piece_ids, prompt_text, prompt_speech, model.config.sampling, llm_gen)]
     else:
         runs = [generate(model.llm, text_ids, prompt_text, prompt_speech, model.config.sampling, llm_gen)

@@ -140,9 +140,9 @@ def test_waiting_for_text_does_not_spin(model: LoadedModel) -> None:
         gate = asyncio.Event()
 
         async def pieces() -> AsyncIterator[str]:
-            yield "Hello there, "
+            yield "Hello there. And "  # a sentence (read at once) and the start of one (kept: no cut)
             await gate.wait()
-            yield "and goodbye."
+            yield "goodbye."
 
         with AsyncEngine.from_model(model) as eng:
             handle = eng.submit(_pieces_request(model, pieces(), seed=0))
@@ -150,12 +150,12 @@ def test_waiting_for_text_does_not_spin(model: LoadedModel) -> None:
             # stepping (spinning) while waiting never gets there
             loop = asyncio.get_running_loop()
             steps, quiet_since = eng.stats()["llm_steps"], loop.time()
-            for _ in range(200):
+            for _ in range(400):  # (the sentence is normalised before its first step: wait for that too)
                 await asyncio.sleep(0.05)
                 count = eng.stats()["llm_steps"]
                 if count != steps:
                     steps, quiet_since = count, loop.time()
-                elif loop.time() - quiet_since >= 0.3:
+                elif steps and loop.time() - quiet_since >= 0.3:
                     break
             await asyncio.sleep(0.3)  # the stream waits for text: the loop sleeps, no steps, no polling
             assert steps > 0 and eng.stats()["llm_steps"] == steps
