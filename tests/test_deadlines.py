@@ -7,7 +7,7 @@ import pytest
 
 from vocalis.runtime.deadlines import DeadlineScheduling, StepCost, StreamDue, plan_by_deadline
 
-ON = DeadlineScheduling()
+ON = DeadlineScheduling(enabled=True)
 
 
 def _cost(f: float, c: float, rows: tuple[int, ...] = (1, 2, 4, 8)) -> StepCost:
@@ -69,7 +69,7 @@ def test_overdue_first_chunks_in_steps_sized_by_the_cost_fit() -> None:
     ready = [StreamDue(f"s{i}", now - 1.0 + i * 0.01) for i in range(8)]  # 8 requests that arrived together
     assert plan_by_deadline(ON, ready, now, _cost(0.0, 1.0)) == ["s0"]  # submission order
     assert plan_by_deadline(ON, ready, now, _cost(1.0, 0.0)) == [f"s{i}" for i in range(8)]
-    no_split = DeadlineScheduling(split_overdue=False)
+    no_split = DeadlineScheduling(enabled=True, split_overdue=False)
     assert plan_by_deadline(no_split, ready, now, _cost(0.0, 1.0)) == [f"s{i}" for i in range(8)]
 
 

@@ -17,6 +17,7 @@ from vocalis.engine.request import SamplingParams
 from vocalis.frontend.request import AudioChunk, Mode, SynthesisRequest
 from vocalis.model_dir import LoadedModel, random_model
 from vocalis.runtime.async_engine import AsyncEngine
+from vocalis.runtime.deadlines import DeadlineScheduling
 from vocalis.runtime.handle import EngineClosed, StreamHandle
 from vocalis.runtime.overlap import OverlapConfig
 from vocalis.token2wav.config import Token2WavConfig
@@ -168,7 +169,8 @@ def test_a_new_requests_first_chunk_does_not_wait_for_a_running_streams_later_ch
     steps: list[list[str]] = []
 
     async def run(overlap: OverlapConfig) -> None:
-        eng = Short.from_model(model, token2wav_config=Token2WavConfig(max_batch=4), overlap=overlap)
+        eng = Short.from_model(model, token2wav_config=Token2WavConfig(max_batch=4), overlap=overlap,
+                               deadlines=DeadlineScheduling(enabled=True))
         step = eng.token2wav.step
 
         def recorded_step(states, **kw):  # type: ignore[no-untyped-def]
