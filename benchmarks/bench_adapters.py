@@ -23,22 +23,13 @@ import time
 import torch
 
 from vocalis.adapters.batched import AdapterBank, bank_linears
-from vocalis.adapters.lora_file import AdapterConfig, LoraAdapter, llm_digest, merge_adapter
+from vocalis.adapters.lora_file import merge_adapter, random_adapter
 from vocalis.engine.config import EngineConfig
 from vocalis.engine.llm_engine import LLMEngine
 from vocalis.model_dir import load_model
 
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
-
-def random_adapter(llm: torch.nn.Module, name: str, rank: int, seed: int) -> LoraAdapter:
-    g = torch.Generator().manual_seed(seed)
-    tensors = {}
-    for path, m in llm.named_modules():
-        if isinstance(m, torch.nn.Linear) and path.rsplit(".", 1)[-1] in TARGETS:
-            tensors[f"{path}.lora_A"] = torch.randn(rank, m.in_features, generator=g) * 0.01
-            tensors[f"{path}.lora_B"] = torch.randn(m.out_features, rank, generator=g) * 0.01
-    return LoraAdapter(AdapterConfig(rank, 2.0 * rank, TARGETS, 0.0, llm_digest(llm)), tensors, name)
 
 
 def run(engine: LLMEngine, adapters: list[str | None], tokens: int) -> float:
@@ -68,7 +59,8 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     base = load_model(args.model).llm.eval()
-    a, b = random_adapter(base, "a", args.rank, 1), random_adapter(base, "b", args.rank, 2)
+    a, b = (random_adapter(base, "a", args.rank, TARGETS, 1, scale=0.01),
+            random_adapter(base, "b", args.rank, TARGETS, 2, scale=0.01))
     merged = copy.deepcopy(base)
     merge_adapter(merged, a)
     bank1, bank2 = copy.deepcopy(base), copy.deepcopy(base)

@@ -12,19 +12,14 @@ import torch
 from tiny_assets import make_tiny_model_dir
 
 from vocalis.adapters.batched import AdapterBank, bank_linears
-from vocalis.adapters.lora_file import AdapterConfig, LoraAdapter, llm_digest, load_adapter, merge_adapter, save_adapter
+from vocalis.adapters.lora_file import (
+    LoraAdapter,
+    load_adapter,
+    merge_adapter,
+    random_adapter,
+    save_adapter,
+)
 from vocalis.model_dir import load_model, random_model
-
-
-def _adapter(llm: torch.nn.Module, name: str, rank: int, targets: tuple[str, ...], seed: int) -> LoraAdapter:
-    """Random A and B (a trained adapter's B is not zero) on every `targets` layer of the LLM."""
-    g = torch.Generator().manual_seed(seed)
-    tensors = {}
-    for path, m in llm.named_modules():
-        if isinstance(m, torch.nn.Linear) and path.rsplit(".", 1)[-1] in targets:
-            tensors[f"{path}.lora_A"] = torch.randn(rank, m.in_features, generator=g) * 0.3
-            tensors[f"{path}.lora_B"] = torch.randn(m.out_features, rank, generator=g) * 0.3
-    return LoraAdapter(AdapterConfig(rank, 2.0 * rank, targets, 0.0, llm_digest(llm)), tensors, name)
 
 
 def _merged(llm: torch.nn.Module, adapter: LoraAdapter | None) -> torch.nn.Module:
@@ -36,8 +31,8 @@ def _merged(llm: torch.nn.Module, adapter: LoraAdapter | None) -> torch.nn.Modul
 
 def test_two_adapters_in_one_batch_equal_each_alone() -> None:
     llm = random_model().llm
-    a = _adapter(llm, "a", 2, ("q_proj", "v_proj", "down_proj"), 1)
-    b = _adapter(llm, "b", 4, ("q_proj", "o_proj", "gate_proj", "llm_decoder"), 2)
+    a = random_adapter(llm, "a", 2, ("q_proj", "v_proj", "down_proj"), 1)
+    b = random_adapter(llm, "b", 4, ("q_proj", "o_proj", "gate_proj", "llm_decoder"), 2)
     banked = copy.deepcopy(llm)
     bank = AdapterBank([a, b])
     assert bank_linears(banked, bank) == 2 * 5 + 1  # 2 layers x {q, v, down, o, gate} + the head
@@ -71,7 +66,7 @@ def test_tts_load_merges_one_adapter_and_speak_uses_it(model_dir: Path, tmp_path
     from vocalis.tts import TTS
 
     base = load_model(model_dir).llm
-    adapter = _adapter(base, "calm", 2, ("q_proj", "v_proj"), 3)
+    adapter = random_adapter(base, "calm", 2, ("q_proj", "v_proj"), 3)
     save_adapter(adapter, model_dir / "adapters" / "calm")
     tts = TTS.load(model_dir, adapters={"calm": "calm"})  # by name, from the model's adapters/
     assert tts.adapters == ("calm",)
@@ -90,7 +85,7 @@ def test_tts_load_merges_one_adapter_and_speak_uses_it(model_dir: Path, tmp_path
 def test_wrong_adapters_are_one_error_line(model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     from vocalis.cli import main
 
-    other = _adapter(random_model(seed=1).llm, "other", 2, ("q_proj",), 4)
+    other = random_adapter(random_model(seed=1).llm, "other", 2, ("q_proj",), 4)
     save_adapter(other, tmp_path / "other")
     for adapter, words in ((str(tmp_path / "other"), "trained on another base model"),
                            ("nope", "no adapter 'nope'"), (str(model_dir), "is not a LoRA adapter")):

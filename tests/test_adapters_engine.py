@@ -13,7 +13,12 @@ import torch
 from serve_support import make_quick_tiny_model_dir
 
 from vocalis.adapters.batched import AdapterBank, bank_linears
-from vocalis.adapters.lora_file import AdapterConfig, LoraAdapter, llm_digest, merge_adapter, save_adapter
+from vocalis.adapters.lora_file import (
+    LoraAdapter,
+    merge_adapter,
+    random_adapter,
+    save_adapter,
+)
 from vocalis.engine.config import EngineConfig
 from vocalis.engine.llm_engine import LLMEngine
 from vocalis.errors import InputError
@@ -21,16 +26,6 @@ from vocalis.model_dir import load_model, random_model
 
 TEXTS = ([5, 9, 17, 3, 22, 8], [11, 4, 30, 2], [7, 7, 19, 25, 6, 13, 14])
 
-
-def _adapter(llm: torch.nn.Module, name: str, rank: int, targets: tuple[str, ...], seed: int) -> LoraAdapter:
-    """Random A and B on every `targets` layer (large enough that each adapter changes what is sampled)."""
-    g = torch.Generator().manual_seed(seed)
-    tensors = {}
-    for path, m in llm.named_modules():
-        if isinstance(m, torch.nn.Linear) and path.rsplit(".", 1)[-1] in targets:
-            tensors[f"{path}.lora_A"] = torch.randn(rank, m.in_features, generator=g) * 0.3
-            tensors[f"{path}.lora_B"] = torch.randn(m.out_features, rank, generator=g) * 0.3
-    return LoraAdapter(AdapterConfig(rank, 2.0 * rank, targets, 0.0, llm_digest(llm)), tensors, name)
 
 
 def _engine(llm: torch.nn.Module, **kw: object) -> LLMEngine:
@@ -48,8 +43,8 @@ def _run(engine: LLMEngine, jobs: list[tuple[list[int], str | None, int]]) -> li
 def models() -> tuple[torch.nn.Module, LoraAdapter, LoraAdapter]:
     torch.manual_seed(0)
     llm = random_model().llm.eval()
-    a = _adapter(llm, "a", 2, ("q_proj", "v_proj", "down_proj"), 1)
-    b = _adapter(llm, "b", 4, ("q_proj", "o_proj", "gate_proj", "llm_decoder"), 2)
+    a = random_adapter(llm, "a", 2, ("q_proj", "v_proj", "down_proj"), 1)
+    b = random_adapter(llm, "b", 4, ("q_proj", "o_proj", "gate_proj", "llm_decoder"), 2)
     return llm, a, b
 
 
@@ -110,8 +105,8 @@ def test_unknown_adapter_is_one_error_line(models) -> None:
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = make_quick_tiny_model_dir(tmp_path_factory.mktemp("adapters_engine") / "model")
     base = load_model(d).llm
-    save_adapter(_adapter(base, "a", 2, ("q_proj", "v_proj"), 3), d / "adapters" / "a")
-    save_adapter(_adapter(base, "b", 4, ("o_proj", "llm_decoder"), 4), d / "adapters" / "b")
+    save_adapter(random_adapter(base, "a", 2, ("q_proj", "v_proj"), 3), d / "adapters" / "a")
+    save_adapter(random_adapter(base, "b", 4, ("o_proj", "llm_decoder"), 4), d / "adapters" / "b")
     return d
 
 
@@ -143,7 +138,7 @@ def test_server_chooses_the_adapter_per_request(tmp_path: Path) -> None:
     d = make_quick_tiny_model_dir(tmp_path / "model")
     base = load_model(d).llm
     for name, seed in (("a", 5), ("b", 6)):
-        save_adapter(_adapter(base, name, 2, ("q_proj", "v_proj", "o_proj"), seed), d / "adapters" / name)
+        save_adapter(random_adapter(base, name, 2, ("q_proj", "v_proj", "o_proj"), seed), d / "adapters" / name)
     with TTS.load(d, adapters={"a": "a", "b": "b"}) as tts:
         voice = tts.voices[0]
         expected = {ad: tts.synthesize("Hello there.", voice=voice, seed=11, adapter=ad) for ad in ("a", "b", None)}

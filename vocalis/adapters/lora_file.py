@@ -170,3 +170,16 @@ def merge_at_load(llm: nn.Module, specs: Mapping[str, str | Path], model_dir: Pa
     for adapter in adapters.values():
         merge_adapter(llm, adapter)
     return tuple(adapters)
+
+
+def random_adapter(llm: nn.Module, name: str, rank: int, targets: tuple[str, ...], seed: int,
+                   scale: float = 0.3) -> LoraAdapter:
+    """Random A and B (a trained adapter's B is not zero) on every `targets` Linear of `llm`, for tests and
+    benchmarks: `scale` sets how far it moves the outputs."""
+    g = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for path, m in llm.named_modules():
+        if isinstance(m, nn.Linear) and path.rsplit(".", 1)[-1] in targets:
+            tensors[f"{path}.lora_A"] = torch.randn(rank, m.in_features, generator=g) * scale
+            tensors[f"{path}.lora_B"] = torch.randn(m.out_features, rank, generator=g) * scale
+    return LoraAdapter(AdapterConfig(rank, 2.0 * rank, targets, 0.0, llm_digest(llm)), tensors, name)
