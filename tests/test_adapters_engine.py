@@ -152,6 +152,9 @@ def test_server_chooses_the_adapter_per_request(tmp_path: Path) -> None:
                 r = speak(**body)
                 assert r.status_code == 200, r.text
                 np.testing.assert_allclose(decode_audio("wav", r.content), expected[want], atol=2e-4)
+            sft = client.post("/inference_sft", data={"tts_text": "Hello there.", "spk_id": voice, "seed": "11"})
+            assert sft.status_code == 200, sft.text  # the CosyVoice routes speak with the voice's adapter too
+            np.testing.assert_allclose(decode_audio("pcm", sft.content), np.clip(expected["b"], -1, 1), atol=2e-4)
             r = speak(adapter="nope")
             assert r.status_code == 400
             assert r.json()["error"]["message"] == "unknown adapter 'nope' (loaded: a, b)"

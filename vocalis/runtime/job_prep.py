@@ -58,11 +58,11 @@ def start_sentence(engine: AsyncEngine, job: Job) -> None:
     job.next_segment += 1
     text_ids = job.segments[i]
     sink = job.token_sink(job.states[i])
-    req = engine.llm.make_request(text_ids, *job.llm_prompt, engine.llm_params(text_ids),
-                                  request_id=f"{job.job_id}/{i}", sink=sink, generator=job.llm_gen,
-                                  adapter=job.adapter)
-    job.llm_request = req
-    try:
+    try:  # (an unknown adapter fails here: this job only)
+        req = engine.llm.make_request(text_ids, *job.llm_prompt, engine.llm_params(text_ids),
+                                      request_id=f"{job.job_id}/{i}", sink=sink, generator=job.llm_gen,
+                                      adapter=job.adapter)
+        job.llm_request = req
         engine.llm.add_request(req)
     except InputError as exc:
         engine.fail(job.job_id, exc)

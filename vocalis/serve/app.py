@@ -134,8 +134,7 @@ def api_router() -> APIRouter:
         said = req.input if ssml is None else " ".join(p.text for p in ssml if p.text)
         ctx.budget.check(text=said, voice=voice, prompt_text=req.ref_text or "", instruct=req.instructions or "",
                          prompt_seconds=audio_seconds(prompt) if prompt is not None else 0.0)
-        adapter = req.adapter or (ctx.config.voice_adapters.get(voice.name) if voice is not None else None)
-        ctx.backend.check_adapter(adapter)
+        adapter = ctx.adapter_for(req.adapter, voice)
         timer = await word_timer(ctx, req) if req.timestamps else None
         job = SpeechJob(text=req.input, voice=voice, prompt_wav=prompt, prompt_text=req.ref_text or "",
                         instruct=req.instructions or "", speed=req.speed, seed=req.seed, language=req.language,

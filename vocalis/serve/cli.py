@@ -126,6 +126,9 @@ def serve_command(args: argparse.Namespace) -> int:
     options = model_options(args, "serve")
     backend_opts = {"max_queue": args.max_queue}  # the app's deadlines apply the queue and request timeouts
     if args.ray:
+        if args.adapter or args.voice_adapter or aligner is not None:
+            raise InputError("--adapter, --voice-adapter and --aligner are not served with --ray yet: "
+                             "serve without --ray")
         from vocalis.serve.ray_app import run_ray
 
         return run_ray(args.model, config, backend_opts, options, host=args.host, port=args.port,

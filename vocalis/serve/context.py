@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from starlette.requests import HTTPConnection
 
@@ -13,6 +14,9 @@ from vocalis.serve.guards import ApiKey
 from vocalis.serve.limits import PromptBudget
 from vocalis.serve.metrics import ServeMetrics
 from vocalis.serve.voices import VoiceStore
+
+if TYPE_CHECKING:
+    from vocalis.frontend.request import Voice
 
 
 @dataclass
@@ -32,6 +36,13 @@ class ServerContext:
             if text:
                 message = message.replace(text, replacement)
         return message
+
+    def adapter_for(self, requested: str | None, voice: Voice | None) -> str | None:
+        """The LoRA adapter a request speaks with: the one it names, else its voice's (`--voice-adapter`), else none
+        (the base model); InputError (a 400) for one the server did not load."""
+        adapter = requested or (self.config.voice_adapters.get(voice.name) if voice is not None else None)
+        self.backend.check_adapter(adapter)
+        return adapter
 
     @property
     def model_label(self) -> str:

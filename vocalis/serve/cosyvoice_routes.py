@@ -67,7 +67,7 @@ def cosyvoice_router() -> APIRouter:
                   seed: Seed = None, response_format: Fmt = "pcm") -> StreamingResponse:
         t0 = time.perf_counter()
         v = voice(request, spk_id)
-        job = SpeechJob(text=tts_text, voice=v, speed=speed, seed=seed)
+        job = SpeechJob(text=tts_text, voice=v, speed=speed, seed=seed, adapter=ctx_of(request).adapter_for(None, v))
         return await run(request, "/inference_sft", t0, response_format, job)
 
     @router.post("/inference_zero_shot")
@@ -91,7 +91,8 @@ def cosyvoice_router() -> APIRouter:
                        speed: Speed = 1.0, seed: Seed = None, response_format: Fmt = "pcm") -> StreamingResponse:
         t0 = time.perf_counter()
         v = voice(request, spk_id)
-        job = SpeechJob(text=tts_text, voice=v, instruct=instruct_text, speed=speed, seed=seed)
+        job = SpeechJob(text=tts_text, voice=v, instruct=instruct_text, speed=speed, seed=seed,
+                        adapter=ctx_of(request).adapter_for(None, v))
         return await run(request, "/inference_instruct", t0, response_format, job)
 
     @router.post("/inference_instruct2")

@@ -74,6 +74,7 @@ class WsStart(SynthesisOptions):
     voice: str | None = None
     instructions: str | None = None
     response_format: Literal["pcm", "wav", "mp3", "opus", "flac", "aac"] = "pcm"
+    adapter: str | None = None  # a LoRA adapter the server loaded (default: the voice's, else none)
 
 
 class WsText(BaseModel):

@@ -207,10 +207,16 @@ def sse_response(job: StartedJob, fmt: str, input_chars: int) -> StreamingRespon
                     data = encoder.push(chunk.samples)
                     if data:
                         yield event({"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()})
-                    if job.timer is not None and len(job.timer.words) > sent_words:
-                        for word in _clipped(job.timer.words[sent_words:], samples / job.sample_rate):
-                            yield event({"type": "speech.word", **word})
-                        sent_words = len(job.timer.words)
+                    if job.timer is not None:  # the words begun in the audio sent (the trimmer may hold some)
+                        sent_s = samples / job.sample_rate
+                        for word in job.timer.words[sent_words:]:
+                            if word.start >= sent_s:
+                                break
+                            yield event({"type": "speech.word", **word.as_dict()})
+                            sent_words += 1
+            if job.timer is not None:  # the rest, their ends within the (trimmed) audio
+                for word in _clipped(job.timer.words[sent_words:], samples / job.sample_rate):
+                    yield event({"type": "speech.word", **word})
         except VocalisError as exc:
             if not isinstance(exc, Aborted):
                 yield event({"type": "error", "error": {"message": str(exc), "type": type(exc).__name__}})

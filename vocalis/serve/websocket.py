@@ -108,7 +108,8 @@ def websocket_router() -> APIRouter:
                 ctx.budget.check(voice=voice, instruct=start.instructions or "")
                 feed = TextFeed(cfg.ws_idle_timeout_s + FEED_SLACK_S)
                 job = SpeechJob(text=feed, voice=voice, instruct=start.instructions or "", speed=start.speed,
-                                seed=start.seed, language=start.language)
+                                seed=start.seed, language=start.language,
+                                adapter=ctx.adapter_for(start.adapter, voice))
                 # A session's length is the client's writing time, so the session cap, not the request
                 # timeout, bounds it; the queue timeout still applies.
                 watch = JobWatch(ctx.backend.submit(job), queue_timeout_s=cfg.queue_timeout_s,
