@@ -183,6 +183,24 @@ def test_hift_body_in_buckets_equals_unpadded_and_compiles(hift) -> None:
     _compiled_equals_eager(body._call, (mel, s_stft, torch.tensor([32, 20])), 1e-5)
 
 
+def _run(engine, states, specs) -> dict[str, list[np.ndarray]]:
+    """End the states' input, step them together to the end -> each request's chunks (samples), in `specs` order."""
+    for s in states:
+        s.end_input()
+    chunks: dict[str, list[np.ndarray]] = {name: [] for name, *_ in specs}
+    while not all(s.finished for s in states):
+        for chunk in engine.step(states):
+            chunks[chunk.request_id].append(chunk.samples)
+    return chunks
+
+
+def _assert_same_chunks(got: dict[str, list[np.ndarray]], want: dict[str, list[np.ndarray]], atol: float) -> None:
+    assert [len(c) for c in got.values()] == [len(c) for c in want.values()] == [2, 1]
+    for name, chunks in want.items():
+        for g, w in zip(got[name], chunks):
+            assert g.shape == w.shape and float(np.abs(g - w).max()) <= atol
+
+
 def test_engine_static_path_equals_the_incremental_engine(flow, hift) -> None:
     """`Token2WavConfig(graphs="eager")`: whole-prefix calls in buckets, same chunks as the cached engine (itself
     equal to the reference, tests/test_engine_token2wav.py), for a streaming and an offline request in one step."""
@@ -195,16 +213,8 @@ def test_engine_static_path_equals_the_incremental_engine(flow, hift) -> None:
                   for i, (name, prompt, _, streaming) in enumerate(specs)]
         for s, (_, _, n, _) in zip(states, specs):
             s.add_tokens(torch.randint(0, 6561, (n,), generator=torch.Generator().manual_seed(n)).tolist())
-            s.end_input()
-        chunks: dict[str, list[np.ndarray]] = {name: [] for name, *_ in specs}
-        while not all(s.finished for s in states):
-            for chunk in engine.step(states):
-                chunks[chunk.request_id].append(chunk.samples)
-        out.append(chunks)
-    assert [len(c) for c in out[1].values()] == [len(c) for c in out[0].values()] == [2, 1]
-    for name in out[0]:
-        for got, want in zip(out[1][name], out[0][name]):
-            assert got.shape == want.shape and float(np.abs(got - want).max()) <= ATOL
+        out.append(_run(engine, states, specs))
+    _assert_same_chunks(out[1], out[0], ATOL)
 
 
 def test_cuda_graph_modes_refuse_cpu_tensors() -> None:
@@ -231,16 +241,8 @@ def test_cv3_engine_static_path_equals_the_cached_engine(cv3_model) -> None:
             states = [engine.new_stream(name, prompt, streaming=streaming) for name, prompt, _, streaming in specs]
             for s, (_, _, n, _) in zip(states, specs):
                 s.add_source_tokens(torch.randint(0, 100, (n,), generator=torch.Generator().manual_seed(n)).tolist())
-                s.end_input()
-            chunks: dict[str, list[np.ndarray]] = {name: [] for name, *_ in specs}
-            while not all(s.finished for s in states):
-                for chunk in engine.step(states):
-                    chunks[chunk.request_id].append(chunk.samples)
-            out.append(chunks)
-        assert [len(c) for c in out[1].values()] == [len(c) for c in out[0].values()] == [2, 1]
-        for name in out[0]:
-            for got, want in zip(out[1][name], out[0][name]):
-                assert got.shape == want.shape and float(np.abs(got - want).max()) <= 1e-4  # cv3_support.ATOL
+            out.append(_run(engine, states, specs))
+        _assert_same_chunks(out[1], out[0], 1e-4)  # cv3_support.ATOL
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
