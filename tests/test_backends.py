@@ -30,6 +30,7 @@ import pytest
 import soundfile as sf
 import torch
 import torch.nn.functional as F
+from token2wav_support import audio_of
 
 from vocalis.backends.choice import apply_backend, has_amx, native_bf16_cpu, resolve
 from vocalis.bench.accuracy import errors, outputs
@@ -306,14 +307,7 @@ def test_reduced_precision_reaches_the_engine(reference) -> None:
     tokens = torch.randint(0, 6561, (60,), generator=g).tolist()
     outs = []
     for m in (reference, model, bf16, bf16_hift):
-        engine = Token2WavEngine(m.flow, m.hift)
-        state = engine.new_stream("a", prompt, generator=torch.Generator().manual_seed(1))
-        state.add_tokens(tokens)
-        state.end_input()
-        chunks = []
-        while not state.finished:
-            chunks += [c.samples for c in engine.step([state])]
-        outs.append(np.concatenate(chunks))
+        outs.append(audio_of(Token2WavEngine(m.flow, m.hift), prompt, tokens, seed=1))
     ref = outs[0]
     for wav in outs[1:3]:
         assert wav.shape == ref.shape

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from token2wav_support import audio_of
 from torch import nn
 
 from vocalis.config import PRESETS
@@ -72,14 +73,7 @@ def test_engine_on_the_kernel_equals_torch_passes(int8: bool, monkeypatch: pytes
     tokens = torch.randint(0, 6561, (60,), generator=g).tolist()
 
     def audio() -> np.ndarray:
-        engine = Token2WavEngine(flow, hift, Token2WavConfig(cache_dtype=None))
-        state = engine.new_stream("a", prompt, streaming=True, generator=torch.Generator().manual_seed(2))
-        state.add_tokens(tokens)
-        state.end_input()
-        chunks = []
-        while not state.finished:
-            chunks += [c.samples for c in engine.step([state])]
-        return np.concatenate(chunks)
+        return audio_of(Token2WavEngine(flow, hift, Token2WavConfig(cache_dtype=None)), prompt, tokens, seed=2)
 
     calls = []
     kernel = fp32_pointwise.norm_mish

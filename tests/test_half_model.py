@@ -23,6 +23,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from token2wav_support import audio_of
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from vocalis.backends.half import cast_estimator, cast_llm
@@ -72,13 +73,7 @@ def test_token2wav_engine_runs_the_whole_cast_estimator() -> None:
     wavs = []
     for model in (random_model("tiny"), _whole("bf16")):
         engine = Token2WavEngine(model.flow, model.hift)
-        state = engine.new_stream("a", prompt, generator=torch.Generator().manual_seed(1))
-        state.add_tokens(tokens)
-        state.end_input()
-        chunks = []
-        while not state.finished:
-            chunks += [c.samples for c in engine.step([state])]
-        wavs.append(np.concatenate(chunks))
+        wavs.append(audio_of(engine, prompt, tokens, seed=1))
     assert engine.compute is not None and engine.compute.kind == torch.bfloat16
     assert wavs[1].shape == wavs[0].shape
     assert 0 < np.abs(wavs[1] - wavs[0]).max() <= 1e-3
