@@ -180,6 +180,11 @@ class TTS:
         return voice
 
     # ---- requests --------------------------------------------------------------------------------------
+    def check_adapter(self, adapter: str | None) -> None:
+        """InputError unless `adapter` is None or one of the LoRA adapters loaded (`load(adapters=...)`)."""
+        if adapter is not None and adapter not in self.adapters:
+            raise InputError(f"unknown adapter {adapter!r} (loaded: {', '.join(self.adapters) or 'none'})")
+
     def request(
         self,
         text: Text,
@@ -197,8 +202,7 @@ class TTS:
         """The typed request the other methods run; the mode follows from what is given (see `Mode`).
         adapter: one of the LoRA adapters loaded (`load(adapters=...)`); None: the base model (with one adapter
         loaded, it is merged and every request has it)."""
-        if adapter is not None and adapter not in self.adapters:
-            raise InputError(f"unknown adapter {adapter!r} (loaded: {', '.join(self.adapters) or 'none'})")
+        self.check_adapter(adapter)
         if prompt_wav is not None and voice is not None:
             raise InputError("give either a voice or a prompt recording, not both")
         if prompt_wav is not None:

@@ -235,8 +235,7 @@ class ModelFacts:
 
     def check_adapter(self, name: str | None) -> None:
         """InputError (a 400) unless `name` is None or one of the LoRA adapters the TTS loaded."""
-        if name is not None and name not in self.tts.adapters:
-            raise InputError(f"unknown adapter {name!r} (loaded: {', '.join(self.tts.adapters) or 'none'})")
+        self.tts.check_adapter(name)
 
     def word_timer(self, text: str, language: str = "auto") -> WordTimer:
         return self.tts.word_timer(text, language)
