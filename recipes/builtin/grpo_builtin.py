@@ -36,7 +36,8 @@ def train(args: argparse.Namespace) -> None:
     sets = {
         "grpo.rewards": "[wer]", "grpo.group_size": args.group, "grpo.kl_coef": args.kl,
         "policy.global_batch": args.global_batch, "policy.micro_batch": args.group,
-        "optim.lr": args.lr, "scheduler.name": "constant", "trainer.save_every": args.save_every,
+        "optim.lr": args.lr, "scheduler.name": "constant", "scheduler.warmup_steps": args.warmup,
+        "trainer.save_every": args.save_every,
         "trainer.keep_checkpoints": 2, "trainer.num_threads": args.threads, "trainer.seed": args.seed,
     }
     cmd = [sys.executable, "-m", "vocalis", "train", "grpo", "--init-from", str(args.model), "--data", str(prompts),
@@ -67,6 +68,7 @@ def main() -> None:
     ap.add_argument("--group", type=int, default=4, help="samples per prompt (G)")
     ap.add_argument("--global-batch", type=int, default=16, help="sequences per optimizer step")
     ap.add_argument("--lr", type=float, default=5e-5)
+    ap.add_argument("--warmup", type=int, default=2, help="optimizer steps of linear learning-rate warmup")
     ap.add_argument("--kl", type=float, default=0.04, help="KL coefficient to the frozen reference")
     ap.add_argument("--save-every", type=int, default=4)
     ap.add_argument("--threads", type=int, default=2)
