@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import soundfile as sf
 import torch
-
 from cv3_support import cv3_reference
 from tiny_assets import make_tiny_model_dir
+
 from vocalis.cli import main
 from vocalis.config import PRESETS
 from vocalis.models.flow.flow import CausalMaskedDiffWithXvec
@@ -145,6 +145,16 @@ def test_server_model_options(model_dir: Path) -> None:
     assert default.final_attention == "full"  # the reference's last chunk
     assert default.max_streams == 16  # on a CPU: requests in flight, over several token2wav steps
     assert ModelOptions(max_streams=0).load(model_dir).token2wav_config.max_streams is None  # 0: no cap
+
+
+def test_builtin_model_streams_end_block_causal() -> None:
+    """The built-in model has no reference to match: its streams end block-causal unless asked for the full pass;
+    a CosyVoice model's end on the reference's full-attention pass (above)."""
+    from vocalis.model_options import ModelOptions
+
+    assert TTS.load().token2wav_config.final_attention == "causal"
+    assert ModelOptions().load(None).token2wav_config.final_attention == "causal"
+    assert ModelOptions(final_chunk="full").load(None).token2wav_config.final_attention == "full"
 
 
 def test_cv3_engine_takes_the_steps(cv3_model, cv3_dir: Path) -> None:

@@ -33,7 +33,8 @@ class ModelOptions:
     token2wav_cache_mib: the streams' token2wav cache budget (None: a quarter of the device's memory).
     final_chunk: "full" (the reference's last call exactly: one more full-attention flow pass per streamed
         request) or "causal" (block-causal like the earlier chunks: linear cost; the last hop may differ from
-        the reference by how much the model's two attention modes disagree on it).
+        the reference by how much the model's two attention modes disagree on it). None: the model's default
+        (`TTS.default_token2wav`: full for a CosyVoice model, causal for the built-in one).
     max_streams: most requests synthesised at once, more wait in order (`Token2WavConfig.max_streams`). None:
         `CPU_STREAMS` on a CPU (more in flight only wait for token2wav steps while holding their flow caches:
         docs/benchmarks.md, "Requests in flight"); no cap on a GPU. 0: no cap.
@@ -44,7 +45,7 @@ class ModelOptions:
     backend: str = "torch"
     flow_steps: int | None = None
     token2wav_cache_mib: int | None = None
-    final_chunk: str = "full"
+    final_chunk: str | None = None
     max_streams: int | None = None
 
     def __post_init__(self) -> None:
@@ -58,7 +59,7 @@ class ModelOptions:
             raise ValueError(f"--token2wav-cache-mib must be at least 0, got {self.token2wav_cache_mib}")
         if self.max_streams is not None and self.max_streams < 0:
             raise ValueError(f"--max-streams must be at least 0, got {self.max_streams}")
-        if self.final_chunk not in FINAL_CHUNKS:
+        if self.final_chunk is not None and self.final_chunk not in FINAL_CHUNKS:
             raise ValueError(f"--final-chunk must be 'full' or 'causal', got {self.final_chunk!r}")
 
     def resolved_device(self, local_rank: int = 0) -> str:
@@ -96,7 +97,8 @@ class ModelOptions:
         tts = TTS.load(model, device=device, backend=self.backend, precision=self.precision,
                        flow_steps=self.flow_steps, adapters=adapters)
         cap = self.streams_cap(device)
-        tts.token2wav_config = replace(tts.token2wav_config, final_attention=self.final_chunk, max_streams=cap,
+        final = self.final_chunk or tts.token2wav_config.final_attention
+        tts.token2wav_config = replace(tts.token2wav_config, final_attention=final, max_streams=cap,
                                        **({} if self.token2wav_cache_mib is None
                                           else {"max_cache_mib": self.token2wav_cache_mib}))
         if cap is not None:  # the LLM never holds more requests than are admitted: its KV pool is sized for those
@@ -125,7 +127,7 @@ class ModelOptions:
         return cls(device=device, precision=params.get("precision") or "fp32",
                    backend=params.get("backend") or "torch", flow_steps=number("flow_steps"),
                    token2wav_cache_mib=number("token2wav_cache_mib"),
-                   final_chunk=params.get("final_chunk") or "full", max_streams=number("max_streams"))
+                   final_chunk=params.get("final_chunk") or None, max_streams=number("max_streams"))
 
 
 def at_least(low: int) -> Callable[[str], int]:
@@ -155,9 +157,10 @@ def add_model_arguments(parser: argparse.ArgumentParser, *, device: str | None =
                              "or auto")
     parser.add_argument("--flow-steps", type=at_least(1), metavar="N",
                         help="Euler steps of the flow: fewer is faster, the mel coarser (default: the model's, 10)")
-    parser.add_argument("--final-chunk", default="full", choices=FINAL_CHUNKS,
-                        help="a stream's last chunk: full = the reference's full-attention pass, exactly (default); "
-                             "causal = block-causal like the others, one flow pass cheaper per request")
+    parser.add_argument("--final-chunk", choices=FINAL_CHUNKS,
+                        help="a stream's last chunk: full = the reference's full-attention pass, exactly; causal = "
+                             "block-causal like the others, one flow pass cheaper per request (default: full for a "
+                             "CosyVoice model, causal for the built-in one)")
     parser.add_argument("--token2wav-cache-mib", type=at_least(0), metavar="MIB",
                         help="memory for the streams' token2wav caches; beyond it the largest recompute their chunks "
                              "(default: a quarter of the device's memory)")

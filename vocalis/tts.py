@@ -28,7 +28,7 @@ from vocalis.frontend.request import AudioChunk, Mode, SynthesisRequest
 from vocalis.frontend.voice import Voice, check_voice_name
 from vocalis.frontend.word_times import Aligner, WordTime, WordTimer, default_aligner
 from vocalis.kernels.config import KernelConfig
-from vocalis.model_dir import LoadedModel, load_model
+from vocalis.model_dir import BUILTIN_MODEL, LoadedModel, load_model
 from vocalis.runtime.async_engine import AsyncEngine
 from vocalis.runtime.sync import BlockingEngine
 from vocalis.token2wav.config import Token2WavConfig
@@ -62,7 +62,7 @@ class TTS:
     >>> wav, words = tts.synthesize_timed("Hello there.")  # words: [WordTime("hello", 0.16, 0.52), ...]
 
     engine: the LLM engine's memory and batching knobs; token2wav: the token2wav engine's (its default final
-    chunk is the reference's full-attention pass; `Token2WavConfig(final_attention="causal")` is cheaper).
+    chunk is the reference's full-attention pass, block-causal for the built-in model: `default_token2wav`).
     The engine starts on the first synthesis; `close()` (or a `with` block) stops it.
     """
 
@@ -74,7 +74,7 @@ class TTS:
         self.runtime = runtime  # what `apply_backend` applied to `model` (None: nothing, plain torch)
         self.frontend = frontend_for(model)
         self.engine_config = engine
-        self.token2wav_config = token2wav if token2wav is not None else Token2WavConfig(final_attention="full")
+        self.token2wav_config = token2wav if token2wav is not None else self.default_token2wav(model)
         self._voices: dict[str, Voice] = dict(model.voices)
         self.adapters: tuple[str, ...] = ()  # LoRA adapters loaded with the LLM (`load(adapters=...)`)
         self.adapters_banked = False  # several adapters, kept apart: each request names one (or none)
@@ -123,6 +123,15 @@ class TTS:
         if flow_steps is not None:
             tts.token2wav_config = dataclasses.replace(tts.token2wav_config, flow_steps=flow_steps)
         return tts
+
+    @staticmethod
+    def default_token2wav(model: LoadedModel) -> Token2WavConfig:
+        """The token2wav config a model runs with unless given one. A CosyVoice model's streams end on the
+        reference's full-attention pass, so that streamed audio is the official output exactly. The built-in model
+        has no reference to match and learned both attention modes alike (each training batch draws one), so its
+        streams end block-causal like their other chunks: no second flow pass over the whole utterance."""
+        builtin = model.path is not None and model.path.resolve() == BUILTIN_MODEL.resolve()
+        return Token2WavConfig(final_attention="causal" if builtin else "full")
 
     # ---- the engine ------------------------------------------------------------------------------------
     @property
