@@ -27,7 +27,6 @@ from vocalis.engine.llm_engine import LLMEngine
 from vocalis.engine.request import SamplingParams
 from vocalis.kernels import cpu
 from vocalis.kernels.config import INT8_GRAIN_BYTES
-from vocalis.kernels.cpu import has_amx
 from vocalis.models.speech_lm import Qwen2LM
 from vocalis.precision import int8_linear as int8_gemv
 from vocalis.precision.int8_linear import (
@@ -165,24 +164,6 @@ def test_fused_decode_off_by_env(monkeypatch: pytest.MonkeyPatch) -> None:
     lm = _int8_lm(128, 4, 2, 256)
     eng = LLMEngine(lm, EngineConfig(block_size=4, max_num_batched_tokens=16, num_kv_blocks=128))
     assert eng.runner.fused_decode is None and all(p is not None for p in eng.runner.packed)
-
-
-@pytest.mark.skipif(not has_amx(), reason="no AMX tiles on this CPU")
-def test_amx_copy_runs_the_same_weights_for_many_rows() -> None:
-    """On AMX CPUs a packed int8 weight carries a bf16 copy of its own int8 values (times their scales); rows from
-    `AMX_MIN_ROWS` on run through it: within bf16 rounding of the int8 kernel's math [measured ~4e-3 of max |y|],
-    fewer rows keep the kernel exactly."""
-    from vocalis.engine.packed_weights import gemm
-    from vocalis.precision.int8_linear import AMX_MIN_ROWS, with_amx_copy
-
-    g = torch.Generator().manual_seed(3)
-    w = with_amx_copy(quantize_weight(torch.randn(200, 96, generator=g) * 0.1, torch.randn(200, generator=g)))
-    many, few = torch.randn(AMX_MIN_ROWS + 5, 96, generator=g), torch.randn(AMX_MIN_ROWS - 1, 96, generator=g)
-    ref = int8_linear_reference(many, w)
-    err = float((gemm(many, w) - ref).abs().max()) / float(ref.abs().max())
-    print("amx vs int8 reference", err)
-    assert 0 < err <= 1.5e-2
-    _close(gemm(few, w), int8_linear_reference(few, w))
 
 
 @pytest.mark.skipif(not cpu.features().avx2, reason="no AVX2 on this CPU")

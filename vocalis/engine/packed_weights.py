@@ -32,17 +32,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from vocalis.engine.lm_family import SpeechLM
-from vocalis.kernels.cpu import has_amx
 from vocalis.models.qwen2 import Qwen2DecoderLayer
-from vocalis.precision.int8_linear import (
-    AMX_MIN_ROWS,
-    Int8Linear,
-    Int8Weight,
-    amx_linear,
-    fuse,
-    int8_linear,
-    with_amx_copy,
-)
+from vocalis.precision.int8_linear import Int8Linear, Int8Weight, fuse, int8_linear
 from vocalis.precision.layers import CastLinear
 
 
@@ -102,8 +93,6 @@ def gemm(x: torch.Tensor, w_t: torch.Tensor | Int8Weight, bias: torch.Tensor | N
     `CastLinear`'s arithmetic (rounded to the weights' dtype, the result widened back); x in their dtype (a
     whole-cast model) multiplies as it is, the output in that dtype."""
     if isinstance(w_t, Int8Weight):
-        if w_t.amx is not None and x.shape[0] >= AMX_MIN_ROWS:
-            return amx_linear(x, w_t)
         return int8_linear(x, w_t)
     if w_t.dtype != x.dtype:  # `CastLinear`'s bf16 weights: its arithmetic (input rounded to bf16), fp32 out
         return F.linear(x.to(w_t.dtype), w_t.t(), bias).to(x.dtype)
@@ -125,10 +114,9 @@ def _pack_int8(layer: Qwen2DecoderLayer) -> PackedLayer | None:
     for mods, (_, views) in ((qkv_mods, qkv), (gate_up_mods, gate_up)):
         for m, view in zip(mods, views):
             m.packed = view
-    weights = [qkv[0], gate_up[0], attn.o_proj.packed, mlp.down_proj.packed]
-    if has_amx():  # prefill on AMX: a bf16 copy of each fused weight (the modules keep their int8 views)
-        weights = [with_amx_copy(w) for w in weights]
-    return PackedLayer(weights[0], None, weights[1], weights[2], weights[3],
+    # the int8 kernel runs prefill rows too: no bf16 copy for AMX, whose oneDNN GEMM ran 2-5x slower than the
+    # kernel at the 0.5B shapes from 32 to 200 rows, at 2 bytes more per weight (docs/benchmarks.md)
+    return PackedLayer(qkv[0], None, gate_up[0], attn.o_proj.packed, mlp.down_proj.packed,
                        attn.q_proj.out_features, attn.k_proj.out_features)
 
 

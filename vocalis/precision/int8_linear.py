@@ -99,9 +99,6 @@ class Int8Weight:
     bias: torch.Tensor | None  # (P*64,) fp32 (0-padded)
     n: int  # real output channels N
     k: int  # input features K
-    # the same int8 values times their scales as a bf16 (N, K) weight prepacked for oneDNN's AMX GEMM, for
-    # many-row products (prefill) on AMX CPUs (`with_amx_copy`); None elsewhere
-    amx: torch.Tensor | None = None
     layout: str = "avx512"  # the kernel it is packed for: "avx512" (VNNI, int8_gemv.cpp) or "avx2"
     grain_bytes: int = INT8_GRAIN_BYTES  # weight bytes each thread gets at least when the kernel splits the GEMV
 
@@ -163,24 +160,6 @@ def _unpack(w: Int8Weight) -> torch.Tensor:
     if w.layout == "avx2":
         return w.w.view(p, k4, 8, 2, 8, 2).permute(0, 2, 4, 1, 3, 5).reshape(p * PANEL, k4 * 4)[:w.n, :w.k]
     return w.w.view(p, k4, 4, 16, 4).permute(0, 2, 3, 1, 4).reshape(p * PANEL, k4 * 4)[:w.n, :w.k]
-
-
-AMX_MIN_ROWS = 32  # rows from which the bf16 AMX GEMM beats the int8 kernel at the 0.5B model's shapes
-
-
-def with_amx_copy(w: Int8Weight) -> Int8Weight:
-    """`w` plus its dequantized bf16 copy prepacked for oneDNN (`Int8Weight.amx`): many-row (prefill) GEMMs on AMX
-    CPUs run faster through it than through the GEMV kernel, with the same weight values up to bf16's rounding of
-    int8 x scale. Costs 2 bytes per weight."""
-    dense = (_unpack(w).float() * w.scale[:w.n, None]).to(torch.bfloat16)
-    return replace(w, amx=torch.ops.mkldnn._reorder_linear_weight(dense, AMX_MIN_ROWS))
-
-
-def amx_linear(x: torch.Tensor, w: Int8Weight) -> torch.Tensor:
-    """x (M, K) fp32 -> (M, N) fp32 through `w.amx` (bf16 activations, fp32 accumulation) plus w's bias."""
-    assert w.amx is not None
-    y = torch.ops.mkldnn._linear_pointwise(x.to(torch.bfloat16), w.amx, None, "none", [], "").float()
-    return y if w.bias is None else y.add_(w.bias[:w.n])
 
 
 def fuse(weights: list[Int8Weight]) -> tuple[Int8Weight, list[Int8Weight]] | None:
