@@ -79,3 +79,18 @@ def test_shuffled_positions_are_epochs_of_one_seeded_shuffle() -> None:
     assert stream[:5] != stream[5:10]  # each epoch its own order
     assert shuffled_positions(5, 3, 3, 8) == stream[3:11]
     assert shuffled_positions(5, 4, 0, 5) != stream[:5]
+
+
+def test_policy_runs_learn_from_their_first_step(tmp_path: Path) -> None:
+    """dpo and grpo fine-tune for tens of steps: their learning rate is the configured one from step 1, not the
+    pretraining schedule's 2500-step warmup; a config that sets the scheduler keeps it."""
+    pairs = write_pairs(tmp_path / "pairs.jsonl")
+    out = tmp_path / "dpo"
+    common = [s for s in COMMON if not s.startswith("scheduler.")]  # the task's default schedule
+    train(load_config(None, [f"policy.data={pairs}", f"trainer.out_dir={out}", "trainer.max_steps=2", *common],
+                      task="dpo"))
+    records = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+    assert [r["lr"] for r in records] == [2e-3, 2e-3]
+    for task in ("dpo", "grpo"):
+        assert load_config(None, ["scheduler.warmup_steps=5"], task=task).scheduler.warmup_steps == 5
+    assert load_config(None, [], task="llm").scheduler.warmup_steps == 2500

@@ -232,10 +232,17 @@ def from_plain(cls: type, data: dict[str, Any], where: str = "") -> Any:
         raise InputError(f"config {where or 'top level'}: {exc}") from exc
 
 
+# A preference or policy run fine-tunes a trained model for tens to hundreds of steps: its learning rate holds from
+# the first step, where the pretraining schedule's default warmup (2500 steps) would keep it near zero throughout
+POLICY_SCHEDULER = {"name": "constant", "warmup_steps": 0}
+
+
 def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] = (), task: str | None = None) -> TrainConfig:
     data = read_data_file(path) if path else {}
     if task is not None:
         data["task"] = task
+    if data.get("task") in ("dpo", "grpo"):
+        data["scheduler"] = {**POLICY_SCHEDULER, **data.get("scheduler", {})}
     for override in overrides:
         apply_override(data, override)
     return from_plain(TrainConfig, data)
