@@ -3,9 +3,8 @@ fraction of its memory-bandwidth limit (`bench.bandwidth`)."""
 
 from __future__ import annotations
 
-import torch
-
 from vocalis.config import SpeechLMConfig
+from vocalis.model_dir.layerwise import meta_build
 from vocalis.models.speech_lm import Qwen2LM
 
 
@@ -15,7 +14,7 @@ def llm_bytes_per_token(config: SpeechLMConfig, precision: str) -> int:
     model, since a quantised module no longer lists its weights as parameters. (int8's per-channel scales and
     offsets, 8 bytes per output channel, are left out: under 0.2 % of its weight bytes.)"""
     per = {"fp32": 4, "bf16": 2, "fp16": 2, "int8": 1}[precision]
-    with torch.device("meta"):
+    with meta_build():
         llm = Qwen2LM(config)
     linear = sum(p.numel() for n, p in llm.qwen.layers.named_parameters() if "layernorm" not in n)
     linear += sum(p.numel() for p in llm.llm_decoder.parameters())

@@ -13,12 +13,14 @@ the whole module at once (`tests/test_load_precision.py` checks it).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
-
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import safe_open
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from vocalis.checkpoint import check_state_dict, load_strict
 from vocalis.kernels.heap import release_free_heap
@@ -27,6 +29,27 @@ Convert = Callable[[nn.Module, str], None]  # (parent, child name): convert that
 Fill = Callable[[str, nn.Module], None]  # (child's qualified name, child materialised on the CPU): its values
 
 PIECE_ELEMENTS = 1 << 22  # a module larger than this (4 M elements, 16 MB fp32) is built child by child
+
+
+class _NoMetaDraws(TorchFunctionMode):
+    """`normal_` on a meta tensor returns it untouched: a meta tensor has no values to draw, and torch's meta
+    `normal_` (what `nn.Embedding` initialises with) imports torch._dynamo on its first call, about a second of
+    a process's start. Meta tensors draw nothing from any generator, so skipping it changes no later draw."""
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        if getattr(func, "__name__", None) == "normal_":  # `nn.init.normal_` passes its tensor by keyword
+            tensor = args[0] if args else kwargs.get("tensor")
+            if isinstance(tensor, torch.Tensor) and tensor.is_meta:
+                return tensor
+        return func(*args, **kwargs)
+
+
+@contextmanager
+def meta_build() -> Iterator[None]:
+    """Modules made inside are on the meta device (shapes, no memory, no initial values)."""
+    with torch.device("meta"), _NoMetaDraws():
+        yield
 
 
 def pieces(module: nn.Module, prefix: str = "") -> Iterator[tuple[nn.Module, str, str]]:
@@ -92,7 +115,7 @@ def load_layerwise(make: Callable[[], nn.Module], state: Mapping[str, torch.Tens
         module = make()
         load_strict(module, state, what)
         return module.eval().requires_grad_(False)
-    with torch.device("meta"):
+    with meta_build():
         check_state_dict(make(), state, what)
     return build_layerwise(make, state_fill(state), convert)
 
@@ -100,7 +123,7 @@ def load_layerwise(make: Callable[[], nn.Module], state: Mapping[str, torch.Tens
 def build_layerwise(make: Callable[[], nn.Module], fill: Fill, convert: Convert | None) -> nn.Module:
     """`make()` built piece by piece on the CPU (see the module doc), each piece filled by `fill` then converted by
     `convert` (None: kept fp32); eval mode, no gradients."""
-    with torch.device("meta"):
+    with meta_build():
         module = make()
     for parent, name, qualified in list(pieces(module)):
         piece = getattr(parent, name).to_empty(device="cpu")
