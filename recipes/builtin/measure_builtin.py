@@ -231,6 +231,10 @@ def measure_ladder(args: argparse.Namespace) -> int:
         if args.model is None:
             sys.exit("measure_builtin --rows L5: give the assembled model directory with --model")
         tts = TTS.load(args.model)
+        if args.stream:
+            import dataclasses
+
+            tts.token2wav_config = dataclasses.replace(tts.token2wav_config, final_attention=args.stream)
     flow = load_flow(args.flow, " ".join(args.rows)) if {"L2", "L3", "L4"} & set(args.rows) else None
     llm = load_llm(args.llm) if "L4" in args.rows else None
     labeller = load_labeller(args.labeller) if "L3" in args.rows else None
@@ -245,7 +249,10 @@ def measure_ladder(args: argparse.Namespace) -> int:
         for i, text in enumerate(texts):
             for seed in seeds:
                 teacher_wav = out / f"teacher-{i:03d}.wav"
-                if rung == "L5":
+                if rung == "L5" and args.stream:  # streamed, the chunks joined
+                    wav = torch.from_numpy(np.concatenate([c.samples for c in tts.stream(
+                        text, voice="default", seed=seed, language="en")]))
+                elif rung == "L5":
                     wav = torch.from_numpy(tts.synthesize(text, voice="default", seed=seed, language="en"))
                 elif rung == "L3":
                     labels = audio_labels(labeller, teacher_wav)
@@ -423,6 +430,8 @@ def main() -> int:
     ap.add_argument("--out", type=Path, help="keep the wavs here (default: a temporary folder)")
     ap.add_argument("--json", type=Path, help="also write the figures as JSON")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--stream", choices=("causal", "full"),
+                    help="with --rows L5: stream each sentence, its last chunk block-causal or a full-attention pass")
     ap.add_argument("--voices", choices=("all", "slt"), default="all",
                     help="all: the three festival teachers (the original measurement); slt: the ladder rows")
     ap.add_argument("--rows", nargs="+", default=["L1"], choices=tuple(GATES), help="with --voices slt: rungs to measure")
