@@ -117,6 +117,11 @@ class BankedLinear(nn.Module):
         return y + bank.delta(self.path, flat, per_row).reshape(y.shape).to(y.dtype)
 
 
+def unwrap(module: nn.Module) -> nn.Module:
+    """The layer a `BankedLinear` wraps (whatever a precision backend made of it since), else `module` itself."""
+    return module.base if isinstance(module, BankedLinear) else module
+
+
 def bank_linears(model: nn.Module, bank: AdapterBank) -> int:
     """Replace every Linear of `model` that some adapter of the bank adapts with a `BankedLinear`, in place;
     returns how many. The base weights are untouched (still `<path>.base.weight`)."""

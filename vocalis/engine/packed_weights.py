@@ -25,12 +25,14 @@ Legend: D hidden, Dq = H*Dh, Dkv = Hkv*Dh, I intermediate.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vocalis.adapters.batched import unwrap
 from vocalis.engine.lm_family import SpeechLM
 from vocalis.kernels.cpu import has_amx
 from vocalis.models.qwen2 import Qwen2DecoderLayer
@@ -73,7 +75,7 @@ def _half(*linears: nn.Module) -> bool:
     return all(type(m) is nn.Linear for m in linears) and len(dtypes) == 1 and dtypes <= HALF_DTYPES
 
 
-def _fuse(linears: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _fuse(linears: Sequence[nn.Module]) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Concatenate the weights along `out` into one (sum out, in) contiguous tensor (and the biases into one
     vector); the modules' weights and biases become views into them (row ranges, still contiguous)."""
     fused = torch.cat([m.weight.detach() for m in linears])  # (sum out, in)
@@ -115,21 +117,20 @@ def gemm(x: torch.Tensor, w_t: torch.Tensor | Int8Weight, bias: torch.Tensor | N
     return torch.mm(x, w_t) if bias is None else torch.addmm(bias, x, w_t)
 
 
-def _pack_int8(layer: Qwen2DecoderLayer) -> PackedLayer | None:
+def _pack_int8(linears: Sequence[Int8Linear]) -> PackedLayer | None:
     """Fuse an int8 layer's packed q/k/v and gate/up weights (the modules keep views); None if they cannot."""
-    attn, mlp = layer.self_attn, layer.mlp
-    qkv_mods, gate_up_mods = [attn.q_proj, attn.k_proj, attn.v_proj], [mlp.gate_proj, mlp.up_proj]
+    q, k, v, o, gate, up, down = linears
+    qkv_mods, gate_up_mods = [q, k, v], [gate, up]
     qkv, gate_up = fuse([m.packed for m in qkv_mods]), fuse([m.packed for m in gate_up_mods])
     if qkv is None or gate_up is None:
         return None
     for mods, (_, views) in ((qkv_mods, qkv), (gate_up_mods, gate_up)):
         for m, view in zip(mods, views):
             m.packed = view
-    weights = [qkv[0], gate_up[0], attn.o_proj.packed, mlp.down_proj.packed]
+    weights = [qkv[0], gate_up[0], o.packed, down.packed]
     if has_amx():  # prefill on AMX: a bf16 copy of each fused weight (the modules keep their int8 views)
         weights = [with_amx_copy(w) for w in weights]
-    return PackedLayer(weights[0], None, weights[1], weights[2], weights[3],
-                       attn.q_proj.out_features, attn.k_proj.out_features)
+    return PackedLayer(weights[0], None, weights[1], weights[2], weights[3], q.out_features, k.out_features)
 
 
 def _weight_ptr(m: nn.Module) -> int:
@@ -137,24 +138,30 @@ def _weight_ptr(m: nn.Module) -> int:
 
 
 def pack_layer(layer: Qwen2DecoderLayer) -> PackedLayer | None:
+    """Fuse one layer's weights in place (None where they cannot be). The Linear layers a LoRA bank wrapped
+    (`adapters.batched.BankedLinear`) are packed by their base weights: the bank's updates are added to the packed
+    GEMMs' outputs (`adapters.packed`)."""
     attn, mlp = layer.self_attn, layer.mlp
+    linears = tuple(unwrap(m) for m in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj,
+                                        mlp.up_proj, mlp.down_proj))
     done = getattr(layer, "_vocalis_packed", None)
-    if isinstance(done, PackedLayer) and _weight_ptr(attn.q_proj) == (
+    if isinstance(done, PackedLayer) and _weight_ptr(linears[0]) == (
             done.qkv_t.w if isinstance(done.qkv_t, Int8Weight) else done.qkv_t).data_ptr():
         return done  # packed before (another engine over the same model)
-    linears = (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
-    if all(type(m) is Int8Linear for m in linears):
-        packed = _pack_int8(layer)
+    int8 = [m for m in linears if type(m) is Int8Linear]
+    if len(int8) == len(linears):
+        packed = _pack_int8(int8)
         if packed is not None:
             layer._vocalis_packed = packed  # type: ignore[attr-defined]
         return packed
     if not (_plain(*linears) or _bf16(*linears) or _half(*linears)):
         return None
-    qkv, qkv_bias = _fuse([attn.q_proj, attn.k_proj, attn.v_proj])  # (Dq + 2 Dkv, D)
-    gate_up, _ = _fuse([mlp.gate_proj, mlp.up_proj])  # (2 I, D)
+    q, k, v, o, gate, up, down = linears
+    qkv, qkv_bias = _fuse([q, k, v])  # (Dq + 2 Dkv, D)
+    gate_up, _ = _fuse([gate, up])  # (2 I, D)
     assert qkv_bias is not None
-    packed = PackedLayer(qkv.t(), qkv_bias, gate_up.t(), attn.o_proj.weight.t(), mlp.down_proj.weight.t(),
-                         attn.q_proj.out_features, attn.k_proj.out_features)
+    packed = PackedLayer(qkv.t(), qkv_bias, gate_up.t(), o.weight.t(), down.weight.t(), q.out_features,
+                         k.out_features)
     layer._vocalis_packed = packed  # type: ignore[attr-defined]
     return packed
 
