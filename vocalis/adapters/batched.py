@@ -9,7 +9,8 @@ adapters' columns contribute exact zeros).
 
 `bank_linears` swaps the adapted `nn.Linear`s of a model for `BankedLinear`s that read the rows' indices from the
 bank (`AdapterBank.rows`, set by the caller before each forward pass), so any code that calls the modules (the
-dense `Qwen2LM.forward`, the engine's module path) serves several adapters at once.
+dense `Qwen2LM.forward`, the engine's module path) serves several adapters at once. The engine's packed path
+multiplies by the base weights without calling the modules and adds the same updates itself (`adapters.packed`).
 
 Legend: K adapters, r largest rank, N rows, in/out the Linear's widths.
 """

@@ -23,7 +23,7 @@ from itertools import accumulate
 import torch
 from torch import nn
 
-from vocalis.adapters.batched import AdapterBank, unwrap
+from vocalis.adapters.batched import AdapterBank, BankedLinear, unwrap
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,8 +70,10 @@ class PackedLora:
         self.bank = bank
         self.dtype = dtype
         self.kr = len(bank.names) * bank.rank  # K r: every adapter's columns in each projection's stack
-        paths = {id(m): path for path, m in llm.named_modules()}
+        modules = dict(llm.named_modules())
+        paths = {id(m): path for path, m in modules.items()}
         self.layers: list[LayerLora | None] = []
+        self._taken: set[str] = set()  # the bank paths these pairs hold
         for layer in layers:
             p = paths[id(layer)]
             attn, mlp = layer.self_attn, layer.mlp  # type: ignore[union-attr]
@@ -82,6 +84,8 @@ class PackedLora:
                 self._pair([f"{p}.mlp.gate_proj", f"{p}.mlp.up_proj"], [_width(mlp.gate_proj), _width(mlp.up_proj)]),
                 self._pair([f"{p}.mlp.down_proj"], [_width(mlp.down_proj)]))
             self.layers.append(None if lora == LayerLora(None, None, None, None) else lora)
+        for path in set(bank.a) - self._taken:  # the rest: their `BankedLinear`s add them (the speech head)
+            assert isinstance(modules.get(path), BankedLinear), f"adapted layer {path} is not in this model"
         self.max_n = max((pair.n for lo in self.layers if lo is not None
                           for pair in (lo.qkv, lo.o, lo.gate_up, lo.down) if pair is not None), default=1)
 
@@ -92,6 +96,7 @@ class PackedLora:
         present = [(i, path) for i, path in enumerate(paths) if path in bank.a]
         if not present:
             return None
+        self._taken.update(path for _, path in present)
         starts = [0, *accumulate(widths)]
         a = torch.cat([bank.a[path] for _, path in present], dim=1)  # (in, n K r)
         b = a.new_zeros(len(present) * kr, starts[-1])  # (n K r, out)
