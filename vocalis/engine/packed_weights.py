@@ -2,7 +2,8 @@
 
 Decoding multiplies a few rows by every weight, so the step is a string of skinny GEMMs whose speed depends on
 their count: fewer, wider GEMMs (3 projections -> 1, gate + up -> 1) cut the per-call costs. `gemm` picks the
-kernel by row count: MKL for a few rows, oneDNN from `ONEDNN_MIN_ROWS` rows (faster there).
+kernel by row count and weight size: MKL for a few rows or a small weight, oneDNN from `ONEDNN_MIN_ROWS` rows on a
+weight of `ONEDNN_MIN_WEIGHT` elements or more (faster there).
 
 One layout for both decode paths: every weight stays (out, in) row-major, q/k/v and gate/up concatenated along
 `out` into one contiguous (sum out, in) tensor. The fused decode step (int8_decode) streams 64-channel panels of
@@ -92,6 +93,9 @@ def _fuse(linears: Sequence[nn.Module]) -> tuple[torch.Tensor, torch.Tensor | No
 
 HALF_DTYPES = frozenset((torch.bfloat16, torch.float16))
 ONEDNN_MIN_ROWS = 4
+# oneDNN's per-call cost exceeds its gain on narrow weights (the built-in model's 256-wide layers, up to 256 x 1536):
+# MKL there; the 0.5B shapes (896 x 896 and up) keep oneDNN
+ONEDNN_MIN_WEIGHT = 768 * 1024
 _ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
@@ -100,7 +104,8 @@ def gemm(x: torch.Tensor, w_t: torch.Tensor | Int8Weight, bias: torch.Tensor | N
     holds its own bias) runs through the int8 kernel.
 
     MKL's GEMM for a few rows; from ONEDNN_MIN_ROWS rows oneDNN's (the op `torch.compile` itself lowers CPU
-    linears to), faster than MKL's for batch 4-16 decode GEMMs. Half-precision weights: x in another dtype is
+    linears to), faster than MKL's for batch 4-16 decode GEMMs on weights of ONEDNN_MIN_WEIGHT elements or more
+    (on smaller ones its per-call cost outweighs the gain). Half-precision weights: x in another dtype is
     `CastLinear`'s arithmetic (rounded to the weights' dtype, the result widened back); x in their dtype (a
     whole-cast model) multiplies as it is, the output in that dtype."""
     if isinstance(w_t, Int8Weight):
@@ -112,7 +117,8 @@ def gemm(x: torch.Tensor, w_t: torch.Tensor | Int8Weight, bias: torch.Tensor | N
     if w_t.dtype in HALF_DTYPES:  # a whole-cast model: in and out in the weights' dtype, no cast either side
         return F.linear(x, w_t.t(), bias)
     # (under torch.compile the plain op: the compiler picks the CPU kernel itself and cannot lower this one)
-    if _ONEDNN and x.shape[0] >= ONEDNN_MIN_ROWS and x.is_cpu and not torch.compiler.is_compiling():
+    if (_ONEDNN and x.shape[0] >= ONEDNN_MIN_ROWS and w_t.numel() >= ONEDNN_MIN_WEIGHT and x.is_cpu
+            and not torch.compiler.is_compiling()):
         return torch.ops.mkldnn._linear_pointwise(x, w_t.t(), bias, "none", [], "")
     return torch.mm(x, w_t) if bias is None else torch.addmm(bias, x, w_t)
 
