@@ -18,6 +18,7 @@ from vocalis.engine.config import EngineConfig
 from vocalis.engine.llm_engine import LLMEngine
 from vocalis.engine.request import Request, SamplingParams
 from vocalis.models.speech_lm import Qwen2LM
+from vocalis.precision.layers import cast_linears
 
 # (text ids, adapter): prompts of different lengths (chunked prefill over several steps, contexts ending mid-block)
 JOBS = [([40, 41, 42, 43, 44, 45, 46], "a"), ([50, 51, 52], "b"), ([60, 61, 62, 63, 64], None),
@@ -149,3 +150,20 @@ def test_steps_without_adapter_rows_run_fused(models) -> None:
     kinds = [(adapter, fused) for prefill, adapter, fused in mixed.kinds if not prefill]
     assert (True, False) in kinds and (False, True) in kinds
     assert all(fused != adapter for adapter, fused in kinds)
+
+
+def test_bf16_layers_packed_with_their_bank_equal_the_module_path(models) -> None:
+    """The bf16 backend casts the banked Linears' base layers (`CastLinear`): they pack in bf16 and the updates are
+    added to those GEMMs' outputs as the modules add them."""
+    lm, a, b = models
+    outs = []
+    for kw in ({}, MODULE_PATH):
+        m = _banked(lm, a, b)
+        cast_linears(m, torch.bfloat16)
+        engine = _engine(m, **kw)
+        packed = engine.runner.packed
+        assert all(pk is not None and pk.qkv_t.dtype == torch.bfloat16 for pk in packed) if not kw else \
+            all(pk is None for pk in packed)
+        outs.append(_run(engine, JOBS))
+    assert outs[0].kinds == outs[1].kinds and any(adapter for _, adapter, _ in outs[0].kinds)
+    _close(outs[0].logprobs, outs[1].logprobs, list(outs[1].logprobs))

@@ -113,8 +113,9 @@ class ModelRunner:
         self.packed = list(packed) if packed is not None else [None] * q.num_hidden_layers
         self.adapter_bank = adapter_bank
         # the bank's updates fused as the packed layers' weights are (the unpacked layers' modules add their own)
-        self.packed_lora = None if adapter_bank is None else PackedLora(adapter_bank, llm, llm.qwen.layers,
-                                                                        self.dtype)
+        self.packed_lora = None
+        if adapter_bank is not None and any(pk is not None for pk in self.packed):
+            self.packed_lora = PackedLora(adapter_bank, llm, llm.qwen.layers, self.dtype)
         shape = (q.num_hidden_layers, (num_blocks + 1) * block_size, q.num_key_value_heads, q.head_dim)
         # [empty] never-written slots are only ever read as masked padding, which repeats a written slot
         self.k_cache = torch.empty(shape, dtype=self.dtype, device=self.device)
