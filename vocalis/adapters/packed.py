@@ -6,9 +6,10 @@ here. The projections that share an input share one pair of update GEMMs: the A^
 by side (in, n K r), and their scaled B^T as one (n K r, out) matrix whose blocks write each projection's columns of
 the fused output (zeros elsewhere). Per step: y += ((x @ A) * mask) @ B, the mask (N, n K r) keeping each row's
 adapter's columns (none for a row with index -1), as `AdapterBank.update` does per Linear. Fixed shapes and no host
-synchronisation; of the formulations measured at the built-in model's shapes for 1-16 rows (gathering each row's
-A and B and two batched matmuls, or grouping rows by adapter with index ops), this one ran fastest: two GEMMs and
-a multiply per fused projection, whatever the adapters in the step.
+synchronisation: two GEMMs and a multiply per fused projection, whatever the adapters in the step. Why not the
+alternatives: gathering each row's A and B for two batched matmuls copies N of each per projection and step;
+grouping rows by adapter takes index ops per adapter per layer and host-side index lists; folding A into the
+packed base weight (one GEMM for both) saves no time with the (out, in) layout the fused step reads.
 
 Legend: K adapters, r largest rank, n projections sharing an input (q/k/v: up to 3, gate/up: up to 2), N rows,
 D hidden, Dq / Dkv query / key-value widths, I intermediate.
