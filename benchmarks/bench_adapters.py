@@ -7,8 +7,9 @@ Rows (every request makes exactly --tokens speech ids, so each row does the same
   merged     one adapter folded into the weights (`TTS.load` with one adapter): the engine's fast paths
   banked-1   the same adapter kept apart in a bank (batched LoRA), every request naming it
   banked-2   two adapters in a bank, the requests alternating between them (multi-adapter serving)
-  base-mod   the base model on the module path the bank needs (no fused decode, no packed weights): what the
-             LoRA updates themselves cost, against banked-2
+  banked-0   the two-adapter bank, no request naming an adapter: the steps still run the fused decode step
+  base-op    the base model with the fused decode step off (packed weights, one torch op at a time): the path
+             a step with adapter rows takes, without the LoRA updates; against banked-2, what the updates cost
 The adapters are random (rank --rank on q, k, v, o, gate, up, down), as trained ones cost the same. The ratio to
 `merged` is printed per row; the median of --rounds rounds.
 """
@@ -72,8 +73,9 @@ def main() -> None:
         "merged": (LLMEngine(merged, cfg), [None] * n),
         "banked-1": (LLMEngine(bank1, cfg), ["a"] * n),
         "banked-2": (LLMEngine(bank2, cfg), ["a", "b"] * (n // 2) + ["a"] * (n % 2)),
-        "base-mod": (LLMEngine(copy.deepcopy(base), EngineConfig(max_num_seqs=n, enable_prefix_caching=False,
-                                                                 pack_weights=False, fused_decode=())), [None] * n),
+        "banked-0": (LLMEngine(bank2, cfg), [None] * n),
+        "base-op": (LLMEngine(copy.deepcopy(base), EngineConfig(max_num_seqs=n, enable_prefix_caching=False,
+                                                                fused_decode=())), [None] * n),
     }
     for engine, adapters in rows.values():  # warm-up
         run(engine, adapters, 4)

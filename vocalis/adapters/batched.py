@@ -9,7 +9,8 @@ adapters' columns contribute exact zeros).
 
 `bank_linears` swaps the adapted `nn.Linear`s of a model for `BankedLinear`s that read the rows' indices from the
 bank (`AdapterBank.rows`, set by the caller before each forward pass), so any code that calls the modules (the
-dense `Qwen2LM.forward`, the engine's module path) serves several adapters at once.
+dense `Qwen2LM.forward`, the engine's module path) serves several adapters at once. The engine's packed path
+multiplies by the base weights without calling the modules and adds the same updates itself (`adapters.packed`).
 
 Legend: K adapters, r largest rank, N rows, in/out the Linear's widths.
 """
@@ -115,6 +116,11 @@ class BankedLinear(nn.Module):
         flat = x.reshape(-1, x.shape[-1])  # (N, in)
         assert per_row.shape[0] == flat.shape[0], f"{x.shape[0]} rows, {rows.shape[0]} adapter indices"
         return y + bank.delta(self.path, flat, per_row).reshape(y.shape).to(y.dtype)
+
+
+def unwrap(module: nn.Module) -> nn.Module:
+    """The layer a `BankedLinear` wraps (whatever a precision backend made of it since), else `module` itself."""
+    return module.base if isinstance(module, BankedLinear) else module
 
 
 def bank_linears(model: nn.Module, bank: AdapterBank) -> int:

@@ -36,8 +36,8 @@ class LLMEngine(EngineFront):
         self.family = family_of(llm)  # InputError here, at load, for a module the engine cannot drive
         self.ids = self.family.ids
         self.bank = banked_adapters(llm)
-        if self.bank is not None:  # per-request LoRA runs through the modules: no fused or captured paths
-            cfg = self.config = dataclasses.replace(cfg, pack_weights=False, fused_decode=(), cuda_graphs=False)
+        if self.bank is not None:  # per-request LoRA: packed GEMMs plus each row's update, no captured graphs
+            cfg = self.config = dataclasses.replace(cfg, cuda_graphs=False)
             self.adapters = tuple(self.bank.names)
         # fused q/k/v and gate/up GEMMs on every device: fewer, wider GEMMs (and, on a GPU, fewer kernels per step)
         packed = pack_llm(llm) if cfg.pack_weights else None
@@ -45,8 +45,7 @@ class LLMEngine(EngineFront):
         self.max_model_len = min(cfg.max_model_len, llm.config.qwen.max_position_embeddings,
                                  num_blocks * cfg.block_size)
         self.runner = ModelRunner(llm, num_blocks, cfg.block_size, self.max_model_len, packed, cfg.cuda_graphs,
-                                  cfg.fused_decode, cfg.huge_pages, cfg.reserve_kv_cache)
-        self.runner.adapter_bank = self.bank
+                                  cfg.fused_decode, cfg.huge_pages, cfg.reserve_kv_cache, self.bank)
         self.block_manager = BlockManager(num_blocks, cfg.block_size, cfg.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, cfg.max_num_seqs, cfg.max_num_batched_tokens,
                                    self.family.stop_ids)

@@ -26,11 +26,12 @@ import logging
 from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
+from vocalis.adapters.batched import AdapterBank
+from vocalis.adapters.packed import LayerLora, PackedLora, StepLora
 from vocalis.engine.config import FUSED_DECODE_KINDS
 from vocalis.engine.decode_graphs import DecodeGraphs
 from vocalis.engine.decode_stack import decode_stack
@@ -41,9 +42,6 @@ from vocalis.engine.request import Request
 from vocalis.kernels.huge_pages import to_huge_pages
 from vocalis.models.qwen2 import Qwen2DecoderLayer, Qwen2RMSNorm, apply_rotary, rotary_tables
 from vocalis.precision.int8_linear import Int8Linear
-
-if TYPE_CHECKING:
-    from vocalis.adapters.batched import AdapterBank
 
 log = logging.getLogger(__name__)
 
@@ -84,20 +82,23 @@ class StepInputs:
     prefills: list[_Prefill]
     sample_rows: torch.Tensor  # (R,) rows whose output is sampled, in scheduled order
     all_speech: bool
-    adapter_rows: torch.Tensor | None = None  # (N,) each position's LoRA adapter (-1: none), with an adapter bank
+    # (N,) each position's LoRA adapter (-1: none); None: no position of the step has one (or there is no bank)
+    adapter_rows: torch.Tensor | None = None
 
 
 class ModelRunner:
     def __init__(self, llm: SpeechLM, num_blocks: int, block_size: int, max_positions: int,
                  packed: Sequence[PackedLayer | None] | None = None, cuda_graphs: bool = True,
                  fused_decode: Collection[str] = FUSED_DECODE_KINDS, huge_pages: bool = True,
-                 reserve_kv: bool = False) -> None:
+                 reserve_kv: bool = False, adapter_bank: AdapterBank | None = None) -> None:
         """packed: fused weights per layer (`packed_weights.pack_llm`); None or a None entry: call the modules.
         cuda_graphs: replay decode steps as CUDA graphs when the model is on a CUDA device.
         fused_decode: the weight kinds whose few-row decode steps may run as one native call (`decode_stack`).
         huge_pages: move the decoder's weights and the KV cache onto huge pages (`kernels.huge_pages`).
         reserve_kv: write the whole KV cache once now, so that all of it is resident from the start
-        (`EngineConfig.reserve_kv_cache`)."""
+        (`EngineConfig.reserve_kv_cache`).
+        adapter_bank: the LoRA bank whose `BankedLinear`s `llm` holds (`adapters.batched`): each request's adapter
+        added to the packed GEMMs' outputs (`adapters.packed`); steps with no adapter row may still run fused."""
         q = llm.config.qwen
         self.llm = llm
         self.block_size = block_size
@@ -110,7 +111,11 @@ class ModelRunner:
         self.dtype = llm.speech_embedding.weight.dtype
         self.num_heads, self.num_kv_heads, self.head_dim = q.num_attention_heads, q.num_key_value_heads, q.head_dim
         self.packed = list(packed) if packed is not None else [None] * q.num_hidden_layers
-        self.adapter_bank: AdapterBank | None = None  # per-request LoRA (`adapters.batched`), set by the engine
+        self.adapter_bank = adapter_bank
+        # the bank's updates fused as the packed layers' weights are (the unpacked layers' modules add their own)
+        self.packed_lora = None
+        if adapter_bank is not None and any(pk is not None for pk in self.packed):
+            self.packed_lora = PackedLora(adapter_bank, llm, llm.qwen.layers, self.dtype)
         shape = (q.num_hidden_layers, (num_blocks + 1) * block_size, q.num_key_value_heads, q.head_dim)
         # [empty] never-written slots are only ever read as masked padding, which repeats a written slot
         self.k_cache = torch.empty(shape, dtype=self.dtype, device=self.device)
@@ -203,7 +208,8 @@ class ModelRunner:
             prefills=prefills,
             sample_rows=torch.tensor(sample_rows, dtype=torch.long, device=dev),
             all_speech=max(ids) < self.ids.num_speech,
-            adapter_rows=torch.tensor(adapters, device=dev) if self.adapter_bank is not None else None,
+            # decided here, on the host, so that a step with no adapter row may run fused with no sync
+            adapter_rows=torch.tensor(adapters, device=dev) if max(adapters) >= 0 else None,
         )
 
     # ---- forward -------------------------------------------------------------------------------------
@@ -221,8 +227,11 @@ class ModelRunner:
         # [decode speed] a batch-1 decode step is ~170 weight GEMMs plus ~40 small ops per layer; at the 0.5B
         # shapes every small op costs a dispatch and may wake the thread pool, so the loop keeps them few:
         # fused RMSNorm (fp32 activations), one rotary pass over q and k together, SDPA for single-query rows
-        if self.adapter_bank is not None:  # the banked Linear layers read each row's adapter from here
+        lora = None
+        if self.adapter_bank is not None:  # the banked Linear layers (the head, any unpacked layer) read it here
             self.adapter_bank.rows = inp.adapter_rows
+            if inp.adapter_rows is not None and self.packed_lora is not None:
+                lora = self.packed_lora.step(inp.adapter_rows)
         if self.graphs is not None and self.graphs.applies(inp):
             return self.graphs.forward(inp)
         x = self.embed(inp.ids, inp.all_speech)  # (N, D)
@@ -230,8 +239,8 @@ class ModelRunner:
         sin = self._sin_signed.index_select(0, inp.positions)[:, None, :]
         n_tok, dh = x.shape[0], self.head_dim
         fused = self.fused_decode
-        if fused is not None and not inp.prefills and n_tok <= fused.max_rows:
-            # only single-query rows: every layer in one native call (int8_decode)
+        if fused is not None and not inp.prefills and n_tok <= fused.max_rows and lora is None:
+            # only single-query rows, none with an adapter: every layer in one native call (int8_decode)
             assert inp.gather_slots is not None and inp.context_lens is not None
             if fused.has_head:  # the final norm and the head too
                 logits = fused.forward_logits(x, cos.view(n_tok, dh), sin.view(n_tok, dh), self.k_cache,
@@ -240,7 +249,7 @@ class ModelRunner:
             x = fused.forward(x, cos.view(n_tok, dh), sin.view(n_tok, dh), self.k_cache, self.v_cache,
                               inp.write_slots, inp.gather_slots, inp.context_lens)
             return self._head(x, inp)
-        return self._head(self._layers(x, cos, sin, inp, self._single_mask(inp)), inp)
+        return self._head(self._layers(x, cos, sin, inp, self._single_mask(inp), lora), inp)
 
     def static_decode(self, ids: torch.Tensor, positions: torch.Tensor, write_slots: torch.Tensor,
                       gather_slots: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
@@ -257,30 +266,33 @@ class ModelRunner:
         return self._logits(self._layers(x, cos, sin, inp, valid[:, None, None, :]))  # (B, V)
 
     def _layers(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inp: StepInputs,
-                mask: torch.Tensor | None) -> torch.Tensor:
+                mask: torch.Tensor | None, lora: StepLora | None = None) -> torch.Tensor:
         """Hidden states (N, D) through every decoder layer (the model's residual structure, `Qwen2DecoderLayer`),
-        writing each position's K/V."""
+        writing each position's K/V. lora: the rows' adapter updates for the packed GEMMs."""
         for layer_idx, layer in enumerate(self.llm.qwen.layers):
             pk = self.packed[layer_idx]
+            lo = None if lora is None else lora.layers[layer_idx]  # None: no adapter adapts this layer
 
             def attend(h: torch.Tensor, i: int = layer_idx, layer: Qwen2DecoderLayer = layer,
-                       pk: PackedLayer | None = pk) -> torch.Tensor:
-                return self._self_attention(i, layer, pk, h, cos, sin, inp, mask)
+                       pk: PackedLayer | None = pk, lo: LayerLora | None = lo) -> torch.Tensor:
+                return self._self_attention(i, layer, pk, h, cos, sin, inp, mask, lora, lo)
 
-            mlp = layer.mlp if pk is None else partial(_packed_mlp, pk)  # one GEMM for gate and up
+            mlp = layer.mlp if pk is None else partial(_packed_mlp, pk, lora, lo)  # one GEMM for gate and up
             x = layer.residual(x, attend, mlp, self._norm)
         return x
 
     def _self_attention(self, layer_idx: int, layer: Qwen2DecoderLayer, pk: PackedLayer | None, h: torch.Tensor,
-                        cos: torch.Tensor, sin: torch.Tensor, inp: StepInputs, mask: torch.Tensor | None
-                        ) -> torch.Tensor:
+                        cos: torch.Tensor, sin: torch.Tensor, inp: StepInputs, mask: torch.Tensor | None,
+                        lora: StepLora | None = None, lo: LayerLora | None = None) -> torch.Tensor:
         """Normed hidden states h (N, D) -> the layer's attention output (N, D) over the paged cache, after
-        writing the new positions' K/V."""
+        writing the new positions' K/V. lora / lo: the step's adapter updates and this layer's (packed path)."""
         n_tok = h.shape[0]
         h_q, h_kv, dh = self.num_heads, self.num_kv_heads, self.head_dim
         attn = layer.self_attn
         if pk is not None:  # one GEMM for q, k, v; rotary over q and k in one pass
             qkv = gemm(h, pk.qkv_t, pk.qkv_bias)  # (N, Dq + 2 Dkv)
+            if lora is not None and lo is not None:
+                lora.add(qkv, h, lo.qkv)
             qk = apply_rotary(qkv[:, :pk.q_dim + pk.kv_dim].view(n_tok, h_q + h_kv, dh), cos, sin)
             q, k = qk[:, :h_q], qk[:, h_q:]  # (N, H, Dh), (N, Hkv, Dh)
             v = qkv[:, pk.q_dim + pk.kv_dim:].view(n_tok, h_kv, dh)
@@ -292,7 +304,10 @@ class ModelRunner:
         k_cache.index_copy_(0, inp.write_slots, k.to(self.dtype))
         v_cache.index_copy_(0, inp.write_slots, v.to(self.dtype))
         o = self._attention(q, k_cache, v_cache, inp, mask)  # (N, H*Dh)
-        return gemm(o, pk.o_t) if pk is not None else attn.o_proj(o)
+        if pk is None:
+            return attn.o_proj(o)
+        out = gemm(o, pk.o_t)  # (N, D)
+        return out if lora is None or lo is None else lora.add(out, o, lo.o)
 
     def _head(self, x: torch.Tensor, inp: StepInputs) -> torch.Tensor:
         """Final hidden states (N, D) -> log-probs (R, V) of the sampled rows."""
@@ -353,6 +368,12 @@ class ModelRunner:
         return out
 
 
-def _packed_mlp(pk: PackedLayer, h: torch.Tensor) -> torch.Tensor:
-    gate, up = gemm(h, pk.gate_up_t).chunk(2, dim=-1)  # (N, I) each
-    return gemm(F.silu(gate) * up, pk.down_t)
+def _packed_mlp(pk: PackedLayer, lora: StepLora | None, lo: LayerLora | None, h: torch.Tensor) -> torch.Tensor:
+    """h (N, D) -> (N, D); lora / lo: the step's adapter updates and this layer's (None: none)."""
+    gate_up = gemm(h, pk.gate_up_t)  # (N, 2 I)
+    if lora is None or lo is None:
+        gate, up = gate_up.chunk(2, dim=-1)  # (N, I) each
+        return gemm(F.silu(gate) * up, pk.down_t)
+    gate, up = lora.add(gate_up, h, lo.gate_up).chunk(2, dim=-1)
+    act = F.silu(gate) * up  # (N, I)
+    return lora.add(gemm(act, pk.down_t), act, lo.down)

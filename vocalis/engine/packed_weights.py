@@ -2,7 +2,8 @@
 
 Decoding multiplies a few rows by every weight, so the step is a string of skinny GEMMs whose speed depends on
 their count: fewer, wider GEMMs (3 projections -> 1, gate + up -> 1) cut the per-call costs. `gemm` picks the
-kernel by row count: MKL for a few rows, oneDNN from `ONEDNN_MIN_ROWS` rows (faster there).
+kernel by row count and weight size: MKL for a few rows or a small weight, oneDNN from `ONEDNN_MIN_ROWS` rows on a
+weight of `ONEDNN_MIN_WEIGHT` elements or more (faster there).
 
 One layout for both decode paths: every weight stays (out, in) row-major, q/k/v and gate/up concatenated along
 `out` into one contiguous (sum out, in) tensor. The fused decode step (int8_decode) streams 64-channel panels of
@@ -25,12 +26,14 @@ Legend: D hidden, Dq = H*Dh, Dkv = Hkv*Dh, I intermediate.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vocalis.adapters.batched import unwrap
 from vocalis.engine.lm_family import SpeechLM
 from vocalis.models.qwen2 import Qwen2DecoderLayer
 from vocalis.precision.int8_linear import Int8Linear, Int8Weight, fuse, int8_linear
@@ -64,7 +67,7 @@ def _half(*linears: nn.Module) -> bool:
     return all(type(m) is nn.Linear for m in linears) and len(dtypes) == 1 and dtypes <= HALF_DTYPES
 
 
-def _fuse(linears: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _fuse(linears: Sequence[nn.Module]) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Concatenate the weights along `out` into one (sum out, in) contiguous tensor (and the biases into one
     vector); the modules' weights and biases become views into them (row ranges, still contiguous)."""
     fused = torch.cat([m.weight.detach() for m in linears])  # (sum out, in)
@@ -81,6 +84,9 @@ def _fuse(linears: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
 
 HALF_DTYPES = frozenset((torch.bfloat16, torch.float16))
 ONEDNN_MIN_ROWS = 4
+# oneDNN's per-call cost exceeds its gain on narrow weights (the built-in model's 256-wide layers, up to 256 x 1536):
+# MKL there; the 0.5B shapes (896 x 896 and up) keep oneDNN
+ONEDNN_MIN_WEIGHT = 768 * 1024
 _ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
@@ -89,7 +95,8 @@ def gemm(x: torch.Tensor, w_t: torch.Tensor | Int8Weight, bias: torch.Tensor | N
     holds its own bias) runs through the int8 kernel.
 
     MKL's GEMM for a few rows; from ONEDNN_MIN_ROWS rows oneDNN's (the op `torch.compile` itself lowers CPU
-    linears to), faster than MKL's for batch 4-16 decode GEMMs. Half-precision weights: x in another dtype is
+    linears to), faster than MKL's for batch 4-16 decode GEMMs on weights of ONEDNN_MIN_WEIGHT elements or more
+    (on smaller ones its per-call cost outweighs the gain). Half-precision weights: x in another dtype is
     `CastLinear`'s arithmetic (rounded to the weights' dtype, the result widened back); x in their dtype (a
     whole-cast model) multiplies as it is, the output in that dtype."""
     if isinstance(w_t, Int8Weight):
@@ -99,15 +106,16 @@ def gemm(x: torch.Tensor, w_t: torch.Tensor | Int8Weight, bias: torch.Tensor | N
     if w_t.dtype in HALF_DTYPES:  # a whole-cast model: in and out in the weights' dtype, no cast either side
         return F.linear(x, w_t.t(), bias)
     # (under torch.compile the plain op: the compiler picks the CPU kernel itself and cannot lower this one)
-    if _ONEDNN and x.shape[0] >= ONEDNN_MIN_ROWS and x.is_cpu and not torch.compiler.is_compiling():
+    if (_ONEDNN and x.shape[0] >= ONEDNN_MIN_ROWS and w_t.numel() >= ONEDNN_MIN_WEIGHT and x.is_cpu
+            and not torch.compiler.is_compiling()):
         return torch.ops.mkldnn._linear_pointwise(x, w_t.t(), bias, "none", [], "")
     return torch.mm(x, w_t) if bias is None else torch.addmm(bias, x, w_t)
 
 
-def _pack_int8(layer: Qwen2DecoderLayer) -> PackedLayer | None:
+def _pack_int8(linears: Sequence[Int8Linear]) -> PackedLayer | None:
     """Fuse an int8 layer's packed q/k/v and gate/up weights (the modules keep views); None if they cannot."""
-    attn, mlp = layer.self_attn, layer.mlp
-    qkv_mods, gate_up_mods = [attn.q_proj, attn.k_proj, attn.v_proj], [mlp.gate_proj, mlp.up_proj]
+    q, k, v, o, gate, up, down = linears
+    qkv_mods, gate_up_mods = [q, k, v], [gate, up]
     qkv, gate_up = fuse([m.packed for m in qkv_mods]), fuse([m.packed for m in gate_up_mods])
     if qkv is None or gate_up is None:
         return None
@@ -116,8 +124,7 @@ def _pack_int8(layer: Qwen2DecoderLayer) -> PackedLayer | None:
             m.packed = view
     # the int8 kernel runs prefill rows too: no bf16 copy for AMX, whose oneDNN GEMM ran 2-5x slower than the
     # kernel at the 0.5B shapes from 32 to 200 rows, at 2 bytes more per weight (docs/benchmarks.md)
-    return PackedLayer(qkv[0], None, gate_up[0], attn.o_proj.packed, mlp.down_proj.packed,
-                       attn.q_proj.out_features, attn.k_proj.out_features)
+    return PackedLayer(qkv[0], None, gate_up[0], o.packed, down.packed, q.out_features, k.out_features)
 
 
 def _weight_ptr(m: nn.Module) -> int:
@@ -125,24 +132,30 @@ def _weight_ptr(m: nn.Module) -> int:
 
 
 def pack_layer(layer: Qwen2DecoderLayer) -> PackedLayer | None:
+    """Fuse one layer's weights in place (None where they cannot be). The Linear layers a LoRA bank wrapped
+    (`adapters.batched.BankedLinear`) are packed by their base weights: the bank's updates are added to the packed
+    GEMMs' outputs (`adapters.packed`)."""
     attn, mlp = layer.self_attn, layer.mlp
+    linears = tuple(unwrap(m) for m in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj,
+                                        mlp.up_proj, mlp.down_proj))
     done = getattr(layer, "_vocalis_packed", None)
-    if isinstance(done, PackedLayer) and _weight_ptr(attn.q_proj) == (
+    if isinstance(done, PackedLayer) and _weight_ptr(linears[0]) == (
             done.qkv_t.w if isinstance(done.qkv_t, Int8Weight) else done.qkv_t).data_ptr():
         return done  # packed before (another engine over the same model)
-    linears = (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
-    if all(type(m) is Int8Linear for m in linears):
-        packed = _pack_int8(layer)
+    int8 = [m for m in linears if type(m) is Int8Linear]
+    if len(int8) == len(linears):
+        packed = _pack_int8(int8)
         if packed is not None:
             layer._vocalis_packed = packed  # type: ignore[attr-defined]
         return packed
     if not (_plain(*linears) or _bf16(*linears) or _half(*linears)):
         return None
-    qkv, qkv_bias = _fuse([attn.q_proj, attn.k_proj, attn.v_proj])  # (Dq + 2 Dkv, D)
-    gate_up, _ = _fuse([mlp.gate_proj, mlp.up_proj])  # (2 I, D)
+    q, k, v, o, gate, up, down = linears
+    qkv, qkv_bias = _fuse([q, k, v])  # (Dq + 2 Dkv, D)
+    gate_up, _ = _fuse([gate, up])  # (2 I, D)
     assert qkv_bias is not None
-    packed = PackedLayer(qkv.t(), qkv_bias, gate_up.t(), attn.o_proj.weight.t(), mlp.down_proj.weight.t(),
-                         attn.q_proj.out_features, attn.k_proj.out_features)
+    packed = PackedLayer(qkv.t(), qkv_bias, gate_up.t(), o.weight.t(), down.weight.t(), q.out_features,
+                         k.out_features)
     layer._vocalis_packed = packed  # type: ignore[attr-defined]
     return packed
 
