@@ -161,18 +161,23 @@ def test_builtin_says_every_word_and_times_it(builtin) -> None:
     assert longest * 0.04 <= 0.5  # no silence longer than 0.5 s anywhere
 
 
-def test_builtin_stream_tail_is_the_whole_utterances_tail(builtin) -> None:
+def test_builtin_stream_tail_is_the_whole_utterances_tail() -> None:
     """Trimmed, a stream ends exactly as the whole-utterance path does: same length, same last 0.1 s, last sample
-    zero (the whole path's full-attention final chunk makes the stream's last samples)."""
+    zero, when its last chunk is the whole path's full-attention pass (`final_attention="full"`; the built-in
+    model's default block-causal last chunk differs from it by the two attention modes' difference)."""
+    from vocalis.token2wav.config import Token2WavConfig
+    from vocalis.tts import TTS
+
     text = "The weather today is mild, with light winds."
-    whole = np.concatenate([c.samples for c in trim_chunks(builtin.run(builtin.request(text, seed=2), stream=False))])
-    streamed_chunks = list(trim_chunks(builtin.run(builtin.request(text, seed=2), stream=True)))
+    with TTS.load(token2wav=Token2WavConfig(final_attention="full")) as builtin:
+        whole = np.concatenate([c.samples for c in trim_chunks(builtin.run(builtin.request(text, seed=2), stream=False))])
+        streamed_chunks = list(trim_chunks(builtin.run(builtin.request(text, seed=2), stream=True)))
+        raw = np.concatenate([c.samples for c in builtin.run(builtin.request(text, seed=2), stream=False)])
     assert len(streamed_chunks) > 1
     streamed = np.concatenate([c.samples for c in streamed_chunks])
     assert len(streamed) == len(whole)
     np.testing.assert_allclose(streamed[-SR // 10:], whole[-SR // 10:], atol=1e-4)
     assert streamed[-1] == whole[-1] == 0.0
-    raw = np.concatenate([c.samples for c in builtin.run(builtin.request(text, seed=2), stream=False)])
     assert len(whole) <= len(raw) and np.abs(raw[-1]) > 0  # the raw end did not reach zero: the fade did
 
 
