@@ -123,3 +123,30 @@ def test_core_workers_stay_on_one_thread_through_our_native_kernels() -> None:
         workers.close()
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task") or (os.cpu_count() or 1) < 2, reason="Linux, 2+ CPUs")
+def test_loading_thread_keeps_no_pool(tmp_path) -> None:
+    """`TTS.load` gives the loading thread's pool back: the engine's loop may be started by another thread (the
+    first to synthesise), and an idle pool beside the loop's halved a CPU stream's speed for good."""
+    from tiny_assets import make_tiny_model_dir
+
+    from vocalis.tts import TTS
+
+    model_dir = make_tiny_model_dir(tmp_path / "tiny")
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        _parallel_op()  # this thread's pool, as loading a model makes it
+        tts = TTS.load(model_dir)
+        after_load = _threads()
+        release_openmp_pool()  # nothing is left to give back: the count stays
+        time.sleep(0.2)
+        assert _threads() == after_load
+        _parallel_op()  # while a pool made after the load is given back
+        with_pool = _threads()
+        release_openmp_pool()
+        assert _threads_settle_at(with_pool - 1) == with_pool - 1
+        tts.close()
+    finally:
+        torch.set_num_threads(before)

@@ -28,6 +28,7 @@ from vocalis.frontend.request import AudioChunk, Mode, SynthesisRequest
 from vocalis.frontend.voice import Voice, check_voice_name
 from vocalis.frontend.word_times import Aligner, WordTime, WordTimer, default_aligner
 from vocalis.kernels.config import KernelConfig
+from vocalis.kernels.threads import release_openmp_pool
 from vocalis.model_dir import BUILTIN_MODEL, LoadedModel, load_model
 from vocalis.runtime.async_engine import AsyncEngine
 from vocalis.runtime.sync import BlockingEngine
@@ -122,6 +123,9 @@ class TTS:
         tts.adapters, tts.adapters_banked = names, banked
         if flow_steps is not None:
             tts.token2wav_config = dataclasses.replace(tts.token2wav_config, flow_steps=flow_steps)
+        # the loading thread's OpenMP pool now idles: while it lives, the engine's loop thread (started by whichever
+        # thread synthesises first) runs every op with fewer spinning workers (`threads.release_openmp_pool`)
+        release_openmp_pool()
         return tts
 
     @staticmethod
