@@ -371,9 +371,9 @@ class ModelRunner:
 def _packed_mlp(pk: PackedLayer, lora: StepLora | None, lo: LayerLora | None, h: torch.Tensor) -> torch.Tensor:
     """h (N, D) -> (N, D); lora / lo: the step's adapter updates and this layer's (None: none)."""
     gate_up = gemm(h, pk.gate_up_t)  # (N, 2 I)
-    if lora is None or lo is None:
-        gate, up = gate_up.chunk(2, dim=-1)  # (N, I) each
-        return gemm(F.silu(gate) * up, pk.down_t)
-    gate, up = lora.add(gate_up, h, lo.gate_up).chunk(2, dim=-1)
-    act = F.silu(gate) * up  # (N, I)
-    return lora.add(gemm(act, pk.down_t), act, lo.down)
+    if lora is not None and lo is not None:
+        lora.add(gate_up, h, lo.gate_up)  # in place
+    gate, up = gate_up.chunk(2, dim=-1)  # (N, I) each
+    act = F.silu(gate) * up
+    down = gemm(act, pk.down_t)  # (N, D)
+    return down if lora is None or lo is None else lora.add(down, act, lo.down)

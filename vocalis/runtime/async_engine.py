@@ -134,8 +134,9 @@ class AsyncEngine:
     def start(self) -> Self:
         if self._thread is None:
             self._closing = False
-            # the loop thread should be the one with an OpenMP pool: the caller's (it loaded the model) would
-            # make every op of the loop wait for sleeping workers (threads.release_openmp_pool)
+            # the loop thread should be the one with an OpenMP pool: the caller's (it built the engine; `TTS.load`
+            # gives the loading thread's back) would make every op of the loop wait for sleeping workers
+            # (threads.release_openmp_pool)
             release_openmp_pool()
             cap_mmap_threshold()  # [memory] large tensors mapped whole, not left as arena holes (kernels.heap)
             self._steps.open()
