@@ -136,6 +136,9 @@ def test_fallback_when_the_kernel_is_unavailable(monkeypatch: pytest.MonkeyPatch
     assert any("fbgemm" in note for note in runtime.notes), runtime.notes
     assert not any(isinstance(m, Int8Linear) for m in model.llm.modules())
     assert type(model.llm.llm_decoder).__name__ == "Linear" and "quantized" in type(model.llm.llm_decoder).__module__
+    # the engine runs them as modules: packing leaves layers it cannot fuse alone (their `weight` is a method)
+    engine = LLMEngine(model.llm, EngineConfig(num_kv_blocks=64))
+    assert all(pk is None for pk in engine.runner.packed)
 
 
 def _int8_lm(hidden: int, heads: int, kv_heads: int, intermediate: int) -> Qwen2LM:

@@ -63,8 +63,10 @@ def _bf16(*linears: nn.Module) -> bool:
 
 def _half(*linears: nn.Module) -> bool:
     """A whole-cast model's layers (`backends.half`): plain Linears holding one half dtype, fed that dtype."""
+    if not all(type(m) is nn.Linear for m in linears):  # (other layers' `weight` may be a method: torch's int8)
+        return False
     dtypes = {m.weight.dtype for m in linears}
-    return all(type(m) is nn.Linear for m in linears) and len(dtypes) == 1 and dtypes <= HALF_DTYPES
+    return len(dtypes) == 1 and dtypes <= HALF_DTYPES
 
 
 def _fuse(linears: Sequence[nn.Module]) -> tuple[torch.Tensor, torch.Tensor | None]:
