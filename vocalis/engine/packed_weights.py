@@ -124,8 +124,8 @@ def _pack_int8(linears: Sequence[Int8Linear]) -> PackedLayer | None:
     for mods, (_, views) in ((qkv_mods, qkv), (gate_up_mods, gate_up)):
         for m, view in zip(mods, views):
             m.packed = view
-    # the int8 kernel runs prefill rows too: no bf16 copy for AMX, whose oneDNN GEMM ran 2-5x slower than the
-    # kernel at the 0.5B shapes from 32 to 200 rows, at 2 bytes more per weight (docs/benchmarks.md)
+    # the int8 kernel runs prefill rows too: a bf16 copy for oneDNN's AMX GEMM would cost 2 bytes more per weight
+    # and was not faster than the kernel at the 0.5B shapes (docs/benchmarks.md, "End to end on 2-core CPUs")
     return PackedLayer(qkv[0], None, gate_up[0], o.packed, down.packed, q.out_features, k.out_features)
 
 
