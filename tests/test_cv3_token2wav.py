@@ -160,13 +160,40 @@ def test_cached_streaming_equals_the_reference_in_fewer_frames(cv3_model, ref) -
     assert _compare("cached alone vs reference", got, want["long"]) <= ATOL
 
 
+def test_caches_no_call_reads_are_not_kept(cv3_model, ref) -> None:
+    """With the whole input given up front, the call before the final full pass keeps no caches and the earlier
+    ones are dropped after it: the most a request holds is its first call's caches, not its last's as when fed
+    token by token; the audio is the reference's either way."""
+    prompt, tokens = _prompt(ref), ref["token"][0, :210].tolist()
+    want = _reference(cv3_model, ref, ref["token"][:, :210], prompt)
+    most = {}
+    for one_by_one in (False, True):
+        eng = CV3Token2WavEngine(cv3_model.flow, cv3_model.hift, OFFICIAL)
+        s = eng.new_stream("r", prompt)
+        out: list[np.ndarray] = []
+        most[one_by_one] = 0
+        fed = 0
+        while not s.finished:
+            if not s.input_done:
+                step = 1 if one_by_one else len(tokens)
+                s.add_source_tokens(tokens[fed : fed + step])
+                fed += step
+                if fed >= len(tokens):
+                    s.end_input()
+            out += [c.samples for c in eng.step([s])]
+            most[one_by_one] = max(most[one_by_one], s.cache_bytes())
+        assert _compare(f"one_by_one={one_by_one}", out, want) <= ATOL and s.cache_bytes() == 0
+    assert 0 < most[False] < most[True]
+
+
 def test_cache_budget_recomputes_the_largest(cv3_model, ref) -> None:
     """Room for one request's caches (~12 MB at its third call, here 16 MiB): when both grow past it, one drops
     its caches and recomputes its later calls; both give the reference's audio."""
     prompt, tokens = _prompt(ref), ref["token"][0, :210].tolist()
     eng = CV3Token2WavEngine(cv3_model.flow, cv3_model.hift, replace(OFFICIAL, max_cache_mib=16))
     states = [eng.new_stream(f"r{i}", prompt) for i in range(2)]
-    out = _run(eng, states, {"r0": tokens, "r1": tokens})
+    # tokens one by one: with all of them given up front the last call before the final full pass keeps nothing
+    out = _run(eng, states, {"r0": tokens, "r1": tokens}, one_by_one=True)
     assert sorted(s.cached for s in states) == [False, True]
     want = _reference(cv3_model, ref, ref["token"][:, :210], prompt)
     for s in states:
@@ -252,7 +279,8 @@ def test_new_streams_wait_for_cache_room(cv3_model, ref) -> None:
     three ready streams start one after another while the caller has other work (`hold_new`): none recomputes,
     the caches never pass the budget, each stream's audio equals the reference. Without `hold_new` a step with
     nothing else to do starts a waiting stream anyway (no stream waits on an idle engine), with the same audio.
-    Without `wait_for_cache` all three start at once (a step of 3) and two of them recompute."""
+    Without `wait_for_cache` all three start at once (a step of 3) and one of them recomputes (the call before
+    the final full pass keeps nothing, so only the first call's caches count)."""
     prompt, tokens = _prompt(ref), ref["token"][0, :140].tolist()
     want = _reference(cv3_model, ref, ref["token"][:, :140], prompt)
     assert len(want) == 3
@@ -275,7 +303,7 @@ def test_new_streams_wait_for_cache_room(cv3_model, ref) -> None:
             assert _compare(f"{s.request_id} hold_new={hold}", out[s.request_id], want) <= ATOL
         assert (held > 0) == wait and eng.held == 0 and eng.live_cache_bytes() == 0
         if not wait:
-            assert sorted(s.cached for s in states) == [False, False, True]
+            assert sorted(s.cached for s in states) == [False, True, True]
         elif hold:
             assert all(s.cached for s in states) and peak <= eng.cache_budget
 

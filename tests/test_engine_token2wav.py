@@ -163,6 +163,39 @@ def test_streaming_full_final_matches_reference(modules, reference_runs) -> None
     _check_against_reference(got, state, reference_runs["full"], "full", reference_runs)
 
 
+def test_caches_no_chunk_reads_are_not_kept(modules, reference_runs) -> None:
+    """final_attention="full" with the whole input given up front: the chunk before the final full pass keeps no
+    caches and the earlier chunk's are dropped after it (the voice's prefix alone stays), with the reference's
+    audio. Fed token by token, the input ends after that chunk, so it extends its caches like any other."""
+    spec = SPECS[0]
+    for rate in (len(spec[2]), 1):
+        engine = Token2WavEngine(*modules, Token2WavConfig(final_attention="full", cache_dtype=None))
+        state = _make(engine, spec)
+        held: list[int] = []
+        got = _drive(engine, [state], [spec[2]], [rate], peak=held)[spec[0]]
+        _check_against_reference(got, state, reference_runs["full"], "full", reference_runs)
+        prefix = engine.voice_cache_bytes()
+        levels = [h for k, h in enumerate(held) if k == 0 or h != held[k - 1]]  # the held bytes as they changed
+        own = [h - prefix for h in levels if h > prefix]  # a request's own caches after its chunks
+        assert prefix > 0 and levels[-1] == prefix
+        assert len(own) == (1 if rate > 1 else 2) and own == sorted(own), (rate, levels, prefix)
+
+
+def test_kept_caches_live_in_one_block_per_step(modules, alone) -> None:
+    """After each chunk a request's keys and values of one Euler step lie in one tensor (`cache_storage.compact`:
+    out of malloc's arenas), the voice prefix's too, and the chunks are the ones a fresh engine gives alone."""
+    spec = SPECS[0]
+    engine = Token2WavEngine(*modules, EXACT)
+    state = _make(engine, spec)
+    state.add_tokens(spec[2][:60])
+    got = [c.samples for c in engine.step([state])]
+    assert got and state.est_caches and state.voice is not None
+    for cache in [*state.est_caches, *state.voice.est]:
+        storages = {t.untyped_storage().data_ptr() for t in (*cache.keys, *cache.values)}
+        assert len(storages) == 1 and cache.keys
+    _assert_chunks_equal(got, alone[spec[0]][0][:1])
+
+
 def test_cost_is_linear_in_length(modules, alone, reference_runs) -> None:
     """Every frame after the voice prefix goes through the 10 Euler steps exactly once (so the work is linear in
     the length), while the reference re-runs every earlier frame at every chunk."""

@@ -15,9 +15,11 @@ from collections.abc import Iterable
 from typing import Generic, TypeVar
 
 from vocalis.token2wav.protocol import Budgeted, S, Token2WavStats
+from vocalis.token2wav.voice_cache import VoiceCache
 
 log = logging.getLogger(__name__)
 
+E = TypeVar("E")  # a family's voice-prefix entry
 P = TypeVar("P")  # what the engine plans for a stream in a step (its kind of chunk, its flow call)
 
 
@@ -36,6 +38,36 @@ class BudgetCounters:
     def record_cache_fallback(self) -> None:
         """A stream dropped its caches to keep the step within the budget (`CacheBudget.enforce`)."""
         self.stats.cache_fallbacks += 1
+
+
+class CacheOwner(BudgetCounters, Generic[S, E]):
+    """Every family's engine: a request's flow caches go as soon as no chunk will read them, i.e. once its input
+    has ended and its next chunk is a final full pass (`Token2WavConfig.final_attention`), and the chunk before
+    that pass keeps nothing (`ends_with_full_pass`, the family's schedule)."""
+
+    _voices: VoiceCache[E]  # the family's voice prefixes
+
+    def ends_with_full_pass(self, s: S, after_this_chunk: bool = False) -> bool:
+        """Whether the input has ended and the next chunk (after the one about to run, if `after_this_chunk`) is
+        a final full pass, which reads no cache."""
+        raise NotImplementedError
+
+    def drop_unread(self, states: Iterable[S]) -> None:
+        """Drop the flow caches of the requests whose next chunk reads none."""
+        for s in states:
+            if (s.voice is not None or s.cache_bytes()) and self.ends_with_full_pass(s):
+                self.drop_caches(s)
+
+    def drop_caches(self, s: S) -> None:
+        """Drop its flow caches and its use of the voice prefix."""
+        voice = s.voice
+        s.drop_flow_caches()
+        self._voices.released(voice)
+
+    def release(self, s: S) -> None:
+        """Drop every cache of a request that ended (finished or aborted)."""
+        self.drop_caches(s)
+        s.release()
 
 
 class CacheBudget(Generic[S]):

@@ -39,6 +39,7 @@ class Token2WavStream(Protocol):
     chunks_done: int
     finished: bool
     cached: bool  # False once the cache budget made it recompute its chunks
+    voice: object | None  # the shared voice prefix its caches continue (counts as a user of it)
     estimator_frames: int  # frames x Euler steps put through the flow estimator (cost counter)
 
     def add_tokens(self, ids: Iterable[int]) -> None: ...

@@ -37,7 +37,7 @@ from vocalis.kernels.threads import CoreWorkers
 from vocalis.models.flow.flow import CausalMaskedDiffWithXvec
 from vocalis.models.hift.generator import HiFTGenerator
 from vocalis.precision.dynamic_int8 import FusedQKV, Int8Conv1d, weight_count
-from vocalis.token2wav.budget import BudgetCounters, CacheBudget
+from vocalis.token2wav.budget import CacheBudget, CacheOwner
 from vocalis.token2wav.config import CACHE_DTYPES, Token2WavConfig
 from vocalis.token2wav.cv2.compute import ComputeWeights
 from vocalis.token2wav.cv2.encoder import EncoderCache, EncoderRow, EncoderStreamer
@@ -57,18 +57,12 @@ log = logging.getLogger(__name__)
 _Start = tuple[EncoderCache, list[EstimatorCache], bool]
 
 
-class Token2WavEngine(BudgetCounters):
+class Token2WavEngine(CacheOwner[StreamState, VoicePrefix]):
     """Shared flow + HiFT modules driven for many requests; all per-request data lives on `StreamState`
     (a `protocol.Token2Wav`)."""
 
-    def __init__(
-        self,
-        flow: CausalMaskedDiffWithXvec,
-        hift: HiFTGenerator,
-        config: Token2WavConfig | None = None,
-        stream: StreamConfig | None = None,
-        hift_body: HiftBody | None = None,
-    ) -> None:
+    def __init__(self, flow: CausalMaskedDiffWithXvec, hift: HiFTGenerator, config: Token2WavConfig | None = None,
+                 stream: StreamConfig | None = None, hift_body: HiftBody | None = None) -> None:
         """hift_body replaces the torch HiFT conv body (default: the one a backend attached to `hift`).
         Precision needs no argument: backends swap the modules' Linear layers (see backends/choice.py)."""
         self.flow = flow
@@ -125,27 +119,15 @@ class Token2WavEngine(BudgetCounters):
         return None
 
     # ---- requests -----------------------------------------------------------------------------------
-    def new_stream(
-        self,
-        request_id: str,
-        prompt: FlowPrompt,
-        *,
-        streaming: bool = True,
-        speed: float = 1.0,
-        generator: torch.Generator | None = None,
-    ) -> StreamState:
+    def new_stream(self, request_id: str, prompt: FlowPrompt, *, streaming: bool = True, speed: float = 1.0,
+                   generator: torch.Generator | None = None) -> StreamState:
         state = StreamState(request_id, prompt, streaming, speed, generator, hop=self.stream.token_hop_len)
         self._live.add(state)
         return state
 
     def abort(self, state: StreamState) -> None:
         state.finished = True
-        self._release(state)
-
-    def _release(self, state: StreamState) -> None:
-        voice = state.voice
-        state.release()
-        self._voices.released(voice)
+        self.release(state)
 
     def this_hop(self, state: StreamState) -> int:
         if state.chunks_done == 0:
@@ -172,6 +154,7 @@ class Token2WavEngine(BudgetCounters):
     def step(self, states: Sequence[StreamState], *, hold_new: bool = False) -> list[Token2WavChunk]:
         """One batched pass over every state with work (at most `max_batch`); returns their chunks in order.
         Which new streams start their caches (`wait_for_cache`, `hold_new`): `budget.CacheBudget.admit`."""
+        self.drop_unread(states)
         ready = ((s, kind == "final") for s in states if (kind := self.next_work(s)) is not None)
         work = self.budget.admit(ready, self.max_batch, hold_new)
         if not work:
@@ -188,6 +171,7 @@ class Token2WavEngine(BudgetCounters):
                 chunks[id(s)] = self._emit(s, wav, final)
         self.stats.steps += 1
         self.stats.rows += len(todo)
+        self.drop_unread([s for s, _ in work])
         return [chunks[id(s)] for s, _ in work]
 
     def _synthesize(self, todo: list[tuple[StreamState, bool]]) -> list[np.ndarray]:
@@ -245,11 +229,19 @@ class Token2WavEngine(BudgetCounters):
     def _needs_full_pass(self, s: StreamState, final: bool) -> bool:
         return final and (not s.streaming or self.config.final_attention == "full")
 
+    def ends_with_full_pass(self, s: StreamState, after_this_chunk: bool = False) -> bool:
+        if not s.input_done or not self._needs_full_pass(s, True):
+            return False
+        offset, hop = s.token_offset, self.this_hop(s)
+        if after_this_chunk:
+            offset, hop = offset + hop, min(self.stream.token_max_hop_len, s.hop * self.stream.stream_scale_factor)
+        return len(s.tokens) - offset < hop + self.stream.pre_lookahead_len
+
     def _emit(self, s: StreamState, wav: np.ndarray, final: bool) -> Token2WavChunk:
         index = s.chunks_done
         if final:
             s.finished = True
-            self._release(s)
+            self.release(s)
         else:
             hop = self.this_hop(s)
             s.hops.append(hop)
@@ -277,7 +269,9 @@ class Token2WavEngine(BudgetCounters):
                 if s.enc_cache is None:
                     s.voice = self._voice_prefix(s)
                     s.enc_cache, s.est_caches = start_caches(s.voice)
-                starts[id(s)] = (s.enc_cache, s.est_caches, not final)
+                # the last chunk before a final full pass keeps nothing: no chunk would read it
+                keep = not final and not self.ends_with_full_pass(s, after_this_chunk=True)
+                starts[id(s)] = (s.enc_cache, s.est_caches, keep)
             else:  # over budget: this chunk runs from the voice prefix and keeps nothing
                 starts[id(s)] = (*start_caches(self._voice_prefix(s)), False)
         return starts
@@ -433,8 +427,8 @@ class Token2WavEngine(BudgetCounters):
         return (s.num_prompt_tokens + s.token_offset + self.this_hop(s) - start) * per_token + fixed
 
     def next_growth(self, s: StreamState) -> int:
-        if self.next_work(s) == "final":  # a final chunk keeps no cache
-            return 0
+        if self.next_work(s) == "final" or self.ends_with_full_pass(s, after_this_chunk=True):
+            return 0  # a final chunk keeps no cache, nor does the last before a final full pass
         return self._growth(s, self.cache_bytes_per_token(), self.cache_bytes_per_stream())
 
     def start_need(self, s: StreamState) -> int:

@@ -9,6 +9,7 @@ from vocalis.errors import InputError
 from vocalis.models.flow.cfm import CausalConditionalCFM, cosine_time_grid
 from vocalis.models.flow.estimator import CausalConditionalDecoder
 from vocalis.precision.dynamic_int8 import FusedQKV
+from vocalis.token2wav.cache_storage import compact
 from vocalis.token2wav.cv2.chunk_run import ChunkRun
 from vocalis.token2wav.cv2.compute import ComputeWeights
 from vocalis.token2wav.cv2.estimator import estimator_chunk
@@ -108,6 +109,10 @@ def solve_chunk(
         step_terms = time_terms(estimator, t) if terms is None else terms.get(n_timesteps, step, t)
         v = estimator_chunk(estimator, x.repeat_interleave(2, dim=0), mask_in, mu_in, step_terms, spks_in,
                             cond_in, run).view(num, 2, *x.shape[1:])
+        if dev.type == "cpu":  # this step's new caches out of malloc's arenas (`cache_storage`)
+            for r, per_step in enumerate(caches):
+                if keeps[r]:
+                    compact(per_step[step - 1])
         x = x + dt * ((1.0 + cfg) * v[:, 0] - cfg * v[:, 1])
         t = t + dt
         if step < len(t_span) - 1:

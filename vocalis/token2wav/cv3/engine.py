@@ -48,7 +48,8 @@ from vocalis.models.cv3.flow import CausalMaskedDiffWithDiT
 from vocalis.models.cv3.hift import CausalHiFTGenerator
 from vocalis.models.flow.cfm import cosine_time_grid
 from vocalis.precision.dynamic_int8 import weight_count
-from vocalis.token2wav.budget import BudgetCounters, CacheBudget
+from vocalis.token2wav.budget import CacheBudget, CacheOwner
+from vocalis.token2wav.cache_storage import compact
 from vocalis.token2wav.config import CACHE_DTYPES, Token2WavConfig
 from vocalis.token2wav.cv3.dit import DiTCache, cache_bytes_per_frame, cache_bytes_per_stream, dit_new_frames
 from vocalis.token2wav.cv3.schedule import FlowCall, StreamSchedule
@@ -62,7 +63,7 @@ from vocalis.token2wav.voice_cache import VoiceCache, voice_key
 log = logging.getLogger(__name__)
 
 
-class CV3Token2WavEngine(BudgetCounters):
+class CV3Token2WavEngine(CacheOwner[CV3StreamState, list[DiTCache]]):
     """Shared DiT flow + causal HiFT modules driven for many requests; per-request data lives on the states
     (a `protocol.Token2Wav`)."""
 
@@ -108,12 +109,18 @@ class CV3Token2WavEngine(BudgetCounters):
 
     def abort(self, state: CV3StreamState) -> None:
         state.finished = True
-        self._release(state)
+        self.release(state)
 
-    def _release(self, state: CV3StreamState) -> None:
-        voice = state.voice
-        state.release()
-        self._voices.released(voice)
+    def ends_with_full_pass(self, s: CV3StreamState, after_this_chunk: bool = False) -> bool:
+        if not s.input_done:
+            return False
+        schedule = self._next_call(s)[1] if after_this_chunk else s.schedule
+        call, _ = schedule.advance(len(s.tokens), True, self.stream)
+        return call is not None and call.finalize and not self._incremental(s, call)
+
+    def _keeps(self, s: CV3StreamState, call: FlowCall) -> bool:
+        """Whether the call extends the request's caches: a non-final one, unless the next is a final full pass."""
+        return not call.finalize and not self.ends_with_full_pass(s, after_this_chunk=True)
 
     def _next_call(self, s: CV3StreamState) -> tuple[FlowCall | None, StreamSchedule]:
         if s.finished:
@@ -145,6 +152,7 @@ class CV3Token2WavEngine(BudgetCounters):
         held and the started streams' next calls; the others wait, first come first served. With nothing else to do
         in the step the first waiting stream starts anyway, unless `hold_new` (the caller has LLM steps to run and
         will call again)."""
+        self.drop_unread(states)
         ready = ((s, plan) for s in states if (plan := self._next_call(s))[0] is not None)
         work = [(s, call, after) for s, (call, after) in self.budget.admit(ready, self.max_batch, hold_new)
                 if call is not None]
@@ -164,6 +172,7 @@ class CV3Token2WavEngine(BudgetCounters):
         if work:
             self.stats.steps += 1
             self.stats.rows += len(todo)
+        self.drop_unread([s for s, _, _ in work])
         return [chunks[id(s)] for s, _, _ in work]
 
     def _emit(self, s: CV3StreamState, wav: np.ndarray, call: FlowCall, after: StreamSchedule) -> Token2WavChunk:
@@ -172,7 +181,7 @@ class CV3Token2WavEngine(BudgetCounters):
         s.chunks_done += 1
         if call.finalize:
             s.finished = True
-            self._release(s)
+            self.release(s)
         return Token2WavChunk(s.request_id, wav, call.finalize, index)
 
     # ---- flow -------------------------------------------------------------------------------------------
@@ -228,11 +237,12 @@ class CV3Token2WavEngine(BudgetCounters):
                 raise RuntimeError(f"request {s.request_id}: a streaming call off the attention blocks "
                                    f"({start} -> {mu.shape[0]} frames, blocks of {self.chunk_frames})")
             rows.append((s.prompt, mu, s.dit))
-        x, lens = self._solve_new(rows, [not call.finalize for _, call in items])
+        keeps = [self._keeps(s, call) for s, call in items]
+        x, lens = self._solve_new(rows, keeps)
         out = []
         for i, ((s, call), (_, _, caches)) in enumerate(zip(items, rows)):
             s.estimator_frames += lens[i] * self.n_timesteps
-            start = caches[0].num_frames - (0 if call.finalize else lens[i])
+            start = caches[0].num_frames - (lens[i] if keeps[i] else 0)
             skip = s.num_prompt_tokens * self.ratio + call.token_offset * self.ratio - start
             out.append(x[i, skip : lens[i]].T.float())  # (C, new frames)
         return out
@@ -262,8 +272,13 @@ class CV3Token2WavEngine(BudgetCounters):
 
         def velocity(x2: torch.Tensor, t: torch.Tensor, step: int) -> torch.Tensor:
             caches = [row[2][step] for row in rows]
-            return dit_new_frames(flow.estimator, x2, mu_in, cond_in, spks_in, t, lens, caches, keep,
-                                  self.cache_dtype)  # (2R, n_max, C)
+            v = dit_new_frames(flow.estimator, x2, mu_in, cond_in, spks_in, t, lens, caches, keep,
+                               self.cache_dtype)  # (2R, n_max, C)
+            if dev.type == "cpu":  # this step's new caches out of malloc's arenas (`cache_storage`)
+                for cache, kept in zip(caches, keep):
+                    if kept:
+                        compact(cache)
+            return v
 
         return self._euler(x, velocity), lens
 
@@ -347,7 +362,7 @@ class CV3Token2WavEngine(BudgetCounters):
 
     def next_growth(self, s: CV3StreamState) -> int:
         call = self._next_call(s)[0]
-        return 0 if call is None or call.finalize else self.growth(s, call)
+        return 0 if call is None or not self._keeps(s, call) else self.growth(s, call)
 
     def started_streams(self) -> list[CV3StreamState]:
         return [t for t in list(self._live) if t.dit and not t.finished]
