@@ -8,7 +8,8 @@ The final chunk. The reference runs its last call with full attention over the w
   disagree on the last hop (the released model is trained on both; with random weights this is O(1) on the last
   chunk's mel, so tests compare it with the streaming-mask reference instead).
 - "full": the final chunk recomputes the whole utterance with full attention, exactly like the reference
-  (tolerance 1e-4 on audio, fp32); costs one extra non-streaming flow pass per request.
+  (tolerance 1e-4 on audio, fp32); costs one extra non-streaming flow pass per request. It reads no cache, so once
+  a request's input has ended the chunk before it keeps none and the caches held are dropped (`budget.CacheOwner`).
 Non-streaming requests always take one full-attention pass, equal to the reference offline path.
 """
 
