@@ -415,7 +415,7 @@ class Token2WavEngine(CacheOwner[StreamState, VoicePrefix]):
     def starts_cache(self, s: StreamState) -> bool:
         """Its next chunk is non-final and would be the first to store flow caches (`wait_for_cache`)."""
         return (self.config.wait_for_cache and s.cached and s.enc_cache is None and self.cache_budget > 0
-                and self.next_work(s) == "chunk")
+                and self.next_work(s) == "chunk" and not self.ends_with_full_pass(s, after_this_chunk=True))
 
     def _growth(self, s: StreamState, per_token: int, per_stream: int) -> int:
         """Cache bytes its next non-final chunk adds."""

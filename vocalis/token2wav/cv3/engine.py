@@ -370,7 +370,7 @@ class CV3Token2WavEngine(CacheOwner[CV3StreamState, list[DiTCache]]):
     def starts_cache(self, s: CV3StreamState) -> bool:
         call = self._next_call(s)[0]
         return (self.config.wait_for_cache and not s.dit and s.chunks_done == 0 and call is not None
-                and not call.finalize and self._incremental(s, call))
+                and not call.finalize and self._incremental(s, call) and self._keeps(s, call))
 
     def start_need(self, s: CV3StreamState) -> int:
         call = self._next_call(s)[0]
