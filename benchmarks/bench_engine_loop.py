@@ -1,8 +1,7 @@
 """The async engine's loop variants against each other, interleaved in one process on `vocalis bench`'s end-to-end
 scenario (random weights, a saved 3 s voice, fixed-length utterances, every request submitted at once): serial
-(LLM step, then token2wav step; the default), overlapped (token2wav steps on a worker thread beside the LLM steps,
-`runtime.overlap`), each by deadline (the default, `runtime.deadlines`) or not, and with overdue chunks split by the
-fitted step cost. The variants share one model, one
+(LLM step, then token2wav step), overlapped (token2wav steps on a worker thread beside the LLM steps,
+`runtime.overlap`), each with or without deadline scheduling (`runtime.deadlines`). The variants share one model, one
 LLM engine and one token2wav engine; rounds alternate their order; medians per variant and ratios against the first.
 
     python benchmarks/bench_engine_loop.py --threads 2 --tokens 50 --concurrency 1,8 --precision int8 --rounds 2
@@ -26,14 +25,15 @@ from vocalis.runtime.overlap import OverlapConfig
 from vocalis.token2wav.config import Token2WavConfig
 from vocalis.token2wav.cv2.engine import Token2WavEngine
 
-NO_DEADLINES = DeadlineScheduling(enabled=False)  # every ready stream, first chunks first
-SPLIT = DeadlineScheduling(split_overdue=True)  # overdue chunks in steps sized from the fitted step cost
-VARIANTS = {  # the default: serial, by deadline
-    "serial": (OverlapConfig(enabled=False), DeadlineScheduling()),
-    "serial-no-deadlines": (OverlapConfig(enabled=False), NO_DEADLINES),
-    "serial+split": (OverlapConfig(enabled=False), SPLIT),
-    "overlap": (OverlapConfig(enabled=True), DeadlineScheduling()),
-    "overlap-no-deadlines": (OverlapConfig(enabled=True), NO_DEADLINES),
+DEADLINES = DeadlineScheduling(enabled=True)
+# later chunks by deadline, overdue ones (new streams' first chunks) in steps as wide as the engine takes
+DEADLINES_WHOLE = DeadlineScheduling(enabled=True, split_overdue=False)
+VARIANTS = {
+    "serial": (OverlapConfig(enabled=False), DeadlineScheduling(enabled=False)),
+    "serial+deadlines": (OverlapConfig(enabled=False), DEADLINES),
+    "serial+deadlines-whole": (OverlapConfig(enabled=False), DEADLINES_WHOLE),
+    "overlap": (OverlapConfig(enabled=True), DeadlineScheduling(enabled=False)),
+    "overlap+deadlines": (OverlapConfig(enabled=True), DEADLINES),
 }
 KEYS = ("first_chunk_s", "audio_s_per_s", "wall_s")
 
@@ -68,7 +68,7 @@ def main() -> None:
     p.add_argument("--concurrency", default="1,8")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--t2w-workers", type=int, default=None)
-    p.add_argument("--variants", default="serial,serial-no-deadlines,serial+split,overlap")
+    p.add_argument("--variants", default="serial,overlap,serial+deadlines,overlap+deadlines")
     p.add_argument("--json", default="")
     args = p.parse_args()
     names = args.variants.split(",")

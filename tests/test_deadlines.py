@@ -67,12 +67,10 @@ def test_a_new_streams_first_chunk_goes_before_later_chunks_not_yet_due() -> Non
 def test_overdue_first_chunks_in_steps_sized_by_the_cost_fit() -> None:
     now = 10.0
     ready = [StreamDue(f"s{i}", now - 1.0 + i * 0.01) for i in range(8)]  # 8 requests that arrived together
-    split = DeadlineScheduling(split_overdue=True)
-    assert plan_by_deadline(split, ready, now, _cost(0.0, 1.0)) == ["s0"]  # submission order
-    assert plan_by_deadline(split, ready, now, _cost(1.0, 0.0)) == [f"s{i}" for i in range(8)]
-    # the default: all of them, up to the engine's width
-    assert plan_by_deadline(ON, ready, now, _cost(0.0, 1.0)) == [f"s{i}" for i in range(8)]
-    assert plan_by_deadline(ON, ready, now, _cost(0.0, 1.0), max_rows=2) == ["s0", "s1"]
+    assert plan_by_deadline(ON, ready, now, _cost(0.0, 1.0)) == ["s0"]  # submission order
+    assert plan_by_deadline(ON, ready, now, _cost(1.0, 0.0)) == [f"s{i}" for i in range(8)]
+    no_split = DeadlineScheduling(enabled=True, split_overdue=False)
+    assert plan_by_deadline(no_split, ready, now, _cost(0.0, 1.0)) == [f"s{i}" for i in range(8)]
 
 
 def test_off_keeps_the_callers_order_and_the_width_cap_applies() -> None:

@@ -29,19 +29,16 @@ from dataclasses import dataclass
 class DeadlineScheduling:
     """How the async engine picks a token2wav step's streams.
 
-    enabled: by deadline (False: every ready stream, first chunks first). On: later chunks not due yet wait while
-        the LLM has work and then go together, in fewer, wider steps (on 2 CPU cores: 8 streams' first chunks
-        earlier and more audio per second, docs/benchmarks.md).
+    enabled: by deadline (False: every ready stream, first chunks first).
     soon_steps: a chunk due within this many step times (a step over every ready stream) counts as due now: the
         margin for a later chunk costing more than the average row.
     split_overdue: overdue chunks in steps of the size that least delays them on average (`StepCost`), rather
-        than in steps as wide as the token2wav engine takes (off: on 2 CPU cores the fitted cost's noise made
-        narrower steps there and less throughput).
+        than all in one step.
     """
 
-    enabled: bool = True
+    enabled: bool = False  # on 2 CPU cores it measured no earlier first chunks at 8 streams, less throughput
     soon_steps: float = 3.0
-    split_overdue: bool = False
+    split_overdue: bool = True
 
     def __post_init__(self) -> None:
         if not self.soon_steps >= 0:
