@@ -3,7 +3,7 @@
 A chunk makes a request's caches as one tensor per transformer block, K and V, per Euler step (~100 per step at
 the CosyVoice 2 0.5B shapes, a few hundred KiB each), allocated among the step's temporaries from malloc's arenas.
 They outlive the step, so the arenas can neither reuse nor give back the temporaries' memory around them: at 8
-streams the holes grew to several times the caches. Moved into one block per request and Euler step, above glibc's
+streams of the 0.5B model the holes reach 1-3 GB. Moved into one block per request and Euler step, above glibc's
 mmap threshold at the 0.5B shapes (`kernels.heap`), they are mapped and unmapped whole, and what the arenas hold
 after a step is free again in one piece. The cost: one more copy of the request's own frames per chunk.
 """
