@@ -72,6 +72,23 @@ def test_bench_llm_part_only(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert "fraction of limit (batch 1)" in printed and "read GB/s probes min/med/max" in printed
 
 
+def test_bench_flow_steps_set_the_engines_euler_steps(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--flow-steps 2`: the engine's token2wav puts the same frames through 2 Euler steps instead of the model's 10
+    (its estimator-frame count, frames x steps, is a fifth); the table says so."""
+    frames = {}
+    for steps in (None, 2):
+        out = tmp_path / f"bench{steps}.json"
+        extra = [] if steps is None else ["--flow-steps", str(steps)]
+        rc = main(["bench", "--preset", "tiny", "--quick", "--parts", "token2wav", "--tokens", "30", *extra,
+                   "--json", str(out), "--plot", ""])
+        assert rc == 0
+        report = json.loads(out.read_text())
+        assert report["config"]["flow_steps"] == steps
+        frames[steps] = report["engine"]["fp32"]["token2wav"]["estimator_frames"]
+        assert ("engine: 2 Euler steps" in capsys.readouterr().out) == (steps == 2)
+    assert frames[None] > 0 and frames[2] * 5 == frames[None]
+
+
 @pytest.mark.parametrize("args, message", [
     (["--preset", "nope"], "unknown preset"),
     (["--e2e-repeats", "0"], "must be positive"),
@@ -81,6 +98,7 @@ def test_bench_llm_part_only(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     (["--tokens", "0"], "must be positive"),
     (["--parts", "llm,vocoder"], "--parts takes"),
     (["--t2w-step", "0"], "--t2w-step must be >= 1"),
+    (["--flow-steps", "0"], "--flow-steps must be >= 1"),
 ])
 def test_bench_bad_options_exit_2(args: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", *args]) == 2

@@ -145,6 +145,8 @@ def summary(report: dict[str, Any]) -> str:
               f"load average {m['loadavg_before']:.1f} before, {m['loadavg_after']:.1f} after")]
     if m.get("device_name"):
         lines.append(f"device: {m['device']} ({m['device_name']})")
+    if report["config"].get("flow_steps") is not None:
+        lines.append(f"engine: {report['config']['flow_steps']} Euler steps (the reference: the model's)")
     lines.append(f"{'':34}{'reference':>12}" + "".join(f"{'engine ' + p:>16}" for p in engines))
 
     def row(label: str, ref_value: float | None, values: list[Any], fmt: str = "{:.2f}") -> None:
@@ -283,6 +285,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--t2w-workers", type=int, metavar="N",
                    help="threads sharing a token2wav step's requests, one core each (default: the CPU threads; 1: "
                         "every op of the step over all threads, Token2WavConfig.workers)")
+    p.add_argument("--flow-steps", type=int, metavar="N",
+                   help="the engine's Euler steps (`vocalis speak --flow-steps`; default the model's 10); the "
+                        "reference side keeps the model's, so the ratios then compare the setting with the default")
     p.add_argument("--parts", default=",".join(PARTS),
                    help=f"what to measure, comma separated: {', '.join(PARTS)} (e.g. --parts llm: LLM only, quick)")
     p.add_argument("--e2e-repeats", type=int,
@@ -323,6 +328,10 @@ def config_from_args(args: argparse.Namespace) -> Any:
         if args.t2w_workers < 1:
             raise InputError(f"--t2w-workers must be >= 1, got {args.t2w_workers}")
         kw["t2w_workers"] = args.t2w_workers
+    if args.flow_steps is not None:
+        if args.flow_steps < 1:
+            raise InputError(f"--flow-steps must be >= 1, got {args.flow_steps}")
+        kw["flow_steps"] = args.flow_steps
     if args.e2e_repeats is not None:
         kw["e2e_repeats"] = args.e2e_repeats
     if args.stream_repeats is not None:

@@ -32,6 +32,7 @@ from vocalis.frontend.voice import Voice
 from vocalis.model_dir import BUNDLED_TOKENIZER, CV3_KIND, LoadedModel, build_cv3_modules
 from vocalis.reference.cv3 import generate, stream_token2wav
 from vocalis.runtime.async_engine import AsyncEngine
+from vocalis.token2wav.config import Token2WavConfig
 from vocalis.token2wav.cv3 import CV3Token2WavEngine
 
 log = logging.getLogger(__name__)
@@ -102,7 +103,7 @@ def _token2wav(cfg: BenchConfig, model: LoadedModel, voice: Voice) -> dict[str, 
     prompt = FlowPrompt(torch.tensor([voice.prompt_speech_ids]), voice.prompt_mel[None], voice.embedding[None])
     tokens = torch.randint(0, model.config.llm.speech_token_size, (1, cfg.tokens), generator=torch.Generator())
     audio_s = cfg.tokens / TOKEN_RATE
-    t2w = CV3Token2WavEngine(model.flow, model.hift)
+    t2w = CV3Token2WavEngine(model.flow, model.hift, Token2WavConfig(flow_steps=cfg.flow_steps))
 
     def run(ids: list[int]) -> tuple[float, float]:
         s = t2w.new_stream("bench", prompt)
@@ -133,7 +134,8 @@ async def _e2e(cfg: BenchConfig, model: LoadedModel, voice: Voice) -> dict[str, 
                                        stop_all_masked=True)
 
     out: dict[str, Any] = {}
-    with Fixed.from_model(model, EngineConfig(max_num_seqs=max(cfg.concurrency))) as engine:
+    t2w = Token2WavConfig(flow_steps=cfg.flow_steps)
+    with Fixed.from_model(model, EngineConfig(max_num_seqs=max(cfg.concurrency)), t2w) as engine:
         for c in cfg.concurrency:
             reqs = [SynthesisRequest(voice, Mode.ZERO_SHOT, " ".join(["word"] * cfg.text_words) + f" {k}.", seed=k,
                                      text_frontend=False) for k in range(c)]

@@ -148,7 +148,7 @@ def _b1_against_bandwidth(cfg: BenchConfig, eng: Any, req: Any, weight_bytes: in
 
 
 def _engine_token2wav(cfg: BenchConfig, model: LoadedModel, voice: Voice, precision: str) -> dict[str, Any]:
-    t2w = Token2WavEngine(model.flow, model.hift)
+    t2w = Token2WavEngine(model.flow, model.hift, Token2WavConfig(flow_steps=cfg.flow_steps))
     prompt = _flow_prompt(model, voice)
     tokens = torch.randint(0, model.config.llm.speech_token_size, (cfg.tokens,),
                            generator=torch.Generator().manual_seed(1)).tolist()
@@ -156,7 +156,9 @@ def _engine_token2wav(cfg: BenchConfig, model: LoadedModel, voice: Voice, precis
     _t2w_run(cfg, t2w, prompt, tokens[:30], True)  # warm-up; also caches the voice's prompt prefix (a saved voice)
     offline = _t2w_run(cfg, t2w, prompt, tokens, False)
     stream = _t2w_run(cfg, t2w, prompt, tokens, True)
-    out = {"offline_rtf": offline / seconds, "stream_rtf": stream / seconds}
+    # frames x Euler steps through the estimator, warm-up included (what `flow_steps` scales)
+    out = {"offline_rtf": offline / seconds, "stream_rtf": stream / seconds,
+           "estimator_frames": t2w.stats.estimator_frames}
     log.info("engine %s token2wav: %s", precision, out)
     return out
 
@@ -181,7 +183,8 @@ async def _engine_e2e(cfg: BenchConfig, model: LoadedModel, runtime: Runtime | N
     FixedLengthEngine = fixed_length_engine(cfg.tokens)
 
     top = max(cfg.concurrency)
-    t2w = Token2WavConfig(max_streams=cfg.max_streams, max_batch=cfg.t2w_step, workers=cfg.t2w_workers)
+    t2w = Token2WavConfig(max_streams=cfg.max_streams, max_batch=cfg.t2w_step, workers=cfg.t2w_workers,
+                          flow_steps=cfg.flow_steps)
     engine = FixedLengthEngine(model, make_llm_engine(model, EngineConfig(max_num_seqs=max(top, 1)), runtime),
                                Token2WavEngine(model.flow, model.hift, t2w))
     # the engines' defaults otherwise

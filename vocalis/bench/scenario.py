@@ -62,6 +62,7 @@ class BenchConfig:
     max_streams: int | None = None  # the engine's cap on requests in flight (Token2WavConfig.max_streams)
     t2w_step: int | None = None  # the engine's requests per token2wav step (Token2WavConfig.max_batch)
     t2w_workers: int | None = None  # threads sharing a token2wav step's requests (Token2WavConfig.workers)
+    flow_steps: int | None = None  # the engine's Euler steps (Token2WavConfig.flow_steps); the reference keeps the model's
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
