@@ -193,6 +193,10 @@ class StreamConfig:
     mel_cache_len: int = 8
     source_cache_len: int = 8 * SAMPLES_PER_MEL_FRAME
 
+    def grown_hop(self, hop: int) -> int:
+        """The hop after a chunk of hop `hop` (its prompt padding aside): grown by the scale factor, up to the most."""
+        return min(self.token_max_hop_len, hop * self.stream_scale_factor)
+
 
 class ConfigIO:
     """A whole-model config's plain-data face (JSON beside the weights)."""

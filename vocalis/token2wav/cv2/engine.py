@@ -232,10 +232,10 @@ class Token2WavEngine(CacheOwner[StreamState, VoicePrefix]):
     def ends_with_full_pass(self, s: StreamState, after_this_chunk: bool = False) -> bool:
         if not s.input_done or not self._needs_full_pass(s, True):
             return False
-        offset, hop = s.token_offset, self.this_hop(s)
-        if after_this_chunk:
-            offset, hop = offset + hop, min(self.stream.token_max_hop_len, s.hop * self.stream.stream_scale_factor)
-        return len(s.tokens) - offset < hop + self.stream.pre_lookahead_len
+        if not after_this_chunk:
+            return self.tokens_short(s) > 0
+        after = s.token_offset + self.this_hop(s)  # generated tokens emitted once this chunk is
+        return len(s.tokens) - after < self.stream.grown_hop(s.hop) + self.stream.pre_lookahead_len
 
     def _emit(self, s: StreamState, wav: np.ndarray, final: bool) -> Token2WavChunk:
         index = s.chunks_done
@@ -246,7 +246,7 @@ class Token2WavEngine(CacheOwner[StreamState, VoicePrefix]):
             hop = self.this_hop(s)
             s.hops.append(hop)
             s.token_offset += hop
-            s.hop = min(self.stream.token_max_hop_len, s.hop * self.stream.stream_scale_factor)
+            s.hop = self.stream.grown_hop(s.hop)
         s.chunks_done += 1
         return Token2WavChunk(s.request_id, wav, final, index)
 
@@ -433,7 +433,7 @@ class Token2WavEngine(CacheOwner[StreamState, VoicePrefix]):
 
     def start_need(self, s: StreamState) -> int:
         per_token, per_stream = self.cache_bytes_per_token(), self.cache_bytes_per_stream()
-        after = min(self.stream.token_max_hop_len, s.hop * self.stream.stream_scale_factor)
+        after = self.stream.grown_hop(s.hop)
         need = self._growth(s, per_token, per_stream) + after * per_token
         prefix = self.cacheable_prefix(s.num_prompt_tokens) if self.config.voice_cache_size else 0
         if prefix and not self.has_voice_prefix(s.prompt):  # its voice's prefix is computed with it

@@ -375,7 +375,7 @@ class CV3Token2WavEngine(CacheOwner[CV3StreamState, list[DiTCache]]):
     def start_need(self, s: CV3StreamState) -> int:
         call = self._next_call(s)[0]
         assert call is not None, "start_need of a stream with no call ready"
-        hop = min(self.stream.token_max_hop_len, s.schedule.hop * self.stream.stream_scale_factor)
+        hop = self.stream.grown_hop(s.schedule.hop)
         need = self.growth(s, FlowCall(call.num_tokens + hop, call.num_tokens, streaming=True, finalize=False))
         prefix = self.prefix_frames(s.num_prompt_tokens)
         if prefix and self.config.voice_cache_size and voice_key(s.prompt) not in self._voices:

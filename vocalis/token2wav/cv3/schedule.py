@@ -66,7 +66,7 @@ class StreamSchedule:
         end = self.tokens_needed(config)
         if num_tokens >= end:
             call = FlowCall(end, self.token_offset, streaming=True, finalize=False)
-            grown = min(config.token_max_hop_len, self.hop * config.stream_scale_factor)
+            grown = config.grown_hop(self.hop)
             return call, replace(self, hop=grown, token_offset=self.token_offset + hop)
         if llm_done:
             return FlowCall(num_tokens, self.token_offset, streaming=False, finalize=True), replace(self, finished=True)
